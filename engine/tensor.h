@@ -1,0 +1,77 @@
+// Tensor: dtype, shape and a reference to host storage. Always contiguous, row-major.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+
+namespace wxe {
+
+enum class DType : uint8_t { F32, F64, F16, BF16, I64, I32, I8, U8, Bool };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+using Shape = std::vector<int64_t>;
+
+int64_t numel(const Shape& s);
+std::string shape_str(const Shape& s);          // "(1, 7, 32, 64)"
+std::vector<int64_t> strides_of(const Shape& s);  // contiguous strides in elements
+
+// A block of 64-byte aligned bytes. Storage is shared between tensors (views, reshapes).
+struct Storage {
+  explicit Storage(size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  uint8_t* data = nullptr;
+  size_t nbytes = 0;
+};
+
+struct Tensor {
+  DType dtype = DType::F32;
+  Shape shape;
+  std::shared_ptr<Storage> storage;
+  size_t offset = 0;  // bytes into storage
+
+  Tensor() = default;
+  Tensor(DType t, Shape s);  // allocates, uninitialized
+  static Tensor zeros(DType t, Shape s);
+  static Tensor scalar_f32(float v);
+  static Tensor from_i64(const std::vector<int64_t>& v);  // 1-D int64
+  static Tensor from_f32(Shape s, const std::vector<float>& v);
+
+  int64_t numel() const { return wxe::numel(shape); }
+  size_t nbytes() const { return (size_t)numel() * dtype_size(dtype); }
+  int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
+  int rank() const { return (int)shape.size(); }
+  bool defined() const { return storage != nullptr; }
+
+  void* raw() { return storage->data + offset; }
+  const void* raw() const { return storage->data + offset; }
+  template <class T> T* data() { return reinterpret_cast<T*>(raw()); }
+  template <class T> const T* data() const { return reinterpret_cast<const T*>(raw()); }
+
+  // Same storage, new shape (numel must match).
+  Tensor reshaped(Shape s) const;
+  // Deep copy.
+  Tensor clone() const;
+  // Any integer tensor read as int64 values (for shape-carrying inputs).
+  std::vector<int64_t> to_i64() const;
+  // Any float tensor converted to float32 (copy).
+  Tensor to_f32() const;
+};
+
+// float16 / bfloat16 <-> float32
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+float bf16_to_float(uint16_t h);
+uint16_t float_to_bf16(float f);
+
+// Element-wise conversion between dtypes into a preallocated tensor of the same numel.
+void convert(const Tensor& src, Tensor& dst);
+
+}  // namespace wxe

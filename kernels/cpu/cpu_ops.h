@@ -1,0 +1,12 @@
+// Registration entry points of the CPU op groups; register_cpu_kernels() calls them all.
+#pragma once
+
+namespace wxe::cpu {
+void register_elementwise();  // elementwise.cpp: arithmetic, activations, Cast, Where, compare
+void register_shape_ops();    // shape_ops.cpp: Shape, Reshape, (Un)Squeeze, Concat, Expand, ...
+void register_data_ops();     // data_ops.cpp: Slice, Gather, Transpose, Pad, DepthToSpace, Resize, Split
+void register_norm_ops();     // norm.cpp: Softmax, LayerNormalization, InstanceNormalization, ReduceMean, ...
+void register_linalg_ops();   // linalg.cpp: MatMul, Gemm, Einsum, Linear
+void register_conv_ops();     // conv.cpp: Conv, ConvTranspose
+void register_dnnl_kernels(); // dnnl.cpp: oneDNN fast path for MatMul, Gemm, Einsum, Conv, ConvTranspose
+}  // namespace wxe::cpu

@@ -1,0 +1,6 @@
+#include "engine/ops.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace wxe::cpu {
+void register_dnnl_kernels() {}
+}  // namespace wxe::cpu

@@ -1,0 +1,19 @@
+#include "engine/ops.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace wxe {
+
+void register_cpu_kernels() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  cpu::register_elementwise();
+  cpu::register_shape_ops();
+  cpu::register_data_ops();
+  cpu::register_norm_ops();
+  cpu::register_linalg_ops();
+  cpu::register_conv_ops();
+  cpu::register_dnnl_kernels();
+}
+
+}  // namespace wxe

@@ -1,0 +1,104 @@
+// Helpers for op and pass tests: build a node, run it through its shape rule and kernel,
+// compare tensors.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/graph.h"
+#include "engine/ops.h"
+
+namespace wxe::test {
+
+inline std::string data_path(const std::string& rel) {
+  return std::string(WXE_SOURCE_DIR) + "/" + rel;
+}
+
+inline Attr attr_i(int64_t v) { Attr a; a.kind = Attr::Int; a.i = v; return a; }
+inline Attr attr_f(float v) { Attr a; a.kind = Attr::Float; a.f = v; return a; }
+inline Attr attr_s(const std::string& v) { Attr a; a.kind = Attr::String; a.s = v; return a; }
+inline Attr attr_ints(std::vector<int64_t> v) { Attr a; a.kind = Attr::Ints; a.ints = std::move(v); return a; }
+
+// A node with inputs 0..nin-1 and outputs nin..nin+nout-1 (indices are unused by kernels).
+inline Node make_node(const std::string& op, int nin, int nout = 1,
+                      std::map<std::string, Attr> attrs = {}) {
+  Node n;
+  n.op = op;
+  n.name = "test_" + op;
+  for (int i = 0; i < nin; ++i) n.inputs.push_back(i);
+  for (int i = 0; i < nout; ++i) n.outputs.push_back(nin + i);
+  n.attrs = std::move(attrs);
+  return n;
+}
+
+// Runs node n on inputs (nullptr = omitted optional input) with the shape rule and the
+// chosen kernel. All inputs are visible to the shape rule as constants.
+inline std::vector<Tensor> run_node(const Node& n, const std::vector<const Tensor*>& inputs,
+                                    KernelKind kind = KernelKind::Reference) {
+  register_cpu_kernels();
+  std::vector<Value> vals(inputs.size());
+  std::vector<const Value*> vin(inputs.size(), nullptr);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i]) continue;
+    vals[i].name = "in" + std::to_string(i);
+    vals[i].dtype = inputs[i]->dtype;
+    vals[i].shape = inputs[i]->shape;
+    vals[i].shape_known = true;
+    vals[i].constant = std::make_shared<Tensor>(*inputs[i]);
+    vin[i] = &vals[i];
+  }
+  std::vector<TypeShape> ts = shape_rule(n.op)(n, vin);
+  std::vector<Tensor> outs;
+  for (auto& t : ts) outs.emplace_back(t.dtype, t.shape);
+  std::vector<Tensor*> po;
+  for (auto& o : outs) po.push_back(&o);
+  kernel_for(n.op, kind)(n, inputs, po);
+  return outs;
+}
+
+inline Tensor randn(Shape s, unsigned seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  Tensor t(DType::F32, std::move(s));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = d(rng);
+  return t;
+}
+
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  Tensor fa = a.to_f32(), fb = b.to_f32();
+  double m = 0;
+  for (int64_t i = 0; i < fa.numel(); ++i)
+    m = std::max(m, (double)std::fabs(fa.data<float>()[i] - fb.data<float>()[i]));
+  return m;
+}
+
+inline double rel_l2(const Tensor& a, const Tensor& ref) {
+  Tensor fa = a.to_f32(), fb = ref.to_f32();
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < fa.numel(); ++i) {
+    double d = (double)fa.data<float>()[i] - fb.data<float>()[i];
+    num += d * d;
+    den += (double)fb.data<float>()[i] * fb.data<float>()[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Same shape and every element within atol + rtol*|ref|.
+inline void expect_close(const Tensor& got, const Tensor& ref, double atol = 1e-5,
+                         double rtol = 1e-5) {
+  ASSERT_EQ(shape_str(got.shape), shape_str(ref.shape));
+  Tensor fa = got.to_f32(), fb = ref.to_f32();
+  int bad = 0;
+  for (int64_t i = 0; i < fa.numel() && bad < 5; ++i) {
+    float g = fa.data<float>()[i], r = fb.data<float>()[i];
+    if (!(std::fabs(g - r) <= atol + rtol * std::fabs(r))) {
+      ADD_FAILURE() << "element " << i << ": got " << g << ", expected " << r;
+      ++bad;
+    }
+  }
+}
+
+}  // namespace wxe::test
