@@ -1,1 +1,256 @@
-int main() { return 0; }
+// wxe command line: inspect and run CREDIT wxformer-style ONNX models.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "engine/executor.h"
+#include "engine/npy.h"
+#include "engine/passes.h"
+#include "importers/onnx/onnx_import.h"
+
+using namespace wxe;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// "NAME=path" or "path" (the graph's only input).
+std::map<std::string, Tensor> read_inputs(const Graph& g, const std::vector<std::string>& args) {
+  std::map<std::string, Tensor> r;
+  for (const std::string& a : args) {
+    size_t eq = a.find('=');
+    std::string name, path = a;
+    if (eq != std::string::npos) {
+      name = a.substr(0, eq);
+      path = a.substr(eq + 1);
+    } else {
+      WXE_CHECK(g.inputs.size() == 1, g.source, ": the model has ", g.inputs.size(),
+                " inputs; name each one: --input NAME=FILE.npy");
+      name = g.values[g.inputs[0]].name;
+    }
+    int id = g.find_value(name);
+    WXE_CHECK(id >= 0 && std::count(g.inputs.begin(), g.inputs.end(), id), g.source,
+              ": the model has no input named '", name, "'");
+    Tensor t = read_npy(path);
+    const Value& v = g.values[id];
+    WXE_CHECK(t.dtype == v.dtype, path, ": dtype ", dtype_name(t.dtype), ", but input '", name,
+              "' expects ", dtype_name(v.dtype));
+    r[name] = std::move(t);
+  }
+  for (int id : g.inputs)
+    WXE_CHECK(r.count(g.values[id].name), "no tensor given for input '", g.values[id].name,
+              "' (--input ", g.values[id].name, "=FILE.npy)");
+  return r;
+}
+
+std::map<std::string, InputSpec> specs_of(const std::map<std::string, Tensor>& in) {
+  std::map<std::string, InputSpec> s;
+  for (auto& kv : in) s[kv.first] = {kv.second.dtype, kv.second.shape};
+  return s;
+}
+
+struct Stats {
+  double min = INFINITY, max = -INFINITY, mean = 0, std = 0;
+  int64_t nonfinite = 0;
+};
+
+Stats stats_of(const Tensor& t) {
+  Tensor f = t.to_f32();
+  Stats s;
+  double sum = 0, sq = 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < f.numel(); ++i) {
+    double v = f.data<float>()[i];
+    if (!std::isfinite(v)) {
+      ++s.nonfinite;
+      continue;
+    }
+    s.min = std::min(s.min, v);
+    s.max = std::max(s.max, v);
+    sum += v;
+    sq += v * v;
+    ++n;
+  }
+  if (n) {
+    s.mean = sum / n;
+    s.std = std::sqrt(std::max(0.0, sq / n - s.mean * s.mean));
+  }
+  return s;
+}
+
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB"};
+  int k = 0;
+  while (b >= 1024 && k < 3) {
+    b /= 1024;
+    ++k;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, u[k]);
+  return buf;
+}
+
+void count_params(const Graph& g, int64_t& count, size_t& bytes, bool only_params) {
+  count = 0;
+  bytes = 0;
+  std::vector<int> uses = g.use_counts();
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const Value& x = g.values[v];
+    if (!x.is_const() || !uses[v] || (only_params && !x.is_param)) continue;
+    if (x.dtype != DType::F32 && x.dtype != DType::F16 && x.dtype != DType::BF16) continue;
+    count += x.constant->numel();
+    bytes += x.constant->nbytes();
+  }
+}
+
+int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs, bool dump_graph) {
+  Graph g = import_onnx(model);
+  std::printf("model %s (opset %d)\n", model.c_str(), g.opset);
+  for (int id : g.inputs)
+    std::printf("  input  %-10s %s %s\n", g.values[id].name.c_str(), dtype_name(g.values[id].dtype),
+                shape_str(g.values[id].shape).c_str());
+  std::map<std::string, int> before = op_counts(g);
+  int64_t init_count;
+  size_t init_bytes;
+  count_params(g, init_count, init_bytes, false);
+  std::map<std::string, InputSpec> given;
+  if (!inputs.empty()) given = specs_of(read_inputs(g, inputs));
+  size_t nodes_before = g.nodes.size();
+  simplify(g, given);
+  for (int id : g.outputs)
+    std::printf("  output %-10s %s %s\n", g.values[id].name.c_str(), dtype_name(g.values[id].dtype),
+                shape_str(g.values[id].shape).c_str());
+  int64_t pc;
+  size_t pb;
+  count_params(g, pc, pb, true);
+  std::printf("initializers: %lld floats (%s)\n", (long long)init_count, human_bytes(init_bytes).c_str());
+  std::printf("parameters after passes: %lld (%s); spectral norm folded, constant subgraphs folded\n",
+              (long long)pc, human_bytes(pb).c_str());
+  std::map<std::string, int> after = op_counts(g);
+  std::set<std::string> ops;
+  for (auto& kv : before) ops.insert(kv.first);
+  for (auto& kv : after) ops.insert(kv.first);
+  std::printf("%-24s %8s %8s\n", "op type", "before", "after");
+  for (auto& op : ops)
+    std::printf("%-24s %8d %8d\n", op.c_str(), before.count(op) ? before[op] : 0,
+                after.count(op) ? after[op] : 0);
+  std::printf("%-24s %8zu %8zu\n", "total", nodes_before, g.nodes.size());
+  if (dump_graph) std::printf("\n%s", dump(g).c_str());
+  return 0;
+}
+
+struct InferArgs {
+  std::string model;
+  std::vector<std::string> inputs, outputs;
+  std::string compare;
+  double tolerance = -1;
+  int threads = 0;
+  bool reference = false;
+};
+
+int cmd_infer(const InferArgs& a) {
+  auto t0 = std::chrono::steady_clock::now();
+  Graph g = import_onnx(a.model);
+  std::map<std::string, Tensor> inputs = read_inputs(g, a.inputs);
+  size_t n0 = g.nodes.size();
+  std::fprintf(stderr, "wxe: imported %s: %zu nodes (%.2f s)\n", a.model.c_str(), n0, seconds_since(t0));
+  auto t1 = std::chrono::steady_clock::now();
+  simplify(g, specs_of(inputs));
+  std::fprintf(stderr, "wxe: simplified to %zu nodes (%.2f s)\n", g.nodes.size(), seconds_since(t1));
+  ExecOptions opt;
+  opt.threads = a.threads;
+  opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
+  Executor ex(g, opt);
+  auto t2 = std::chrono::steady_clock::now();
+  std::vector<Tensor> outs = ex.run(inputs);
+  double run_s = seconds_since(t2);
+  std::printf("forward: %.1f ms, %s activations at peak\n", run_s * 1e3,
+              human_bytes(ex.peak_activation_bytes()).c_str());
+  // outputs: "path" for the first output, or NAME=path
+  for (const std::string& o : a.outputs) {
+    size_t eq = o.find('=');
+    size_t idx = 0;
+    std::string path = o;
+    if (eq != std::string::npos) {
+      std::string name = o.substr(0, eq);
+      path = o.substr(eq + 1);
+      idx = g.outputs.size();
+      for (size_t k = 0; k < g.outputs.size(); ++k)
+        if (g.values[g.outputs[k]].name == name) idx = k;
+      WXE_CHECK(idx < g.outputs.size(), a.model, ": the model has no output named '", name, "'");
+    }
+    write_npy(path, outs[idx]);
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    Stats s = stats_of(outs[k]);
+    std::printf("output %s %s: min %.6g max %.6g mean %.6g std %.6g", g.values[g.outputs[k]].name.c_str(),
+                shape_str(outs[k].shape).c_str(), s.min, s.max, s.mean, s.std);
+    if (s.nonfinite) std::printf(" NON-FINITE %lld", (long long)s.nonfinite);
+    std::printf("\n");
+  }
+  if (!a.compare.empty()) {
+    Tensor ref = read_npy(a.compare);
+    WXE_CHECK(ref.shape == outs[0].shape, a.compare, ": shape ", shape_str(ref.shape),
+              " differs from the output's ", shape_str(outs[0].shape));
+    Tensor r = ref.to_f32(), y = outs[0].to_f32();
+    double maxd = 0, num = 0, den = 0;
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      double d = (double)y.data<float>()[i] - r.data<float>()[i];
+      if (!(std::fabs(d) <= maxd)) maxd = std::fabs(d);  // NaN propagates as inf-like
+      num += d * d;
+      den += (double)r.data<float>()[i] * r.data<float>()[i];
+    }
+    double rel = std::sqrt(num / std::max(den, 1e-300));
+    std::printf("vs %s: max abs diff %.3g, relative L2 %.3g\n", a.compare.c_str(), maxd, rel);
+    if (a.tolerance >= 0 && !(maxd <= a.tolerance)) {
+      std::fprintf(stderr, "wxe: error: max abs diff %.3g exceeds tolerance %.3g\n", maxd, a.tolerance);
+      return 3;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"wxe: run and fine-tune CREDIT wxformer-style weather models"};
+  app.require_subcommand(1);
+
+  std::string inspect_model;
+  std::vector<std::string> inspect_inputs;
+  bool dump_graph = false;
+  auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters and op counts before/after the passes");
+  inspect->add_option("model", inspect_model, "model .onnx")->required();
+  inspect->add_option("--input", inspect_inputs, "bind input shapes from tensors: [NAME=]X.npy");
+  inspect->add_flag("--dump", dump_graph, "print the simplified graph");
+
+  InferArgs ia;
+  auto* infer = app.add_subcommand("infer", "run the model on .npy inputs");
+  infer->add_option("model", ia.model, "model .onnx")->required();
+  infer->add_option("--input,-i", ia.inputs, "[NAME=]X.npy (repeat for several inputs)")->required();
+  infer->add_option("--output,-o", ia.outputs, "[NAME=]Y.npy (first output without NAME)");
+  infer->add_option("--threads,-t", ia.threads, "CPU threads (default: all cores)");
+  infer->add_option("--compare", ia.compare, "reference output .npy: print max abs and relative L2 difference");
+  infer->add_option("--tolerance", ia.tolerance, "with --compare: exit 3 if max abs difference exceeds it");
+  infer->add_flag("--reference", ia.reference, "run the plain reference kernels only (slow; the oracle)");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph);
+    if (*infer) return cmd_infer(ia);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "wxe: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "wxe: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

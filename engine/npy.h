@@ -1,0 +1,17 @@
+// .npy files (NumPy format 1.0/2.0/3.0), C order, little-endian.
+#pragma once
+#include <string>
+
+#include "engine/tensor.h"
+
+namespace wxe {
+
+// Reads any supported dtype (float32/64, float16, int64/32, int8, uint8, bool).
+Tensor read_npy(const std::string& path);
+// Writes atomically (temporary file, fsync, rename).
+void write_npy(const std::string& path, const Tensor& t);
+
+// Writes `bytes` to `path` atomically: `path.tmp.<pid>`, fsync, rename, fsync of the folder.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+}  // namespace wxe
