@@ -55,8 +55,9 @@ Executor::Executor(const Graph& g, ExecOptions opt) : g_(g), opt_(opt) {
   }
   frees_.resize(g.nodes.size());
   for (int o : g.outputs) last[o] = -1;  // outputs stay alive
+  std::vector<int> prod = g.producers();
   for (size_t v = 0; v < g.values.size(); ++v)
-    if (last[v] >= 0 && !g.values[v].is_const()) frees_[last[v]].push_back((int)v);
+    if (last[v] >= 0 && (prod[v] >= 0 || !g.values[v].is_const())) frees_[last[v]].push_back((int)v);
 }
 
 std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {

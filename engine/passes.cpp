@@ -59,8 +59,10 @@ void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given) {
       continue;
     }
     const InputSpec& s = it->second;
-    std::string expected = shape_str(v.shape);
-    for (auto& c : expected) if (c == '-') c = '?';  // dynamic dims print as ?1
+    std::string expected = "(";  // dynamic dims print as ?
+    for (size_t d = 0; d < v.shape.size(); ++d)
+      expected += (d ? ", " : "") + (v.shape[d] < 0 ? std::string("?") : std::to_string(v.shape[d]));
+    expected += ")";
     WXE_CHECK(s.dtype == v.dtype, g.source, ": input '", v.name, "' expects ",
               dtype_name(v.dtype), ", got ", dtype_name(s.dtype));
     bool fits = s.shape.size() == v.shape.size();
@@ -73,9 +75,6 @@ void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given) {
   }
 }
 
-void infer_shapes(Graph& g) {
-  for (const Node& n : g.nodes) apply_shape_rule(g, n);
-}
 
 void mark_spectral_norm(Graph& g) {
   // Recognised by its result: a Div whose dividend is the `X.weight_orig` parameter.
@@ -89,7 +88,12 @@ void mark_spectral_norm(Graph& g) {
   }
 }
 
-void fold_constants(Graph& g) {
+namespace {
+
+// Infers shapes node by node and evaluates every node whose inputs are known; with `drop`
+// such nodes are removed (their outputs become constants), otherwise they stay in the graph
+// and their outputs' values are merely known (as shape inference with data propagation).
+void propagate(Graph& g, bool drop) {
   std::vector<Node> kept;
   for (Node& n : g.nodes) {
     apply_shape_rule(g, n);
@@ -124,9 +128,16 @@ void fold_constants(Graph& g) {
     }
     for (size_t k = 0; k < n.outputs.size(); ++k)
       g.values[n.outputs[k]].constant = std::make_shared<Tensor>(std::move(outs[k]));
+    if (!drop) kept.push_back(std::move(n));
   }
   g.nodes = std::move(kept);
 }
+
+}  // namespace
+
+void infer_shapes(Graph& g) { propagate(g, false); }
+
+void fold_constants(Graph& g) { propagate(g, true); }
 
 void remove_identities(Graph& g) {
   std::vector<int> alias(g.values.size());
