@@ -1,2 +1,63 @@
 #!/usr/bin/env bash
-exit 0
+# End-to-end checks of the wxe command line: exit codes and one-line errors.
+# Usage: cli_test.sh WXE_BINARY SOURCE_DIR
+set -u
+wxe=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+model=$src/models/wxformer_tiny/model.onnx
+x=$src/models/wxformer_tiny/x.npy
+y=$src/models/wxformer_tiny/y.npy
+fails=0
+
+# expect_fail NAME PATTERN CMD...: non-zero exit, one line on stderr matching PATTERN
+expect_fail() {
+  local name=$1 pattern=$2
+  shift 2
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then
+    echo "FAIL $name: exit $rc"; fails=$((fails + 1)); return
+  fi
+  # progress lines may precede it; the error itself is the one last line
+  if ! tail -n 1 "$tmp/err" | grep -q -- "wxe: error: .*$pattern" || [ "$(grep -c "error" "$tmp/err")" -ne 1 ]; then
+    echo "FAIL $name: stderr does not match '$pattern':"; cat "$tmp/err"; fails=$((fails + 1)); return
+  fi
+  echo "ok   $name"
+}
+
+expect_fail missing-model "nope.onnx: cannot open" "$wxe" infer "$tmp/nope.onnx" --input "$x" -o "$tmp/y.npy"
+expect_fail missing-input "nope.npy: cannot open" "$wxe" infer "$model" --input "$tmp/nope.npy" -o "$tmp/y.npy"
+# npy PATH DESCR SHAPE NBYTES: a .npy header followed by NBYTES zero bytes
+npy() {
+  local h="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"
+  while [ $(( (10 + ${#h} + 1) % 64 )) -ne 0 ]; do h="$h "; done
+  h="$h"$'\n'
+  local l=${#h}
+  { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((l & 255)))\\x$(printf %02x $((l >> 8)))";
+    printf '%s' "$h"; head -c "$4" /dev/zero; } > "$1"
+}
+npy "$tmp/x64.npy" "<f8" "(1, 7, 1, 32, 64)" $((8 * 7 * 32 * 64))
+npy "$tmp/xshape.npy" "<f4" "(1, 7, 1, 16, 64)" $((4 * 7 * 16 * 64))
+npy "$tmp/xtrunc.npy" "<f4" "(1, 7, 1, 32, 64)" 100
+expect_fail float64-input "dtype float64, but input 'x' expects float32" "$wxe" infer "$model" --input "$tmp/x64.npy" -o "$tmp/y.npy"
+expect_fail wrong-shape "expects shape (1, 7, 1, 32, 64), got (1, 7, 1, 16, 64)" "$wxe" infer "$model" --input "$tmp/xshape.npy" -o "$tmp/y.npy"
+expect_fail truncated-npy "truncated .npy data" "$wxe" infer "$model" --input "$tmp/xtrunc.npy" -o "$tmp/y.npy"
+expect_fail wrong-input-name "no input named 'foo'" "$wxe" infer "$model" --input "foo=$x" -o "$tmp/y.npy"
+head -c 100000 "$model" > "$tmp/trunc.onnx"
+expect_fail truncated-onnx "trunc.onnx" "$wxe" infer "$tmp/trunc.onnx" --input "$x" -o "$tmp/y.npy"
+
+# the main job: runs, writes the output, matches PyTorch
+if "$wxe" infer "$model" --input "x=$x" --output "$tmp/y.npy" --compare "$y" --tolerance 1e-4 --threads 2 >"$tmp/out" 2>"$tmp/err" \
+   && [ -s "$tmp/y.npy" ] && grep -q "max abs diff" "$tmp/out"; then
+  echo "ok   infer-matches-pytorch"
+else
+  echo "FAIL infer-matches-pytorch"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+if "$wxe" inspect "$model" >"$tmp/out" 2>&1 && grep -q "^Conv " "$tmp/out" && grep -q "parameters after passes" "$tmp/out"; then
+  echo "ok   inspect"
+else
+  echo "FAIL inspect"; cat "$tmp/out"; fails=$((fails + 1))
+fi
+exit $((fails > 0))

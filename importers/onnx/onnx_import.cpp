@@ -131,19 +131,6 @@ Attr attr_from_proto(const onnx::AttributeProto& a, const std::filesystem::path&
   return r;
 }
 
-// Constant node -> its tensor.
-Tensor constant_value(const Node& n, const std::string& where) {
-  auto it = n.attrs.begin();
-  WXE_CHECK(n.attrs.size() == 1, where, ": Constant needs exactly one value attribute");
-  const Attr& a = it->second;
-  if (it->first == "value") return *a.t;
-  if (it->first == "value_float") return Tensor::scalar_f32(a.f);
-  if (it->first == "value_floats") return Tensor::from_f32({(int64_t)a.floats.size()}, a.floats);
-  if (it->first == "value_int") return Tensor::from_i64({a.i}).reshaped({});
-  if (it->first == "value_ints") return Tensor::from_i64(a.ints);
-  fail(where, ": Constant attribute '", it->first, "' is not supported");
-}
-
 }  // namespace
 
 Graph import_onnx(const std::string& path) {
@@ -175,7 +162,7 @@ Graph import_onnx(const std::string& path) {
     std::string op = np.domain().empty() || np.domain() == "ai.onnx"
                          ? np.op_type()
                          : np.domain() + "." + np.op_type();
-    if (op != "Constant" && !op_known(op) && !unsupported.count(op))
+    if (!op_known(op) && !unsupported.count(op))
       unsupported[op] = np.name().empty() ? "(unnamed)" : np.name();
   }
   if (!unsupported.empty()) {
@@ -224,16 +211,6 @@ Graph import_onnx(const std::string& path) {
     n.name = np.name();
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
     for (auto& a : np.attribute()) n.attrs[a.name()] = attr_from_proto(a, dir, where);
-    if (n.op == "Constant") {
-      WXE_CHECK(np.output_size() == 1, where, ": Constant needs one output");
-      int id = value_of(np.output(0));
-      Value& v = g.values[id];
-      v.constant = std::make_shared<Tensor>(constant_value(n, where));
-      v.dtype = v.constant->dtype;
-      v.shape = v.constant->shape;
-      v.shape_known = true;
-      continue;
-    }
     for (auto& in : np.input()) n.inputs.push_back(in.empty() ? -1 : value_of(in));
     for (auto& out : np.output()) n.outputs.push_back(value_of(out));
     g.nodes.push_back(std::move(n));

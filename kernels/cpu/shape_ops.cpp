@@ -230,9 +230,32 @@ void range_kernel(const Node& n, const std::vector<const Tensor*>& in,
   }
 }
 
+// Constant: the tensor in its one value attribute.
+Tensor constant_value(const Node& n) {
+  WXE_CHECK(n.attrs.size() == 1, "node ", n.name, " (Constant): needs exactly one value attribute");
+  const std::string& key = n.attrs.begin()->first;
+  const Attr& a = n.attrs.begin()->second;
+  if (key == "value") return *a.t;
+  if (key == "value_float") return Tensor::scalar_f32(a.f);
+  if (key == "value_floats") return Tensor::from_f32({(int64_t)a.floats.size()}, a.floats);
+  if (key == "value_int") return Tensor::from_i64({a.i}).reshaped({});
+  if (key == "value_ints") return Tensor::from_i64(a.ints);
+  fail("node ", n.name, " (Constant): attribute '", key, "' is not supported");
+}
+std::vector<TypeShape> constant_shape(const Node& n, const std::vector<const Value*>& in) {
+  Tensor t = constant_value(n);
+  return {{t.dtype, t.shape}};
+}
+void constant_kernel(const Node& n, const std::vector<const Tensor*>& in,
+                     const std::vector<Tensor*>& out) {
+  Tensor t = constant_value(n);
+  if (t.nbytes()) std::memcpy(out[0]->raw(), t.raw(), t.nbytes());
+}
+
 }  // namespace
 
 void register_shape_ops() {
+  register_op("Constant", constant_shape, constant_kernel);
   register_op("Identity", identity_shape, copy_kernel);
   register_op("Shape", shape_shape, shape_kernel);
   register_op("Size", size_shape, size_kernel);

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what the build needs (Debian 12 packages, via apt, only if missing) and builds
+# wxe and its tests into build/. Usage: tools/build.sh [extra cmake args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+packages=(build-essential cmake libprotobuf-dev protobuf-compiler libonnx-dev libdnnl-dev
+          libcli11-dev libgtest-dev libopenmpi-dev openmpi-bin)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "build.sh: installing ${missing[*]}" >&2
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake --build build -j"$(nproc)"
