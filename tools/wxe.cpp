@@ -1,6 +1,8 @@
 // wxe command line: inspect and run CREDIT wxformer-style ONNX models.
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -217,6 +219,63 @@ int cmd_infer(const InferArgs& a) {
   return 0;
 }
 
+struct BenchArgs {
+  std::string model;
+  std::vector<std::string> inputs;
+  int threads = 0, runs = 5;
+  bool json = false;
+};
+
+double peak_rss_mb() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;  // Linux reports KiB
+}
+
+int cmd_bench(const BenchArgs& a) {
+  WXE_CHECK(a.runs >= 1, "--runs must be at least 1");
+  Graph g = import_onnx(a.model);
+  std::map<std::string, Tensor> inputs = read_inputs(g, a.inputs);
+  simplify(g, specs_of(inputs));
+  ExecOptions opt;
+  opt.threads = a.threads;
+  opt.profile = true;
+  Executor ex(g, opt);
+  ex.run(inputs);  // warm-up: primitive creation, weight reorders, page faults
+  std::map<std::string, OpProfile> warm = ex.profile();
+  std::vector<double> ms;
+  for (int r = 0; r < a.runs; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    ex.run(inputs);
+    ms.push_back(seconds_since(t0) * 1e3);
+    std::fprintf(stderr, "wxe: run %d/%d: %.1f ms\n", r + 1, a.runs, ms.back());
+  }
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                    : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  // per op type over the timed runs only
+  std::vector<std::pair<double, std::string>> by_op;
+  double total = 0;
+  for (auto& kv : ex.profile()) {
+    double t = (kv.second.ms - warm[kv.first].ms) / a.runs;
+    by_op.push_back({t, kv.first});
+    total += t;
+  }
+  std::sort(by_op.rbegin(), by_op.rend());
+  std::printf("%-24s %10s %6s %8s\n", "op type", "ms/run", "%", "calls");
+  for (auto& [t, op] : by_op)
+    std::printf("%-24s %10.2f %6.1f %8d\n", op.c_str(), t, 100 * t / std::max(total, 1e-9),
+                (ex.profile().at(op).calls - warm[op].calls) / a.runs);
+  std::printf("forward over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d\n",
+              a.runs, sorted.front(), median, sorted.back(), peak_rss_mb(), a.threads);
+  if (a.json)
+    std::printf("{\"model\": \"%s\", \"threads\": %d, \"runs\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, "
+                "\"max_ms\": %.3f, \"peak_rss_mb\": %.1f}\n",
+                a.model.c_str(), a.threads, a.runs, median, sorted.front(), sorted.back(), peak_rss_mb());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -241,10 +300,19 @@ int main(int argc, char** argv) {
   infer->add_option("--tolerance", ia.tolerance, "with --compare: exit 3 if max abs difference exceeds it");
   infer->add_flag("--reference", ia.reference, "run the plain reference kernels only (slow; the oracle)");
 
+  BenchArgs ba;
+  auto* bench = app.add_subcommand("bench", "time the forward pass: min/median/max, peak memory, time per op type");
+  bench->add_option("model", ba.model, "model .onnx")->required();
+  bench->add_option("--input,-i", ba.inputs, "[NAME=]X.npy (repeat for several inputs)")->required();
+  bench->add_option("--threads,-t", ba.threads, "CPU threads (default: all cores)");
+  bench->add_option("--runs,-r", ba.runs, "timed runs after one warm-up (default 5)");
+  bench->add_flag("--json", ba.json, "print one JSON object as the last line");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph);
     if (*infer) return cmd_infer(ia);
+    if (*bench) return cmd_bench(ba);
   } catch (const Error& e) {
     std::fprintf(stderr, "wxe: error: %s\n", e.what());
     return 1;
