@@ -1,6 +1,988 @@
+// Ops that move data by index arithmetic: Slice, Gather, GatherND, Transpose, Pad, DepthToSpace,
+// Resize, Split, Tile, Flatten (ONNX opsets 13-20). Reference kernels: plain loops, the
+// oracle for faster paths. All but Resize's linear/cubic modes are dtype-generic: elements
+// are copied as dtype_size(dtype) bytes.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <string>
+
 #include "engine/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {
-void register_data_ops() {}
+
+namespace {
+
+// Bad-input check naming the node and its op.
+#define NCHECK(cond, ...) WXE_CHECK(cond, "node ", n.name, " (", n.op, "): ", __VA_ARGS__)
+
+using Values = std::vector<const Value*>;
+using Ins = std::vector<const Tensor*>;
+using Outs = std::vector<Tensor*>;
+
+const Value* opt_v(const Values& in, size_t i) { return i < in.size() ? in[i] : nullptr; }
+const Tensor* opt_t(const Ins& in, size_t i) { return i < in.size() ? in[i] : nullptr; }
+
+const Value& req_v(const Node& n, const Values& in, size_t i) {
+  NCHECK(i < in.size() && in[i], "missing input ", i);
+  return *in[i];
+}
+
+// An optional input that is present and not an empty tensor.
+bool given_v(const Values& in, size_t i) {
+  const Value* v = opt_v(in, i);
+  if (!v) return false;
+  if (v->is_const()) return v->constant->numel() > 0;
+  return !(v->shape_known && numel(v->shape) == 0);
+}
+bool given_t(const Ins& in, size_t i) {
+  const Tensor* t = opt_t(in, i);
+  return t && t->numel() > 0;
+}
+
+// Constant int64 contents of optional input i ({} when absent or empty).
+std::vector<int64_t> opt_const_ints(const Node& n, const Values& in, size_t i) {
+  if (!given_v(in, i)) return {};
+  return const_ints(n, in, i);
+}
+std::vector<int64_t> opt_ints(const Ins& in, size_t i) {
+  if (!given_t(in, i)) return {};
+  return in[i]->to_i64();
+}
+
+std::vector<float> const_floats(const Node& n, const Values& in, size_t i) {
+  const Value& v = req_v(n, in, i);
+  NCHECK(v.is_const(), "input ", i, " ('", v.name, "') must be known before running the graph");
+  Tensor f = v.constant->to_f32();
+  return std::vector<float>(f.data<float>(), f.data<float>() + f.numel());
+}
+std::vector<float> floats_of(const Tensor& t) {
+  Tensor f = t.to_f32();
+  return std::vector<float>(f.data<float>(), f.data<float>() + f.numel());
+}
+
+// Normalizes a list of axes against rank r; rejects out-of-range and repeated axes.
+std::vector<int64_t> norm_axes(const Node& n, std::vector<int64_t> axes, int64_t r) {
+  std::set<int64_t> seen;
+  for (auto& a : axes) {
+    a = norm_axis(a, r, n);
+    NCHECK(seen.insert(a).second, "axis ", a, " repeated");
+  }
+  return axes;
+}
+
+// Copies one element of ES bytes (ES known at compile time for the common sizes).
+template <size_t ES>
+void copy_row_t(uint8_t* dst, const uint8_t* src, int64_t stride, int64_t len) {
+  for (int64_t i = 0; i < len; ++i) std::memcpy(dst + i * ES, src + i * stride * (int64_t)ES, ES);
+}
+void copy_row(uint8_t* dst, const uint8_t* src, int64_t stride, int64_t len, size_t es) {
+  if (stride == 1) {
+    std::memcpy(dst, src, (size_t)len * es);
+    return;
+  }
+  switch (es) {
+    case 1: copy_row_t<1>(dst, src, stride, len); break;
+    case 2: copy_row_t<2>(dst, src, stride, len); break;
+    case 4: copy_row_t<4>(dst, src, stride, len); break;
+    case 8: copy_row_t<8>(dst, src, stride, len); break;
+    default:
+      for (int64_t i = 0; i < len; ++i)
+        std::memcpy(dst + i * es, src + i * stride * (int64_t)es, es);
+  }
+}
+
+constexpr int64_t kParallelMin = 1 << 15;  // elements; below this OpenMP costs more than it saves
+
+// dst (contiguous, `shape`) at multi-index i = src[base + sum_d i_d * sstride[d]], in
+// elements; strides may be negative or zero.
+void strided_copy(const uint8_t* src, int64_t base, const std::vector<int64_t>& sstride,
+                  uint8_t* dst, const Shape& shape, size_t es) {
+  const int64_t total = numel(shape);
+  if (total == 0) return;
+  // Drop size-1 dims and merge neighbours that are contiguous in the source too (the
+  // destination always is): fewer, longer rows.
+  Shape s;
+  std::vector<int64_t> st;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (!s.empty() && st.back() == sstride[d] * shape[d]) {
+      s.back() *= shape[d];
+      st.back() = sstride[d];
+    } else {
+      s.push_back(shape[d]);
+      st.push_back(sstride[d]);
+    }
+  }
+  if (s.empty()) {
+    std::memcpy(dst, src + base * (int64_t)es, es);
+    return;
+  }
+  const int r = (int)s.size();
+  const int64_t L = s[r - 1], rows = total / L, ls = st[r - 1];
+  const int64_t chunk = std::max<int64_t>(1, 4096 / L);  // rows per task
+  const int64_t tasks = (rows + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (total > kParallelMin)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t r0 = t * chunk, r1 = std::min(rows, r0 + chunk);
+    // multi-index of row r0 over dims 0..r-2, then an odometer
+    std::vector<int64_t> idx(r, 0);
+    int64_t off = base, rem = r0;
+    for (int d = r - 2; d >= 0; --d) {
+      idx[d] = rem % s[d];
+      rem /= s[d];
+      off += idx[d] * st[d];
+    }
+    for (int64_t row = r0; row < r1; ++row) {
+      copy_row(dst + row * L * (int64_t)es, src + off * (int64_t)es, ls, L, es);
+      for (int d = r - 2; d >= 0; --d) {
+        off += st[d];
+        if (++idx[d] < s[d]) break;
+        off -= st[d] * s[d];
+        idx[d] = 0;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Slice (opset 13): inputs data, starts, ends, axes?, steps?
+
+struct SliceDim {
+  int64_t start = 0, step = 1, len = 0;
+};
+
+std::vector<SliceDim> slice_plan(const Node& n, const Shape& s, const std::vector<int64_t>& starts,
+                                 const std::vector<int64_t>& ends, std::vector<int64_t> axes,
+                                 std::vector<int64_t> steps) {
+  const int64_t r = (int64_t)s.size();
+  NCHECK(starts.size() == ends.size(), "starts has ", starts.size(), " values but ends has ",
+         ends.size());
+  if (axes.empty())
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back((int64_t)i);
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  NCHECK(axes.size() == starts.size(), "axes has ", axes.size(), " values but starts has ",
+         starts.size());
+  NCHECK(steps.size() == starts.size(), "steps has ", steps.size(), " values but starts has ",
+         starts.size());
+  axes = norm_axes(n, axes, r);
+  std::vector<SliceDim> plan(r);
+  for (int64_t d = 0; d < r; ++d) plan[d] = {0, 1, s[d]};
+  for (size_t k = 0; k < axes.size(); ++k) {
+    const int64_t d = axes[k], dim = s[d];
+    int64_t step = steps[k];
+    NCHECK(step != 0, "step 0 on axis ", d);
+    if (step == std::numeric_limits<int64_t>::min()) step = -std::numeric_limits<int64_t>::max();
+    int64_t st = starts[k], en = ends[k];
+    if (st < 0) st += dim;  // no overflow: dim >= 0
+    if (en < 0) en += dim;
+    int64_t len;
+    if (dim == 0) {
+      st = 0;
+      len = 0;
+    } else if (step > 0) {
+      st = std::clamp<int64_t>(st, 0, dim);
+      en = std::clamp<int64_t>(en, 0, dim);
+      len = en > st ? (en - st - 1) / step + 1 : 0;
+    } else {
+      st = std::clamp<int64_t>(st, 0, dim - 1);
+      en = std::clamp<int64_t>(en, -1, dim - 1);
+      len = st > en ? (st - en - 1) / (-step) + 1 : 0;
+    }
+    plan[d] = {st, step, len};
+  }
+  return plan;
+}
+
+std::vector<TypeShape> slice_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  auto plan = slice_plan(n, x.shape, const_ints(n, in, 1), const_ints(n, in, 2),
+                         opt_const_ints(n, in, 3), opt_const_ints(n, in, 4));
+  Shape out;
+  for (auto& p : plan) out.push_back(p.len);
+  return {{x.dtype, out}};
+}
+
+void slice_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  auto plan = slice_plan(n, x.shape, in[1]->to_i64(), in[2]->to_i64(), opt_ints(in, 3),
+                         opt_ints(in, 4));
+  auto st = strides_of(x.shape);
+  int64_t base = 0;
+  std::vector<int64_t> sstride(plan.size());
+  Shape shape(plan.size());
+  for (size_t d = 0; d < plan.size(); ++d) {
+    base += plan[d].start * st[d];
+    sstride[d] = plan[d].step * st[d];
+    shape[d] = plan[d].len;
+  }
+  WXE_ASSERT(shape == out[0]->shape);
+  strided_copy((const uint8_t*)x.raw(), base, sstride, (uint8_t*)out[0]->raw(), shape,
+               dtype_size(x.dtype));
+}
+
+// ---------------------------------------------------------------------------------------
+// Gather (opset 13): data, indices (int32/int64); axis attr.
+
+std::vector<TypeShape> gather_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  const Value& idx = req_v(n, in, 1);
+  const int64_t r = (int64_t)x.shape.size();
+  NCHECK(r >= 1, "data must have rank >= 1");
+  NCHECK(idx.dtype == DType::I64 || idx.dtype == DType::I32, "indices must be int32 or int64, got ",
+         dtype_name(idx.dtype));
+  const int64_t axis = norm_axis(n.i("axis", 0), r, n);
+  if (idx.is_const()) {
+    const int64_t dim = x.shape[axis];
+    for (int64_t v : idx.constant->to_i64())
+      NCHECK(v >= -dim && v < dim, "index ", v, " out of range for axis ", axis, " of size ", dim);
+  }
+  Shape out(x.shape.begin(), x.shape.begin() + axis);
+  out.insert(out.end(), idx.shape.begin(), idx.shape.end());
+  out.insert(out.end(), x.shape.begin() + axis + 1, x.shape.end());
+  return {{x.dtype, out}};
+}
+
+void gather_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  const int64_t axis = norm_axis(n.i("axis", 0), x.rank(), n);
+  std::vector<int64_t> idx = in[1]->to_i64();
+  const int64_t dim = x.shape[axis];
+  for (auto& v : idx) {
+    NCHECK(v >= -dim && v < dim, "index ", v, " out of range for axis ", axis, " of size ", dim);
+    if (v < 0) v += dim;
+  }
+  const size_t es = dtype_size(x.dtype);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x.shape[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
+  const int64_t ni = (int64_t)idx.size();
+  const size_t chunk = (size_t)inner * es;
+  const uint8_t* src = (const uint8_t*)x.raw();
+  uint8_t* dst = (uint8_t*)out[0]->raw();
+#pragma omp parallel for schedule(static) if (outer * ni * inner > kParallelMin)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < ni; ++j)
+      std::memcpy(dst + (o * ni + j) * chunk, src + (o * dim + idx[j]) * chunk, chunk);
+}
+
+// ---------------------------------------------------------------------------------------
+// GatherND (opset 13): data, indices (int64, last dim k = index tuple length); batch_dims b.
+// Output: data.shape[:b] + indices.shape[b:-1] + data.shape[b+k:].
+
+struct GatherNDPlan {
+  int64_t b = 0, k = 0;
+  Shape out;
+};
+
+GatherNDPlan gathernd_plan(const Node& n, const Shape& ds, const Shape& is) {
+  GatherNDPlan p;
+  const int64_t r = (int64_t)ds.size(), q = (int64_t)is.size();
+  p.b = n.i("batch_dims", 0);
+  NCHECK(r >= 1 && q >= 1, "data and indices must have rank >= 1");
+  NCHECK(p.b >= 0 && p.b < std::min(r, q), "batch_dims ", p.b, " out of range");
+  p.k = is[q - 1];
+  NCHECK(p.k >= 1 && p.k <= r - p.b, "index tuples of length ", p.k, " for data of rank ", r,
+         " and batch_dims ", p.b);
+  for (int64_t d = 0; d < p.b; ++d)
+    NCHECK(ds[d] == is[d], "batch dim ", d, " differs: data ", shape_str(ds), ", indices ",
+           shape_str(is));
+  p.out.assign(ds.begin(), ds.begin() + p.b);
+  p.out.insert(p.out.end(), is.begin() + p.b, is.end() - 1);
+  p.out.insert(p.out.end(), ds.begin() + p.b + p.k, ds.end());
+  return p;
+}
+
+std::vector<TypeShape> gathernd_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  const Value& idx = req_v(n, in, 1);
+  NCHECK(idx.dtype == DType::I64 || idx.dtype == DType::I32, "indices must be int32 or int64, got ",
+         dtype_name(idx.dtype));
+  return {{x.dtype, gathernd_plan(n, x.shape, idx.shape).out}};
+}
+
+void gathernd_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  const GatherNDPlan p = gathernd_plan(n, x.shape, in[1]->shape);
+  std::vector<int64_t> idx = in[1]->to_i64();
+  const int64_t B = numel(Shape(x.shape.begin(), x.shape.begin() + p.b));
+  const int64_t M = (int64_t)idx.size() / p.k / std::max<int64_t>(B, 1);  // tuples per batch
+  const int64_t S = numel(Shape(x.shape.begin() + p.b + p.k, x.shape.end()));
+  const int64_t batch_elems = numel(Shape(x.shape.begin() + p.b, x.shape.end()));
+  const auto st = strides_of(x.shape);
+  std::vector<int64_t> off((size_t)(B * M));
+  for (int64_t t = 0; t < B * M; ++t) {
+    int64_t o = (t / std::max<int64_t>(M, 1)) * batch_elems;
+    for (int64_t j = 0; j < p.k; ++j) {
+      const int64_t dim = x.shape[p.b + j];
+      int64_t v = idx[t * p.k + j];
+      NCHECK(v >= -dim && v < dim, "index ", v, " out of range for axis ", p.b + j, " of size ",
+             dim);
+      if (v < 0) v += dim;
+      o += v * st[p.b + j];
+    }
+    off[t] = o;
+  }
+  const size_t es = dtype_size(x.dtype), chunk = (size_t)S * es;
+  const uint8_t* src = (const uint8_t*)x.raw();
+  uint8_t* dst = (uint8_t*)out[0]->raw();
+  if (!chunk) return;
+#pragma omp parallel for schedule(static) if (B * M * S > kParallelMin)
+  for (int64_t t = 0; t < B * M; ++t) std::memcpy(dst + t * chunk, src + off[t] * (int64_t)es, chunk);
+}
+
+// ---------------------------------------------------------------------------------------
+// Transpose: perm attr (default: reverse).
+
+std::vector<int64_t> transpose_perm(const Node& n, int64_t r) {
+  std::vector<int64_t> perm = n.ints("perm");
+  if (!n.has("perm"))
+    for (int64_t d = r - 1; d >= 0; --d) perm.push_back(d);
+  NCHECK((int64_t)perm.size() == r, "perm has ", perm.size(), " entries for rank ", r);
+  std::vector<bool> seen(r, false);
+  for (int64_t p : perm) {
+    NCHECK(p >= 0 && p < r && !seen[p], "perm is not a permutation of 0..", r - 1);
+    seen[p] = true;
+  }
+  return perm;
+}
+
+std::vector<TypeShape> transpose_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  auto perm = transpose_perm(n, (int64_t)x.shape.size());
+  Shape out;
+  for (int64_t p : perm) out.push_back(x.shape[p]);
+  return {{x.dtype, out}};
+}
+
+void transpose_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  auto perm = transpose_perm(n, x.rank());
+  auto st = strides_of(x.shape);
+  std::vector<int64_t> sstride;
+  for (int64_t p : perm) sstride.push_back(st[p]);
+  strided_copy((const uint8_t*)x.raw(), 0, sstride, (uint8_t*)out[0]->raw(), out[0]->shape,
+               dtype_size(x.dtype));
+}
+
+// ---------------------------------------------------------------------------------------
+// Pad (opset 13-19): data, pads, constant_value?, axes? (18); mode constant/reflect/edge/wrap.
+// Negative pads crop first; the positive pads then extend the cropped tensor.
+
+enum class PadMode { Constant, Reflect, Edge, Wrap };
+
+PadMode pad_mode(const Node& n) {
+  std::string m = n.s("mode", "constant");
+  if (m == "constant") return PadMode::Constant;
+  if (m == "reflect") return PadMode::Reflect;
+  if (m == "edge") return PadMode::Edge;
+  if (m == "wrap") return PadMode::Wrap;
+  fail("node ", n.name, " (", n.op, "): unsupported mode '", m, "'");
+}
+
+struct PadPlan {
+  std::vector<int64_t> begin, end;  // per dim, may be negative
+  Shape out;
+};
+
+PadPlan pad_plan(const Node& n, const Shape& s, const std::vector<int64_t>& pads,
+                 std::vector<int64_t> axes) {
+  const int64_t r = (int64_t)s.size();
+  if (axes.empty())
+    for (int64_t d = 0; d < r; ++d) axes.push_back(d);
+  axes = norm_axes(n, axes, r);
+  NCHECK(pads.size() == 2 * axes.size(), "pads has ", pads.size(), " values, expected ",
+         2 * axes.size());
+  const PadMode mode = pad_mode(n);
+  PadPlan p;
+  p.begin.assign(r, 0);
+  p.end.assign(r, 0);
+  const size_t k = axes.size();
+  for (size_t i = 0; i < k; ++i) {
+    p.begin[axes[i]] = pads[i];
+    p.end[axes[i]] = pads[i + k];
+  }
+  for (int64_t d = 0; d < r; ++d) {
+    const int64_t o = s[d] + p.begin[d] + p.end[d];
+    NCHECK(o >= 0, "pads ", p.begin[d], ", ", p.end[d], " make axis ", d, " of size ", s[d],
+           " negative");
+    const int64_t kept = s[d] - std::max<int64_t>(-p.begin[d], 0) - std::max<int64_t>(-p.end[d], 0);
+    NCHECK(mode == PadMode::Constant || o == 0 || kept > 0, "cannot pad axis ", d,
+           " with mode ", n.s("mode", "constant"), ": nothing left to copy from");
+    p.out.push_back(o);
+  }
+  return p;
+}
+
+std::vector<int64_t> pads_of(const Node& n, const Values& in) {
+  if (opt_v(in, 1)) return const_ints(n, in, 1);
+  NCHECK(n.has("pads"), "missing pads");  // opset < 11 had pads as an attribute
+  return n.ints("pads");
+}
+
+std::vector<TypeShape> pad_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  if (given_v(in, 2)) {
+    const Value& cv = *in[2];
+    NCHECK(!cv.shape_known || numel(cv.shape) == 1, "constant_value must be a scalar");
+  }
+  PadPlan p = pad_plan(n, x.shape, pads_of(n, in), opt_const_ints(n, in, 3));
+  return {{x.dtype, p.out}};
+}
+
+// Source index for output position o along an axis, or -1 for the constant value.
+int64_t pad_src(PadMode mode, int64_t o, int64_t begin, int64_t dim, int64_t crop_lo, int64_t len) {
+  int64_t p = o - std::max<int64_t>(begin, 0);  // position in the cropped range [0, len)
+  if (p < 0 || p >= len) {
+    switch (mode) {
+      case PadMode::Constant: return -1;
+      case PadMode::Edge: p = std::clamp<int64_t>(p, 0, len - 1); break;
+      case PadMode::Reflect: {
+        if (len == 1) {
+          p = 0;
+          break;
+        }
+        const int64_t per = 2 * (len - 1);
+        p = ((p % per) + per) % per;
+        if (p >= len) p = per - p;
+        break;
+      }
+      case PadMode::Wrap: p = ((p % len) + len) % len; break;
+    }
+  }
+  return crop_lo + p;
+}
+
+void pad_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  std::vector<int64_t> pads = opt_t(in, 1) ? in[1]->to_i64() : n.ints("pads");
+  PadPlan p = pad_plan(n, x.shape, pads, opt_ints(in, 3));
+  const PadMode mode = pad_mode(n);
+  const size_t es = dtype_size(x.dtype);
+  Tensor cv = Tensor::zeros(x.dtype, {});
+  if (given_t(in, 2)) {
+    Tensor tmp(x.dtype, in[2]->shape);
+    convert(*in[2], tmp);
+    std::memcpy(cv.raw(), tmp.raw(), es);
+  }
+  if (mode == PadMode::Constant && n.has("value") && !opt_t(in, 1)) {  // opset < 11
+    Tensor f = Tensor::scalar_f32(n.f("value", 0.f));
+    convert(f, cv);
+  }
+  const int r = x.rank();
+  // per-axis map from output position to source position (-1: constant)
+  std::vector<std::vector<int64_t>> map(r);
+  for (int d = 0; d < r; ++d) {
+    const int64_t crop_lo = std::max<int64_t>(-p.begin[d], 0);
+    const int64_t len = x.shape[d] - crop_lo - std::max<int64_t>(-p.end[d], 0);
+    map[d].resize(p.out[d]);
+    for (int64_t o = 0; o < p.out[d]; ++o)
+      map[d][o] = pad_src(mode, o, p.begin[d], x.shape[d], crop_lo, len);
+  }
+  const int64_t total = numel(p.out);
+  if (total == 0) return;
+  const uint8_t* src = (const uint8_t*)x.raw();
+  uint8_t* dst = (uint8_t*)out[0]->raw();
+  const uint8_t* cval = (const uint8_t*)cv.raw();
+  if (r == 0) {
+    std::memcpy(dst, src, es);
+    return;
+  }
+  auto st = strides_of(x.shape);
+  const int64_t L = p.out[r - 1], rows = total / L;
+  const auto& lmap = map[r - 1];
+  const int64_t ilo = std::max<int64_t>(p.begin[r - 1], 0);
+  const int64_t ihi = ilo + x.shape[r - 1] - std::max<int64_t>(-p.begin[r - 1], 0) -
+                      std::max<int64_t>(-p.end[r - 1], 0);
+#pragma omp parallel for schedule(static) if (total > kParallelMin)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t off = 0, rem = row;
+    bool constant = false;
+    for (int d = r - 2; d >= 0; --d) {
+      const int64_t s = map[d][rem % p.out[d]];
+      rem /= p.out[d];
+      if (s < 0) constant = true;
+      off += s * st[d];
+    }
+    uint8_t* o = dst + row * L * (int64_t)es;
+    if (constant) {
+      for (int64_t j = 0; j < L; ++j) std::memcpy(o + j * es, cval, es);
+      continue;
+    }
+    // interior [ilo, ihi) maps to consecutive source elements: one memcpy
+    if (ihi > ilo)
+      std::memcpy(o + ilo * (int64_t)es, src + (off + lmap[ilo]) * (int64_t)es,
+                  (size_t)(ihi - ilo) * es);
+    auto border = [&](int64_t j) {
+      const int64_t s = lmap[j];
+      std::memcpy(o + j * es, s < 0 ? cval : src + (off + s) * (int64_t)es, es);
+    };
+    for (int64_t j = 0; j < ilo; ++j) border(j);
+    for (int64_t j = std::max(ihi, ilo); j < L; ++j) border(j);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// DepthToSpace: (N, C, H, W) -> (N, C/b^2, H*b, W*b); mode DCR (default) or CRD.
+
+bool d2s_crd(const Node& n) {
+  std::string m = n.s("mode", "DCR");
+  NCHECK(m == "DCR" || m == "CRD", "unsupported mode '", m, "'");
+  return m == "CRD";
+}
+
+std::vector<TypeShape> d2s_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  d2s_crd(n);
+  NCHECK(x.shape.size() == 4, "input must be 4-D, got ", shape_str(x.shape));
+  const int64_t b = n.i("blocksize", 0);
+  NCHECK(b > 0, "blocksize must be positive");
+  NCHECK(x.shape[1] % (b * b) == 0, "channels ", x.shape[1], " not divisible by blocksize^2 = ",
+         b * b);
+  return {{x.dtype, {x.shape[0], x.shape[1] / (b * b), x.shape[2] * b, x.shape[3] * b}}};
+}
+
+void d2s_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  const bool crd = d2s_crd(n);
+  const int64_t b = n.i("blocksize", 0);
+  const int64_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3];
+  const int64_t Co = C / (b * b), Ho = H * b, Wo = W * b;
+  const size_t es = dtype_size(x.dtype);
+  const uint8_t* src = (const uint8_t*)x.raw();
+  uint8_t* dst = (uint8_t*)out[0]->raw();
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
+  for (int64_t nc = 0; nc < N * Co; ++nc) {
+    const int64_t bn = nc / Co, c = nc % Co;
+    for (int64_t h = 0; h < Ho; ++h) {
+      const int64_t bh = h % b, ih = h / b;
+      uint8_t* orow = dst + ((nc * Ho + h) * Wo) * (int64_t)es;
+      for (int64_t w = 0; w < Wo; ++w) {
+        const int64_t bw = w % b, iw = w / b;
+        const int64_t ic = crd ? c * b * b + bh * b + bw : (bh * b + bw) * Co + c;
+        std::memcpy(orow + w * es, src + (((bn * C + ic) * H + ih) * W + iw) * (int64_t)es, es);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Resize (opset 13-19): X, roi?, scales?, sizes?. Modes nearest, linear, cubic; coordinate
+// transformation modes half_pixel, pytorch_half_pixel, align_corners, asymmetric,
+// half_pixel_symmetric. Every output coordinate along an axis reads a few input positions
+// ("taps") with weights; the N-D result is the tensor product over axes.
+
+enum class RMode { Nearest, Linear, Cubic };
+enum class RCoord { HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric, HalfPixelSymmetric };
+enum class RNearest { RoundPreferFloor, RoundPreferCeil, Floor, Ceil };
+
+struct ResizeCfg {
+  RMode mode;
+  RCoord coord;
+  RNearest nearest;
+  float cubic_a;
+  bool exclude_outside;
+};
+
+ResizeCfg resize_cfg(const Node& n) {
+  ResizeCfg c;
+  const std::string m = n.s("mode", "nearest");
+  if (m == "nearest") c.mode = RMode::Nearest;
+  else if (m == "linear") c.mode = RMode::Linear;
+  else if (m == "cubic") c.mode = RMode::Cubic;
+  else fail("node ", n.name, " (", n.op, "): unsupported mode '", m, "'");
+  const std::string t = n.s("coordinate_transformation_mode", "half_pixel");
+  if (t == "half_pixel") c.coord = RCoord::HalfPixel;
+  else if (t == "pytorch_half_pixel") c.coord = RCoord::PytorchHalfPixel;
+  else if (t == "align_corners") c.coord = RCoord::AlignCorners;
+  else if (t == "asymmetric") c.coord = RCoord::Asymmetric;
+  else if (t == "half_pixel_symmetric") c.coord = RCoord::HalfPixelSymmetric;
+  else fail("node ", n.name, " (", n.op, "): unsupported coordinate_transformation_mode '", t, "'");
+  const std::string nm = n.s("nearest_mode", "round_prefer_floor");
+  if (nm == "round_prefer_floor") c.nearest = RNearest::RoundPreferFloor;
+  else if (nm == "round_prefer_ceil") c.nearest = RNearest::RoundPreferCeil;
+  else if (nm == "floor") c.nearest = RNearest::Floor;
+  else if (nm == "ceil") c.nearest = RNearest::Ceil;
+  else fail("node ", n.name, " (", n.op, "): unsupported nearest_mode '", nm, "'");
+  NCHECK(n.i("antialias", 0) == 0, "antialias is not supported");
+  c.cubic_a = n.f("cubic_coeff_a", -0.75f);
+  c.exclude_outside = n.i("exclude_outside", 0) != 0;
+  return c;
+}
+
+struct ResizePlan {
+  Shape out;
+  std::vector<float> scale;  // per axis, output / input
+};
+
+// scales or sizes (exactly one non-empty) apply to `axes` attr (default: all axes).
+ResizePlan resize_plan(const Node& n, const Shape& s, const std::vector<float>& scales,
+                       const std::vector<int64_t>& sizes) {
+  const int64_t r = (int64_t)s.size();
+  NCHECK(scales.empty() != sizes.empty(), "exactly one of scales and sizes must be given");
+  std::vector<int64_t> axes = n.ints("axes");
+  if (!n.has("axes"))
+    for (int64_t d = 0; d < r; ++d) axes.push_back(d);
+  axes = norm_axes(n, axes, r);
+  ResizePlan p;
+  p.out = s;
+  p.scale.assign(r, 1.f);
+  if (!scales.empty()) {
+    NCHECK(scales.size() == axes.size(), "scales has ", scales.size(), " values, expected ",
+           axes.size());
+    for (size_t k = 0; k < axes.size(); ++k) {
+      NCHECK(scales[k] > 0, "scale ", scales[k], " must be positive");
+      p.scale[axes[k]] = scales[k];
+      // float product as onnx shape inference and onnxruntime compute it
+      p.out[axes[k]] = (int64_t)std::floor((float)s[axes[k]] * scales[k]);
+    }
+  } else {
+    NCHECK(sizes.size() == axes.size(), "sizes has ", sizes.size(), " values, expected ",
+           axes.size());
+    const std::string policy = n.s("keep_aspect_ratio_policy", "stretch");
+    NCHECK(policy == "stretch", "keep_aspect_ratio_policy '", policy, "' is not supported");
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const int64_t d = axes[k];
+      NCHECK(sizes[k] >= 0, "negative size ", sizes[k]);
+      NCHECK(s[d] > 0 || sizes[k] == 0, "cannot resize empty axis ", d, " to ", sizes[k]);
+      p.out[d] = sizes[k];
+      p.scale[d] = s[d] > 0 ? (float)sizes[k] / (float)s[d] : 1.f;
+    }
+  }
+  return p;
+}
+
+std::vector<TypeShape> resize_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  ResizeCfg c = resize_cfg(n);
+  NCHECK(c.mode == RMode::Nearest || x.dtype == DType::F32, "mode ", n.s("mode", "nearest"),
+         " supports float32 only, got ", dtype_name(x.dtype));
+  std::vector<float> scales;
+  if (given_v(in, 2)) scales = const_floats(n, in, 2);
+  ResizePlan p = resize_plan(n, x.shape, scales, opt_const_ints(n, in, 3));
+  return {{x.dtype, p.out}};
+}
+
+// Source coordinate of output coordinate x along an axis.
+float resize_coord(RCoord c, float x, float scale, int64_t in_len, int64_t out_len) {
+  switch (c) {
+    case RCoord::HalfPixel: return (x + 0.5f) / scale - 0.5f;
+    case RCoord::PytorchHalfPixel: return out_len > 1 ? (x + 0.5f) / scale - 0.5f : 0.f;
+    case RCoord::AlignCorners:
+      return out_len == 1 ? 0.f : x * (float)(in_len - 1) / (float)(out_len - 1);
+    case RCoord::Asymmetric: return x / scale;
+    case RCoord::HalfPixelSymmetric: {
+      const float adj = (float)out_len / (scale * (float)in_len);
+      const float center = (float)in_len / 2;
+      return center * (1 - adj) + (x + 0.5f) / scale - 0.5f;
+    }
+  }
+  return 0;
+}
+
+struct AxisTaps {
+  int k = 1;                 // taps per output coordinate
+  std::vector<int64_t> idx;  // [out_len * k]
+  std::vector<float> w;      // [out_len * k]
+};
+
+AxisTaps axis_taps(const ResizeCfg& c, float scale, int64_t in_len, int64_t out_len) {
+  AxisTaps t;
+  const int K = c.mode == RMode::Nearest ? 1 : c.mode == RMode::Linear ? 2 : 4;
+  std::vector<int64_t> idx(out_len * K);
+  std::vector<float> w(out_len * K);
+  auto clampi = [&](int64_t i) { return std::clamp<int64_t>(i, 0, in_len - 1); };
+  for (int64_t o = 0; o < out_len; ++o) {
+    const float x = resize_coord(c.coord, (float)o, scale, in_len, out_len);
+    int64_t* I = &idx[o * K];
+    float* W = &w[o * K];
+    if (c.mode == RMode::Nearest) {
+      float fl = std::floor(x), v;
+      switch (c.nearest) {
+        case RNearest::RoundPreferFloor: v = x == fl + 0.5f ? fl : std::round(x); break;
+        case RNearest::RoundPreferCeil: v = x == fl + 0.5f ? fl + 1 : std::round(x); break;
+        case RNearest::Floor: v = fl; break;
+        default: v = std::ceil(x); break;
+      }
+      I[0] = clampi((int64_t)v);
+      W[0] = 1.f;
+    } else if (c.mode == RMode::Linear) {
+      // neighbours floor(x), floor(x)+1 clamped to the edge (= clamping x into [0, len-1])
+      const float fl = std::floor(x), r = x - fl;
+      I[0] = clampi((int64_t)fl);
+      I[1] = clampi((int64_t)fl + 1);
+      W[0] = 1.f - r;
+      W[1] = r;
+    } else {
+      const float fl = std::floor(x), r = x - fl, A = c.cubic_a;
+      const float a = r + 1, b = r, cc = 1 - r, d = 2 - r;
+      W[0] = ((A * a - 5 * A) * a + 8 * A) * a - 4 * A;
+      W[1] = ((A + 2) * b - (A + 3)) * b * b + 1;
+      W[2] = ((A + 2) * cc - (A + 3)) * cc * cc + 1;
+      W[3] = ((A * d - 5 * A) * d + 8 * A) * d - 4 * A;
+      float sum = 0;
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = (int64_t)fl - 1 + j;
+        if (c.exclude_outside && (i < 0 || i >= in_len)) W[j] = 0;
+        sum += W[j];
+        I[j] = clampi(i);
+      }
+      if (c.exclude_outside && sum != 0)
+        for (int j = 0; j < 4; ++j) W[j] /= sum;
+    }
+  }
+  // Drop taps whose weight is zero for every output coordinate (e.g. axes not resized).
+  std::vector<int> keep;
+  for (int j = 0; j < K; ++j) {
+    bool any = false;
+    for (int64_t o = 0; o < out_len && !any; ++o) any = w[o * K + j] != 0.f;
+    if (any) keep.push_back(j);
+  }
+  if (keep.empty()) keep.push_back(0);
+  t.k = (int)keep.size();
+  t.idx.resize(out_len * t.k);
+  t.w.resize(out_len * t.k);
+  for (int64_t o = 0; o < out_len; ++o)
+    for (int j = 0; j < t.k; ++j) {
+      t.idx[o * t.k + j] = idx[o * K + keep[j]];
+      t.w[o * t.k + j] = w[o * K + keep[j]];
+    }
+  return t;
+}
+
+void resize_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  const ResizeCfg c = resize_cfg(n);
+  NCHECK(c.mode == RMode::Nearest || x.dtype == DType::F32, "mode ", n.s("mode", "nearest"),
+         " supports float32 only");
+  std::vector<float> scales;
+  if (given_t(in, 2)) scales = floats_of(*in[2]);
+  const ResizePlan p = resize_plan(n, x.shape, scales, opt_ints(in, 3));
+  WXE_ASSERT(p.out == out[0]->shape);
+  const int r = x.rank();
+  NCHECK(r >= 1 && r <= 16, "rank ", r, " is not supported (1 to 16)");
+  const int64_t total = numel(p.out);
+  if (total == 0) return;
+  NCHECK(x.numel() > 0, "cannot resize an empty tensor to a non-empty one");
+  std::vector<AxisTaps> taps(r);
+  int64_t combos = 1;
+  for (int d = 0; d < r; ++d) {
+    taps[d] = axis_taps(c, p.scale[d], x.shape[d], p.out[d]);
+    combos *= taps[d].k;
+  }
+  const auto st = strides_of(x.shape);
+  const size_t es = dtype_size(x.dtype);
+  const uint8_t* src = (const uint8_t*)x.raw();
+  uint8_t* dst = (uint8_t*)out[0]->raw();
+  const bool interp = c.mode != RMode::Nearest;
+  const float* xf = interp ? x.data<float>() : nullptr;
+  float* of = interp ? out[0]->data<float>() : nullptr;
+  // Rows along the last axis: the taps of the other axes give a short list of (offset,
+  // weight) per row; each output element then sums its last-axis taps over that list.
+  const int64_t L = p.out[r - 1], rows = total / L;
+  const AxisTaps& lt = taps[r - 1];
+  const int64_t lst = st[r - 1];
+  const int64_t row_combos = combos / lt.k;
+#pragma omp parallel for schedule(static) if (total * combos > kParallelMin)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t o[16];
+    int64_t rem = row;
+    for (int d = r - 2; d >= 0; --d) {
+      o[d] = rem % p.out[d];
+      rem /= p.out[d];
+    }
+    std::vector<int64_t> coff((size_t)row_combos);
+    std::vector<double> cw((size_t)row_combos);
+    for (int64_t cmb = 0; cmb < row_combos; ++cmb) {
+      int64_t off = 0, cr = cmb;
+      double w = 1;
+      for (int d = r - 2; d >= 0; --d) {
+        const AxisTaps& t = taps[d];
+        const int j = (int)(cr % t.k);
+        cr /= t.k;
+        off += t.idx[o[d] * t.k + j] * st[d];
+        w *= t.w[o[d] * t.k + j];
+      }
+      coff[cmb] = off;
+      cw[cmb] = w;
+    }
+    if (!interp) {  // one tap per axis, weight 1
+      uint8_t* orow = dst + row * L * (int64_t)es;
+      for (int64_t j = 0; j < L; ++j)
+        std::memcpy(orow + j * (int64_t)es, src + (coff[0] + lt.idx[j] * lst) * (int64_t)es, es);
+      continue;
+    }
+    float* orow = of + row * L;
+    for (int64_t j = 0; j < L; ++j) {
+      double acc = 0;
+      for (int64_t cmb = 0; cmb < row_combos; ++cmb) {
+        const float* base = xf + coff[cmb];
+        double a = 0;
+        for (int t = 0; t < lt.k; ++t) a += (double)lt.w[j * lt.k + t] * base[lt.idx[j * lt.k + t] * lst];
+        acc += cw[cmb] * a;
+      }
+      orow[j] = (float)acc;
+    }
+  }
+}
+
+std::vector<TypeShape> resize_shape_checked(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  NCHECK(x.shape.size() >= 1 && x.shape.size() <= 16, "rank ", x.shape.size(),
+         " is not supported (1 to 16)");
+  return resize_shape(n, in);
+}
+
+// ---------------------------------------------------------------------------------------
+// Split (opset 13-18): input, split? (13+; attr before 13); axis; num_outputs (18).
+
+std::vector<int64_t> split_sizes(const Node& n, int64_t dim, std::vector<int64_t> split,
+                                 size_t nout) {
+  NCHECK(nout >= 1, "no outputs");
+  if (split.empty() && n.has("split")) split = n.ints("split");
+  if (!split.empty()) {
+    NCHECK(split.size() == nout, "split has ", split.size(), " values for ", nout, " outputs");
+    int64_t sum = 0;
+    for (int64_t v : split) {
+      NCHECK(v >= 0, "negative split size ", v);
+      sum += v;
+    }
+    NCHECK(sum == dim, "split sizes sum to ", sum, " but the axis has size ", dim);
+    return split;
+  }
+  if (n.has("num_outputs")) {
+    const int64_t k = n.i("num_outputs", 0);
+    NCHECK(k == (int64_t)nout, "num_outputs ", k, " but the node has ", nout, " outputs");
+    const int64_t chunk = (dim + k - 1) / k;  // the last chunk may be smaller
+    std::vector<int64_t> r;
+    int64_t left = dim;
+    for (int64_t i = 0; i < k; ++i) {
+      r.push_back(std::min(chunk, left));
+      left -= r.back();
+    }
+    return r;
+  }
+  NCHECK(dim % (int64_t)nout == 0, "axis of size ", dim, " does not split evenly into ", nout,
+         " outputs");
+  return std::vector<int64_t>(nout, dim / (int64_t)nout);
+}
+
+std::vector<TypeShape> split_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  const int64_t axis = norm_axis(n.i("axis", 0), (int64_t)x.shape.size(), n);
+  auto sizes = split_sizes(n, x.shape[axis], opt_const_ints(n, in, 1), n.outputs.size());
+  std::vector<TypeShape> r;
+  for (int64_t s : sizes) {
+    Shape o = x.shape;
+    o[axis] = s;
+    r.push_back({x.dtype, o});
+  }
+  return r;
+}
+
+void split_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  const int64_t axis = norm_axis(n.i("axis", 0), x.rank(), n);
+  auto sizes = split_sizes(n, x.shape[axis], opt_ints(in, 1), out.size());
+  const size_t es = dtype_size(x.dtype);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x.shape[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
+  const int64_t dim = x.shape[axis];
+  const uint8_t* src = (const uint8_t*)x.raw();
+  int64_t start = 0;
+  for (size_t k = 0; k < out.size(); ++k) {
+    const size_t chunk = (size_t)(sizes[k] * inner) * es;
+    if (out[k] && chunk) {
+      uint8_t* dst = (uint8_t*)out[k]->raw();
+#pragma omp parallel for schedule(static) if (outer * sizes[k] * inner > kParallelMin)
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(dst + o * chunk, src + ((o * dim + start) * inner) * (int64_t)es, chunk);
+    }
+    start += sizes[k];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tile: input, repeats (int64, one per axis).
+
+std::vector<TypeShape> tile_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  auto rep = const_ints(n, in, 1);
+  NCHECK(rep.size() == x.shape.size(), "repeats has ", rep.size(), " values for rank ",
+         x.shape.size());
+  Shape o = x.shape;
+  for (size_t d = 0; d < rep.size(); ++d) {
+    NCHECK(rep[d] >= 0, "negative repeat ", rep[d]);
+    o[d] *= rep[d];
+  }
+  return {{x.dtype, o}};
+}
+
+void tile_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  const Shape& os = out[0]->shape;
+  const int r = x.rank();
+  const int64_t total = numel(os);
+  if (total == 0) return;
+  const size_t es = dtype_size(x.dtype);
+  const uint8_t* src = (const uint8_t*)x.raw();
+  uint8_t* dst = (uint8_t*)out[0]->raw();
+  if (r == 0) {
+    std::memcpy(dst, src, es);
+    return;
+  }
+  auto st = strides_of(x.shape);
+  const int64_t L = os[r - 1], rows = total / L, in_l = x.shape[r - 1];
+#pragma omp parallel for schedule(static) if (total > kParallelMin)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t off = 0, rem = row;
+    for (int d = r - 2; d >= 0; --d) {
+      off += ((rem % os[d]) % x.shape[d]) * st[d];
+      rem /= os[d];
+    }
+    uint8_t* o = dst + row * L * (int64_t)es;
+    for (int64_t j = 0; j < L; j += in_l)
+      std::memcpy(o + j * (int64_t)es, src + off * (int64_t)es, (size_t)in_l * es);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Flatten: axis in [-r, r] (default 1) -> 2-D.
+
+std::vector<TypeShape> flatten_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  const int64_t r = (int64_t)x.shape.size();
+  int64_t axis = n.i("axis", 1);
+  NCHECK(axis >= -r && axis <= r, "axis ", axis, " out of range for rank ", r);
+  if (axis < 0) axis += r;
+  int64_t a = 1, b = 1;
+  for (int64_t d = 0; d < r; ++d) (d < axis ? a : b) *= x.shape[d];
+  return {{x.dtype, {a, b}}};
+}
+
+void copy_kernel(const Node& n, const Ins& in, const Outs& out) {
+  WXE_ASSERT(in[0]->nbytes() == out[0]->nbytes());
+  if (out[0]->raw() != in[0]->raw() && in[0]->nbytes())
+    std::memcpy(out[0]->raw(), in[0]->raw(), in[0]->nbytes());
+}
+
+}  // namespace
+
+void register_data_ops() {
+  register_op("Slice", slice_shape, slice_kernel);
+  register_op("Gather", gather_shape, gather_kernel);
+  register_op("GatherND", gathernd_shape, gathernd_kernel);
+  register_op("Transpose", transpose_shape, transpose_kernel);
+  register_op("Pad", pad_shape, pad_kernel);
+  register_op("DepthToSpace", d2s_shape, d2s_kernel);
+  register_op("Resize", resize_shape_checked, resize_kernel);
+  register_op("Split", split_shape, split_kernel);
+  register_op("Tile", tile_shape, tile_kernel);
+  register_op("Flatten", flatten_shape, copy_kernel);
+}
+
 }  // namespace wxe::cpu
