@@ -8,5 +8,5 @@ void register_data_ops();     // data_ops.cpp: Slice, Gather, Transpose, Pad, De
 void register_norm_ops();     // norm.cpp: Softmax, LayerNormalization, InstanceNormalization, ReduceMean, ...
 void register_linalg_ops();   // linalg.cpp: MatMul, Gemm, Einsum, Linear
 void register_conv_ops();     // conv.cpp: Conv, ConvTranspose
-void register_dnnl_kernels(); // dnnl.cpp: oneDNN fast path for MatMul, Gemm, Einsum, Conv, ConvTranspose
+void register_dnnl_kernels(); // dnnl.cpp: oneDNN fast path for MatMul, Gemm, Einsum, Linear, Conv, ConvTranspose
 }  // namespace wxe::cpu
