@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "engine/layout_rules.h"
 #include "engine/ops.h"
 
 namespace wxe {
@@ -76,31 +77,28 @@ void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given) {
 }
 
 
-void mark_spectral_norm(Graph& g) {
-  // Recognised by its result: a Div whose dividend is the `X.weight_orig` parameter.
-  for (const Node& n : g.nodes) {
-    if (n.op != "Div" || n.inputs.size() != 2 || n.inputs[0] < 0) continue;
-    const Value& w = g.values[n.inputs[0]];
-    if (!w.is_param || !ends_with(w.name, kOrig)) continue;
-    Value& out = g.values[n.outputs[0]];
-    out.name = w.name.substr(0, w.name.size() - kOrig.size()) + ".weight";
-    out.is_param = true;
-  }
-}
-
 namespace {
 
-// Infers shapes node by node and evaluates every node whose inputs are known; with `drop`
-// such nodes are removed (their outputs become constants), otherwise they stay in the graph
-// and their outputs' values are merely known (as shape inference with data propagation).
-void propagate(Graph& g, bool drop) {
+// Infers shapes node by node and evaluates nodes whose inputs are known and that `may_fold`
+// allows; with `drop` such nodes are removed (their outputs become constants), otherwise they
+// stay in the graph and their outputs' values are merely known (shape inference with data
+// propagation).
+// With `only` set, nodes it rejects are neither folded nor shape-inferred.
+template <class MayFold>
+void propagate(Graph& g, bool drop, MayFold may_fold, bool only = false) {
   std::vector<Node> kept;
-  for (Node& n : g.nodes) {
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    Node& n = g.nodes[k];
+    bool allowed = may_fold(k, n);
+    if (only && !allowed) {
+      kept.push_back(std::move(n));
+      continue;
+    }
     apply_shape_rule(g, n);
     bool all_const = std::all_of(n.inputs.begin(), n.inputs.end(),
                                  [&](int i) { return i < 0 || g.values[i].is_const(); });
     bool shape_only = n.op == "Shape" || n.op == "Size";
-    if (!all_const && !shape_only) {
+    if ((!all_const && !shape_only) || !allowed) {
       kept.push_back(std::move(n));
       continue;
     }
@@ -126,8 +124,8 @@ void propagate(Graph& g, bool drop) {
     } catch (const Error& e) {
       throw Error(g.source + ": node " + n.name + ": " + e.what());
     }
-    for (size_t k = 0; k < n.outputs.size(); ++k)
-      g.values[n.outputs[k]].constant = std::make_shared<Tensor>(std::move(outs[k]));
+    for (size_t k2 = 0; k2 < n.outputs.size(); ++k2)
+      g.values[n.outputs[k2]].constant = std::make_shared<Tensor>(std::move(outs[k2]));
     if (!drop) kept.push_back(std::move(n));
   }
   g.nodes = std::move(kept);
@@ -135,9 +133,49 @@ void propagate(Graph& g, bool drop) {
 
 }  // namespace
 
-void infer_shapes(Graph& g) { propagate(g, false); }
+void infer_shapes(Graph& g) {
+  propagate(g, false, [](size_t, const Node&) { return true; });
+}
 
-void fold_constants(Graph& g) { propagate(g, true); }
+void fold_constants(Graph& g, bool keep_params) {
+  // a value derived from a parameter (other than through its shape) is not folded when
+  // keep_params is set, so loading other weights later still changes it
+  std::vector<bool> derived(g.values.size(), false);
+  for (size_t v = 0; v < g.values.size(); ++v) derived[v] = g.values[v].is_param;
+  propagate(g, true, [&](size_t, const Node& n) {
+    bool from_param = n.op != "Shape" && n.op != "Size" &&
+                      std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && derived[i]; });
+    if (from_param)
+      for (int o : n.outputs) derived[o] = true;
+    return !(keep_params && from_param);
+  });
+}
+
+void fold_spectral_norm(Graph& g) {
+  // Recognised by its result: a Div whose dividend is the `X.weight_orig` parameter; the Div
+  // and everything it depends on is evaluated, its output named `X.weight`.
+  std::vector<int> prod = g.producers();
+  std::vector<bool> chain(g.nodes.size(), false);
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    if (n.op != "Div" || n.inputs.size() != 2 || n.inputs[0] < 0) continue;
+    const Value& w = g.values[n.inputs[0]];
+    if (!w.is_param || !ends_with(w.name, kOrig)) continue;
+    Value& out = g.values[n.outputs[0]];
+    out.name = w.name.substr(0, w.name.size() - kOrig.size()) + ".weight";
+    out.is_param = true;
+    std::vector<int> stack{(int)k};
+    while (!stack.empty()) {
+      int m = stack.back();
+      stack.pop_back();
+      if (chain[m]) continue;
+      chain[m] = true;
+      for (int i : g.nodes[m].inputs)
+        if (i >= 0 && prod[i] >= 0) stack.push_back(prod[i]);
+    }
+  }
+  propagate(g, true, [&](size_t k, const Node&) { return (bool)chain[k]; }, true);
+}
 
 void remove_identities(Graph& g) {
   std::vector<int> alias(g.values.size());
@@ -185,9 +223,205 @@ void eliminate_dead_nodes(Graph& g) {
   compact_values(g);
 }
 
-void simplify(Graph& g, const std::map<std::string, InputSpec>& given) {
+namespace {
+
+Attr int_attr(int64_t v) {
+  Attr a;
+  a.kind = Attr::Int;
+  a.i = v;
+  return a;
+}
+
+int add_param(Graph& g, const std::string& name, Tensor t) {
+  Value v;
+  v.name = name;
+  v.dtype = t.dtype;
+  v.shape = t.shape;
+  v.shape_known = true;
+  v.is_param = true;
+  v.constant = std::make_shared<Tensor>(std::move(t));
+  return g.add_value(std::move(v));
+}
+
+bool is_pointwise_conv(const Graph& g, const Node& n) {
+  if (n.op != "Conv" || n.inputs.size() < 2 || !g.values[n.inputs[1]].is_const()) return false;
+  const Shape& w = g.values[n.inputs[1]].shape;
+  auto all = [](const std::vector<int64_t>& v, int64_t x) {
+    return std::all_of(v.begin(), v.end(), [&](int64_t e) { return e == x; });
+  };
+  return w.size() == 4 && w[2] == 1 && w[3] == 1 && n.i("group", 1) == 1 && all(n.ints("strides"), 1) &&
+         all(n.ints("pads"), 0) && all(n.ints("dilations"), 1) && n.s("auto_pad", "NOTSET") != "SAME_UPPER" &&
+         n.s("auto_pad", "NOTSET") != "SAME_LOWER";
+}
+
+std::string node_name_of(const std::string& module) {
+  std::string s = "/" + module;
+  for (char& c : s)
+    if (c == '.') c = '/';
+  return s + "/Linear";
+}
+
+}  // namespace
+
+void rewrite_linear_layout(Graph& g) {
+  std::vector<Node> out;
+  for (Node& n : g.nodes) {
+    const std::string wname = is_pointwise_conv(g, n) ? g.values[n.inputs[1]].name : "";
+    const std::string module = layout::module_of(wname);
+    bool qkv = !wname.empty() && layout::is_qkv_module(module) && wname == module + ".weight";
+    bool linear = !wname.empty() && layout::is_linear_module(module) && wname == module + ".weight";
+    if (!qkv && !linear) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    const Tensor& w = *g.values[n.inputs[1]].constant;
+    int bias = n.inputs.size() > 2 ? n.inputs[2] : -1;
+    if (linear) {
+      Node l;
+      l.op = "Linear";
+      l.name = node_name_of(module);
+      l.attrs["axis"] = int_attr(1);
+      l.inputs = {n.inputs[0], add_param(g, wname, layout::conv1x1_to_linear(w, wname))};
+      if (bias >= 0) l.inputs.push_back(bias);
+      l.outputs = n.outputs;
+      out.push_back(std::move(l));
+      continue;
+    }
+    // fused qkv: three projections, concatenated where the fused output was read
+    std::array<Tensor, 3> ws = layout::split_qkv(w, wname);
+    std::array<Tensor, 3> bs;
+    if (bias >= 0) bs = layout::split_qkv(*g.values[bias].constant, g.values[bias].name);
+    std::array<std::string, 3> mods = layout::qkv_modules(module);
+    Node cat;
+    cat.op = "Concat";
+    cat.name = node_name_of(module) + "/Concat";
+    cat.attrs["axis"] = int_attr(1);
+    cat.outputs = n.outputs;
+    const Value& fused = g.values[n.outputs[0]];
+    for (int k = 0; k < 3; ++k) {
+      Node l;
+      l.op = "Linear";
+      l.name = node_name_of(mods[k]);
+      l.attrs["axis"] = int_attr(1);
+      l.inputs = {n.inputs[0], add_param(g, mods[k] + ".weight", ws[k])};
+      if (bias >= 0) l.inputs.push_back(add_param(g, mods[k] + ".bias", bs[k]));
+      Value o;
+      o.name = l.name + "_output_0";
+      o.dtype = fused.dtype;
+      o.shape = fused.shape;
+      o.shape[1] /= 3;
+      o.shape_known = fused.shape_known;
+      l.outputs = {g.add_value(o)};
+      cat.inputs.push_back(l.outputs[0]);
+      out.push_back(std::move(l));
+    }
+    out.push_back(std::move(cat));
+  }
+  g.nodes = std::move(out);
+  remove_slices_of_concat(g);
+  eliminate_dead_nodes(g);
+}
+
+void remove_slices_of_concat(Graph& g) {
+  std::vector<int> prod = g.producers();
+  std::vector<int> alias(g.values.size());
+  for (size_t i = 0; i < alias.size(); ++i) alias[i] = (int)i;
+  for (const Node& n : g.nodes) {
+    if (n.op != "Slice" || n.inputs.size() < 3 || n.inputs[0] < 0 || prod[n.inputs[0]] < 0) continue;
+    const Node& cat = g.nodes[prod[n.inputs[0]]];
+    if (cat.op != "Concat") continue;
+    bool known = true;
+    for (size_t i = 1; i < n.inputs.size(); ++i) known = known && (n.inputs[i] < 0 || g.values[n.inputs[i]].is_const());
+    if (!known) continue;
+    auto ints = [&](size_t i) { return g.values[n.inputs[i]].constant->to_i64(); };
+    std::vector<int64_t> starts = ints(1), ends = ints(2);
+    std::vector<int64_t> axes = n.inputs.size() > 3 && n.inputs[3] >= 0 ? ints(3) : std::vector<int64_t>{0};
+    std::vector<int64_t> steps = n.inputs.size() > 4 && n.inputs[4] >= 0 ? ints(4) : std::vector<int64_t>{1};
+    const Shape& cs = g.values[n.inputs[0]].shape;
+    int64_t rank = (int64_t)cs.size();
+    int64_t axis = cat.i("axis", 0);
+    if (axis < 0) axis += rank;
+    if (starts.size() != 1 || axes.size() != 1 || steps.size() != 1 || steps[0] != 1) continue;
+    if ((axes[0] < 0 ? axes[0] + rank : axes[0]) != axis) continue;
+    int64_t dim = cs[axis];
+    int64_t st = starts[0] < 0 ? starts[0] + dim : std::min(starts[0], dim);
+    int64_t en = ends[0] < 0 ? ends[0] + dim : std::min(ends[0], dim);
+    int64_t off = 0;
+    for (int in : cat.inputs) {
+      int64_t len = g.values[in].shape[axis];
+      if (st == off && en == off + len) alias[n.outputs[0]] = in;
+      off += len;
+    }
+  }
+  for (Node& n : g.nodes)
+    for (int& i : n.inputs)
+      if (i >= 0) i = alias[i];
+  for (int& o : g.outputs)
+    if (alias[o] != o) {  // a graph output stays a node output of its own name
+      Node id;
+      id.op = "Identity";
+      id.name = "/output_identity";
+      id.inputs = {alias[o]};
+      id.outputs = {o};
+      g.nodes.push_back(id);
+    }
+}
+
+std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source) {
+  std::map<std::string, const Tensor*> by_name;
+  for (auto& kv : weights) by_name[kv.first] = &kv.second;
+  std::vector<int> uses = g.use_counts();
+  std::set<std::string> used;
+  std::vector<std::string> missing, mismatched;
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    Value& x = g.values[v];
+    if (!x.is_param || !x.is_const() || !uses[v]) continue;
+    auto it = by_name.find(x.name);
+    if (it == by_name.end()) {
+      missing.push_back(x.name);
+      continue;
+    }
+    used.insert(x.name);
+    if (it->second->shape != x.shape) {
+      mismatched.push_back(x.name + " " + shape_str(it->second->shape) + " vs graph " + shape_str(x.shape));
+      continue;
+    }
+    Tensor t(x.dtype, x.shape);
+    convert(*it->second, t);
+    x.constant = std::make_shared<Tensor>(std::move(t));
+  }
+  if (!missing.empty() || !mismatched.empty()) {
+    std::string msg = source + ": weights do not fit the model:";
+    if (!missing.empty()) {
+      msg += " missing " + std::to_string(missing.size()) + " (";
+      for (size_t i = 0; i < missing.size(); ++i) msg += (i ? ", " : "") + missing[i];
+      msg += ")";
+    }
+    if (!mismatched.empty()) {
+      msg += std::string(missing.empty() ? "" : ";") + " shape mismatch " + std::to_string(mismatched.size()) + " (";
+      for (size_t i = 0; i < mismatched.size(); ++i) msg += (i ? ", " : "") + mismatched[i];
+      msg += ")";
+    }
+    fail(msg);
+  }
+  std::vector<std::string> unused;
+  for (auto& kv : weights)
+    if (!used.count(kv.first)) unused.push_back(kv.first);
+  return unused;
+}
+
+void simplify(Graph& g, const std::map<std::string, InputSpec>& given, const NamedTensors* weights,
+              std::vector<std::string>* unused_weights) {
   bind_inputs(g, given);
-  mark_spectral_norm(g);
+  fold_spectral_norm(g);
+  fold_constants(g, /*keep_params=*/true);
+  remove_identities(g);
+  eliminate_dead_nodes(g);
+  rewrite_linear_layout(g);
+  if (weights) {
+    std::vector<std::string> unused = load_weights(g, *weights, g.source);
+    if (unused_weights) *unused_weights = unused;
+  }
   fold_constants(g);
   remove_identities(g);
   eliminate_dead_nodes(g);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/graph.h"
+#include "engine/layout_rules.h"
 
 namespace wxe {
 
@@ -22,14 +23,14 @@ void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given);
 void infer_shapes(Graph& g);
 
 // Evaluates every node whose inputs are all constants (and Shape/Size of any value whose
-// shape is known), replacing it by constant outputs. Shapes are inferred along the way.
-// A folded value derived from exactly one spectral-norm `X.weight_orig` parameter, and still
-// used afterwards, is named `X.weight` and marked a parameter: the spectral-norm fold.
-void fold_constants(Graph& g);
+// shape is known), replacing it by constant outputs. Shapes are inferred along the way. With
+// keep_params, values computed from parameters stay in the graph (so that loading other
+// weights later still changes them; the position-bias MLP, for example).
+void fold_constants(Graph& g, bool keep_params = false);
 
-// Marks the spectral-norm division `X.weight_orig / sigma` so fold_constants names the folded
-// weight `X.weight`. (Run before fold_constants; a no-op on graphs without spectral norm.)
-void mark_spectral_norm(Graph& g);
+// Spectral norm: each `X.weight_orig / sigma(u, v)` subgraph, recognised by the Div whose
+// dividend is the `X.weight_orig` parameter, is evaluated into one parameter `X.weight`.
+void fold_spectral_norm(Graph& g);
 
 // Identity nodes removed, readers rewired to the Identity's input.
 void remove_identities(Graph& g);
@@ -37,8 +38,24 @@ void remove_identities(Graph& g);
 // Nodes whose outputs nothing reads are dropped, and unreferenced values with them.
 void eliminate_dead_nodes(Graph& g);
 
-// The standard pipeline for inference: bind_inputs, mark_spectral_norm, fold_constants,
-// remove_identities, eliminate_dead_nodes.
-void simplify(Graph& g, const std::map<std::string, InputSpec>& given = {});
+// The 1x1 convolutions of attention and feed-forward blocks (layout_rules.h) become Linear
+// nodes over the channel axis with 2-D weights; a fused to_qkv becomes three Linear nodes
+// (to_q, to_k, to_v) whose outputs are concatenated where the fused output was read, and
+// slices of that concatenation that take exactly one part read the part directly.
+void rewrite_linear_layout(Graph& g);
+
+// Slice nodes that take exactly one input of a Concat read that input instead.
+void remove_slices_of_concat(Graph& g);
+
+// Replaces every parameter the graph uses by the tensor of the same name in `weights`
+// (converted to the graph's dtype). Parameters missing from `weights`, and shapes that differ,
+// are one error listing them all. Returns the names in `weights` the graph does not use.
+std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source);
+
+// The pipeline: bind_inputs, fold_spectral_norm, fold_constants keeping parameter-derived
+// values, remove_identities, eliminate_dead_nodes, rewrite_linear_layout, [load_weights],
+// fold_constants, remove_identities, eliminate_dead_nodes.
+void simplify(Graph& g, const std::map<std::string, InputSpec>& given = {},
+              const NamedTensors* weights = nullptr, std::vector<std::string>* unused_weights = nullptr);
 
 }  // namespace wxe

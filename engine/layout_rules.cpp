@@ -1,0 +1,188 @@
+#include "engine/layout_rules.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+namespace wxe::layout {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool module_is(const std::string& module, const std::string& last) {
+  return module == last || ends_with(module, "." + last);
+}
+
+// W_mat v with W_mat = w moved so `dim` is first, reshaped (rows, -1); in double.
+std::vector<double> wmat_times(const Tensor& w, const std::vector<double>& v, int dim) {
+  const float* p = w.data<float>();
+  int64_t d0 = w.shape[0], d1 = w.rank() > 1 ? w.shape[1] : 1;
+  int64_t rest = w.numel() / std::max<int64_t>(d0 * d1, 1);
+  int64_t rows = dim == 0 ? d0 : d1;
+  std::vector<double> out(rows, 0.0);
+  // element w[a][b][r] sits at (a*d1 + b)*rest + r
+  for (int64_t a = 0; a < d0; ++a)
+    for (int64_t b = 0; b < d1; ++b)
+      for (int64_t r = 0; r < rest; ++r) {
+        double x = p[(a * d1 + b) * rest + r];
+        if (dim == 0) out[a] += x * v[b * rest + r];
+        else out[b] += x * v[a * rest + r];
+      }
+  return out;
+}
+
+std::vector<double> as_double(const Tensor& t) {
+  Tensor f = t.to_f32();
+  return std::vector<double>(f.data<float>(), f.data<float>() + f.numel());
+}
+
+}  // namespace
+
+std::string module_of(const std::string& name) {
+  size_t p = name.rfind('.');
+  return p == std::string::npos ? "" : name.substr(0, p);
+}
+
+bool is_qkv_module(const std::string& module) { return module_is(module, "to_qkv"); }
+
+bool is_linear_module(const std::string& module) {
+  return module_is(module, "to_out") || ends_with(module, ".layers.1") || ends_with(module, ".layers.4");
+}
+
+std::array<std::string, 3> qkv_modules(const std::string& m) {
+  std::string stem = m.substr(0, m.size() - std::string("to_qkv").size());
+  return {stem + "to_q", stem + "to_k", stem + "to_v"};
+}
+
+Tensor fold_spectral_norm(const Tensor& w_orig, const Tensor& u, const Tensor& v,
+                          const std::string& name, int dim) {
+  WXE_CHECK(w_orig.dtype == DType::F32 || w_orig.dtype == DType::F16 || w_orig.dtype == DType::BF16,
+            name, ": spectral norm weight must be floating point, is ", dtype_name(w_orig.dtype));
+  Tensor w = w_orig.to_f32();
+  WXE_CHECK(w.rank() >= 1 && u.rank() == 1 && v.rank() == 1, name, ": spectral norm u ",
+            shape_str(u.shape), " / v ", shape_str(v.shape), " do not fit weight ", shape_str(w.shape));
+  int64_t d0 = w.shape[0], d1 = w.rank() > 1 ? w.shape[1] : 1, n = w.numel();
+  auto fits = [&](int d) {
+    int64_t rows = d == 0 ? d0 : d1;
+    return u.numel() == rows && rows > 0 && v.numel() == n / rows;
+  };
+  std::vector<double> uu = as_double(u), vv = as_double(v);
+  if (dim < 0) {
+    bool f0 = fits(0), f1 = w.rank() > 1 && fits(1);
+    WXE_CHECK(f0 || f1, name, ": spectral norm u ", shape_str(u.shape), " / v ", shape_str(v.shape),
+              " do not fit weight ", shape_str(w.shape));
+    if (f0 && f1) {  // square in dims 0/1: take the dim where W_mat v is parallel to u
+      auto cosine = [&](int d) {
+        std::vector<double> wv = wmat_times(w, vv, d);
+        double dot = 0, a = 0, b = 0;
+        for (size_t i = 0; i < wv.size(); ++i) {
+          dot += wv[i] * uu[i];
+          a += wv[i] * wv[i];
+          b += uu[i] * uu[i];
+        }
+        return std::fabs(dot) / std::sqrt(std::max(a * b, 1e-300));
+      };
+      dim = cosine(1) > cosine(0) ? 1 : 0;
+    } else {
+      dim = f0 ? 0 : 1;
+    }
+  }
+  WXE_CHECK(fits(dim), name, ": spectral norm u/v do not fit weight ", shape_str(w.shape), " at dim ", dim);
+  std::vector<double> wv = wmat_times(w, vv, dim);
+  double sigma = 0;
+  for (size_t i = 0; i < wv.size(); ++i) sigma += uu[i] * wv[i];
+  WXE_CHECK(std::isfinite(sigma) && sigma != 0, name, ": spectral norm sigma is ", sigma);
+  Tensor out(DType::F32, w.shape);
+  // PyTorch divides in float32 by a float32 sigma
+  float s = (float)sigma;
+  for (int64_t i = 0; i < n; ++i) out.data<float>()[i] = w.data<float>()[i] / s;
+  if (w_orig.dtype != DType::F32) {
+    Tensor back(w_orig.dtype, w.shape);
+    convert(out, back);
+    return back;
+  }
+  return out;
+}
+
+std::array<Tensor, 3> split_qkv(const Tensor& w, const std::string& name) {
+  WXE_CHECK(w.rank() >= 1 && w.shape[0] % 3 == 0, name, ": fused qkv ", shape_str(w.shape),
+            " has a first dimension not divisible by 3");
+  bool is_bias = w.rank() == 1;
+  if (!is_bias)
+    for (int d = 2; d < w.rank(); ++d)
+      WXE_CHECK(w.shape[d] == 1, name, ": fused qkv ", shape_str(w.shape), " is not a 1x1 projection");
+  int64_t rows = w.shape[0] / 3, cols = is_bias ? 1 : w.numel() / w.shape[0];
+  std::array<Tensor, 3> r;
+  size_t block = (size_t)(rows * cols) * dtype_size(w.dtype);
+  for (int k = 0; k < 3; ++k) {
+    r[k] = is_bias ? Tensor(w.dtype, {rows}) : Tensor(w.dtype, {rows, cols});
+    std::memcpy(r[k].raw(), (const uint8_t*)w.raw() + k * block, block);
+  }
+  return r;
+}
+
+Tensor conv1x1_to_linear(const Tensor& w, const std::string& name) {
+  if (w.rank() == 2) return w;
+  WXE_CHECK(w.rank() == 4 && w.shape[2] == 1 && w.shape[3] == 1, name, ": ", shape_str(w.shape),
+            " is not a 1x1 convolution weight");
+  return w.reshaped({w.shape[0], w.shape[1]});
+}
+
+NamedTensors convert_state_dict(const NamedTensors& in, ConvertReport* report) {
+  ConvertReport rep;
+  rep.tensors_in = (int)in.size();
+  std::map<std::string, const Tensor*> by_name;
+  for (auto& kv : in) {
+    WXE_CHECK(!by_name.count(kv.first), "state dict has tensor '", kv.first, "' twice");
+    by_name[kv.first] = &kv.second;
+  }
+  auto get = [&](const std::string& n) -> const Tensor* {
+    auto it = by_name.find(n);
+    return it == by_name.end() ? nullptr : it->second;
+  };
+  NamedTensors out;
+  auto emit = [&](const std::string& name, const Tensor& t) {
+    out.push_back({name, t});
+    rep.bytes_out += t.nbytes();
+  };
+  for (auto& [name, t] : in) {
+    std::string module = module_of(name), leaf = name.substr(module.empty() ? 0 : module.size() + 1);
+    std::string pre = module.empty() ? "" : module + ".";
+    if (leaf == "weight_u" || leaf == "weight_v") {
+      WXE_CHECK(get(pre + "weight_orig"), "'", name, "' without '", pre, "weight_orig'");
+      continue;  // consumed by the fold
+    }
+    Tensor w = t;
+    std::string wname = name;
+    if (leaf == "weight_orig") {
+      const Tensor *u = get(pre + "weight_u"), *v = get(pre + "weight_v");
+      WXE_CHECK(u && v, "'", name, "' without its '", pre, "weight_u' and '", pre, "weight_v'");
+      WXE_CHECK(!get(pre + "weight"), "'", name, "' and '", pre, "weight' both present");
+      w = fold_spectral_norm(t, *u, *v, name);
+      wname = pre + "weight";
+      leaf = "weight";
+      ++rep.spectral_norm_folded;
+    }
+    if (is_qkv_module(module) && (leaf == "weight" || leaf == "bias")) {
+      std::array<Tensor, 3> parts = split_qkv(w, wname);
+      std::array<std::string, 3> mods = qkv_modules(module);
+      for (int k = 0; k < 3; ++k) emit(mods[k] + "." + leaf, parts[k]);
+      ++rep.qkv_split;
+      continue;
+    }
+    if (is_linear_module(module) && leaf == "weight" && w.rank() == 4 && w.shape[2] == 1 && w.shape[3] == 1) {
+      w = conv1x1_to_linear(w, wname);
+      ++rep.reshaped;
+    }
+    emit(wname, w);
+  }
+  rep.tensors_out = (int)out.size();
+  if (report) *report = rep;
+  return out;
+}
+
+}  // namespace wxe::layout
