@@ -382,11 +382,11 @@ std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, con
       continue;
     }
     used.insert(x.name);
-    if (it->second->shape != x.shape) {
+    if (!shapes_fit(it->second->shape, x.shape)) {
       mismatched.push_back(x.name + " " + shape_str(it->second->shape) + " vs graph " + shape_str(x.shape));
       continue;
     }
-    Tensor t(x.dtype, x.shape);
+    Tensor t(x.dtype, x.shape);  // a (C,) checkpoint tensor may feed a (C, 1, 1) graph one
     convert(*it->second, t);
     x.constant = std::make_shared<Tensor>(std::move(t));
   }
@@ -410,21 +410,109 @@ std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, con
   return unused;
 }
 
-void simplify(Graph& g, const std::map<std::string, InputSpec>& given, const NamedTensors* weights,
-              std::vector<std::string>* unused_weights) {
+std::string scope_module(const std::string& node_name) {
+  if (node_name.empty() || node_name[0] != '/') return "";
+  std::vector<std::string> parts;
+  size_t p = 1;
+  while (true) {
+    size_t q = node_name.find('/', p);
+    if (q == std::string::npos) break;  // the last component is the op's own name
+    std::string c = node_name.substr(p, q - p);
+    // a child of a Sequential/ModuleList appears as "<list>" then "<list>.<i>"
+    if (!parts.empty() && c.rfind(parts.back() + ".", 0) == 0) parts.back() = c;
+    else parts.push_back(c);
+    p = q + 1;
+  }
+  std::string m;
+  for (auto& c : parts) m += (m.empty() ? "" : ".") + c;
+  return m;
+}
+
+void name_params_by_scope(Graph& g) {
+  size_t nvalues = g.values.size();
+  std::map<std::string, int> by_name;
+  for (size_t v = 0; v < nvalues; ++v) by_name[g.values[v].name] = (int)v;
+  // per parameter: the consumers' modules
+  std::map<int, std::map<std::string, std::vector<std::pair<int, int>>>> uses;  // value -> name -> (node, slot)
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    std::string module = scope_module(n.name);
+    if (module.empty()) continue;
+    for (size_t s2 = 0; s2 < n.inputs.size(); ++s2) {
+      int v = n.inputs[s2];
+      if (v < 0 || !g.values[v].is_param || !g.values[v].is_const()) continue;
+      const std::string& name = g.values[v].name;
+      std::string want;
+      if (name.rfind("onnx::", 0) == 0) {  // exporter-made copy: GroupNorm's affine Mul/Add
+        if (n.op == "Mul") want = module + ".weight";
+        if (n.op == "Add") want = module + ".bias";
+      } else {
+        std::string leaf = name.substr(name.rfind('.') + 1);
+        if (leaf == "weight" || leaf == "bias" || leaf == "g" || leaf == "b") want = module + "." + leaf;
+      }
+      if (want.empty() || want == name) want = name;
+      uses[v][want].push_back({(int)k, (int)s2});
+    }
+  }
+  for (auto& [v, names] : uses) {
+    for (auto& [want, slots] : names) {
+      if (want == g.values[v].name) continue;
+      auto it = by_name.find(want);
+      if (it != by_name.end() && it->second != v) continue;  // taken by another value: leave as is
+      int target = v;
+      if (names.size() > 1 || (names.size() == 1 && g.values[v].name.rfind("onnx::", 0) != 0 &&
+                               std::any_of(g.outputs.begin(), g.outputs.end(), [&](int o) { return o == v; }))) {
+        Value copy = g.values[v];  // shares the tensor; loading weights replaces it per copy
+        copy.name = want;
+        target = g.add_value(copy);
+      } else {
+        g.values[v].name = want;
+      }
+      by_name[want] = target;
+      for (auto [k, slot] : slots) g.nodes[k].inputs[slot] = target;
+    }
+  }
+}
+
+bool shapes_fit(const Shape& a, const Shape& b) {
+  Shape x, y;
+  for (int64_t d : a) if (d != 1) x.push_back(d);
+  for (int64_t d : b) if (d != 1) y.push_back(d);
+  return x == y;
+}
+
+void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
   bind_inputs(g, given);
   fold_spectral_norm(g);
+  name_params_by_scope(g);
   fold_constants(g, /*keep_params=*/true);
   remove_identities(g);
   eliminate_dead_nodes(g);
   rewrite_linear_layout(g);
+}
+
+void finalize_graph(Graph& g) {
+  fold_constants(g);
+  remove_identities(g);
+  eliminate_dead_nodes(g);
+}
+
+void simplify(Graph& g, const std::map<std::string, InputSpec>& given, const NamedTensors* weights,
+              std::vector<std::string>* unused_weights) {
+  prepare_graph(g, given);
   if (weights) {
     std::vector<std::string> unused = load_weights(g, *weights, g.source);
     if (unused_weights) *unused_weights = unused;
   }
-  fold_constants(g);
-  remove_identities(g);
-  eliminate_dead_nodes(g);
+  finalize_graph(g);
+}
+
+NamedTensors graph_parameters(const Graph& g) {
+  NamedTensors r;
+  std::vector<int> uses = g.use_counts();
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (g.values[v].is_param && g.values[v].is_const() && uses[v]) r.push_back({g.values[v].name, *g.values[v].constant});
+  return r;
 }
 
 }  // namespace wxe

@@ -52,10 +52,32 @@ void remove_slices_of_concat(Graph& g);
 // are one error listing them all. Returns the names in `weights` the graph does not use.
 std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source);
 
-// The pipeline: bind_inputs, fold_spectral_norm, fold_constants keeping parameter-derived
-// values, remove_identities, eliminate_dead_nodes, rewrite_linear_layout, [load_weights],
-// fold_constants, remove_identities, eliminate_dead_nodes.
+// Module path of a torch.onnx.export node name: "/layers.0.1/layers.0.1/layers/layers.0/Mul"
+// -> "layers.0.1.layers.0.1.layers.0". "" for names not in that form.
+std::string scope_module(const std::string& node_name);
+
+// Gives every parameter the name of the module that reads it, from the reader's scope:
+// the exporter shares one initializer between modules whose values are equal (LayerNorm gains
+// at initialization, say) and names its own copies "onnx::Mul_123" (GroupNorm's affine
+// parameters); each reader gets a parameter named "<module>.<leaf>" so loading a checkpoint
+// sets each module's own value.
+void name_params_by_scope(Graph& g);
+
+// Shapes equal once dimensions of size 1 are dropped ((C,) fits (C, 1, 1)).
+bool shapes_fit(const Shape& checkpoint, const Shape& graph);
+
+// The structural part of simplify(): bind_inputs, fold_spectral_norm, name_params_by_scope,
+// fold_constants keeping
+// parameter-derived values, remove_identities, eliminate_dead_nodes, rewrite_linear_layout.
+// Afterwards every parameter carries its Linear-layout name (weights can be loaded).
+void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given = {});
+// The rest: fold_constants (now through parameters too), remove_identities, eliminate_dead_nodes.
+void finalize_graph(Graph& g);
+// prepare_graph, load_weights when `weights` is given, finalize_graph.
 void simplify(Graph& g, const std::map<std::string, InputSpec>& given = {},
               const NamedTensors* weights = nullptr, std::vector<std::string>* unused_weights = nullptr);
+
+// The parameters the graph reads, by name (after prepare_graph: the names a checkpoint needs).
+NamedTensors graph_parameters(const Graph& g);
 
 }  // namespace wxe

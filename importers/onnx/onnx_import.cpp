@@ -211,6 +211,16 @@ Graph import_onnx(const std::string& path) {
     n.name = np.name();
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
     for (auto& a : np.attribute()) n.attrs[a.name()] = attr_from_proto(a, dir, where);
+    // torch.onnx.export shares one initializer between parameters of equal value and gives
+    // each other parameter its name back through an Identity: make it a parameter again.
+    if (n.op == "Identity" && np.input_size() == 1 && np.output_size() == 1 && by_name.count(np.input(0)) &&
+        g.values[by_name[np.input(0)]].is_param && !by_name.count(np.output(0))) {
+      Value copy = g.values[by_name[np.input(0)]];
+      copy.name = np.output(0);
+      int id = g.add_value(copy);
+      by_name[copy.name] = id;
+      continue;
+    }
     for (auto& in : np.input()) n.inputs.push_back(in.empty() ? -1 : value_of(in));
     for (auto& out : np.output()) n.outputs.push_back(value_of(out));
     g.nodes.push_back(std::move(n));
