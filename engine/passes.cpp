@@ -254,12 +254,7 @@ bool is_pointwise_conv(const Graph& g, const Node& n) {
          n.s("auto_pad", "NOTSET") != "SAME_LOWER";
 }
 
-std::string node_name_of(const std::string& module) {
-  std::string s = "/" + module;
-  for (char& c : s)
-    if (c == '.') c = '/';
-  return s + "/Linear";
-}
+std::string node_name_of(const std::string& module) { return "/" + module + "/Linear"; }
 
 }  // namespace
 

@@ -60,4 +60,21 @@ if "$wxe" inspect "$model" >"$tmp/out" 2>&1 && grep -q "^Conv " "$tmp/out" && gr
 else
   echo "FAIL inspect"; cat "$tmp/out"; fails=$((fails + 1))
 fi
+# convert: a legacy checkpoint to safetensors, checked against the graph; a mismatching one refused
+ckpt=$src/tests/data/wxformer_tiny_checkpoint.pt
+if "$wxe" convert "$ckpt" --output "$tmp/w.safetensors" --onnx "$model" >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "spectral-norm layers folded" "$tmp/out" && [ -s "$tmp/w.safetensors" ] && ! ls "$tmp"/w.safetensors.tmp* >/dev/null 2>&1; then
+  echo "ok   convert"
+else
+  echo "FAIL convert"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+if "$wxe" infer "$model" --input "$x" --weights "$tmp/w.safetensors" --compare "$y" --tolerance 1e-4 >"$tmp/out" 2>"$tmp/err"; then
+  echo "ok   infer-weights-safetensors"
+else
+  echo "FAIL infer-weights-safetensors"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+expect_fail convert-mismatch "do not fit" "$wxe" convert "$ckpt" --output "$tmp/bad.safetensors" --onnx "$src/tests/data/crossformer_tiny_snbaked_opset17.onnx"
+[ -e "$tmp/bad.safetensors" ] && { echo "FAIL convert-mismatch wrote a file"; fails=$((fails + 1)); }
+expect_fail weights-mismatch "weights do not fit the model" "$wxe" infer "$model" --input "$x" --weights "$src/tests/data/crossformer_tiny_checkpoint.pt"
+
 exit $((fails > 0))

@@ -11,9 +11,12 @@
 #include <set>
 
 #include "engine/executor.h"
+#include "engine/layout_rules.h"
+#include "engine/safetensors.h"
 #include "engine/npy.h"
 #include "engine/passes.h"
 #include "importers/onnx/onnx_import.h"
+#include "importers/torch/torch_checkpoint.h"
 
 using namespace wxe;
 
@@ -56,6 +59,42 @@ std::map<std::string, InputSpec> specs_of(const std::map<std::string, Tensor>& i
   std::map<std::string, InputSpec> s;
   for (auto& kv : in) s[kv.first] = {kv.second.dtype, kv.second.shape};
   return s;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A checkpoint in the Linear layout: safetensors as is, a legacy .pt through the rule table.
+NamedTensors read_weights(const std::string& path, layout::ConvertReport* report = nullptr) {
+  NamedTensors raw = ends_with(path, ".safetensors") ? read_safetensors(path) : read_torch_state_dict(path).tensors;
+  try {
+    return layout::convert_state_dict(raw, report);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+// Imports, binds the inputs and runs the passes, loading `weights_path` if given.
+Graph load_model(const std::string& model, const std::map<std::string, Tensor>& inputs,
+                 const std::string& weights_path) {
+  auto t0 = std::chrono::steady_clock::now();
+  Graph g = import_onnx(model);
+  std::fprintf(stderr, "wxe: imported %s: %zu nodes (%.2f s)\n", model.c_str(), g.nodes.size(), seconds_since(t0));
+  auto t1 = std::chrono::steady_clock::now();
+  if (weights_path.empty()) {
+    simplify(g, specs_of(inputs));
+  } else {
+    NamedTensors w = read_weights(weights_path);
+    std::vector<std::string> unused;
+    simplify(g, specs_of(inputs), &w, &unused);
+    std::fprintf(stderr, "wxe: loaded %zu tensors from %s\n", w.size() - unused.size(), weights_path.c_str());
+    if (!unused.empty())
+      std::fprintf(stderr, "wxe: warning: %zu tensors of %s are not used by the model (first: %s)\n",
+                   unused.size(), weights_path.c_str(), unused[0].c_str());
+  }
+  std::fprintf(stderr, "wxe: simplified to %zu nodes (%.2f s)\n", g.nodes.size(), seconds_since(t1));
+  return g;
 }
 
 struct Stats {
@@ -155,17 +194,12 @@ struct InferArgs {
   double tolerance = -1;
   int threads = 0;
   bool reference = false;
+  std::string weights;
 };
 
 int cmd_infer(const InferArgs& a) {
-  auto t0 = std::chrono::steady_clock::now();
-  Graph g = import_onnx(a.model);
-  std::map<std::string, Tensor> inputs = read_inputs(g, a.inputs);
-  size_t n0 = g.nodes.size();
-  std::fprintf(stderr, "wxe: imported %s: %zu nodes (%.2f s)\n", a.model.c_str(), n0, seconds_since(t0));
-  auto t1 = std::chrono::steady_clock::now();
-  simplify(g, specs_of(inputs));
-  std::fprintf(stderr, "wxe: simplified to %zu nodes (%.2f s)\n", g.nodes.size(), seconds_since(t1));
+  std::map<std::string, Tensor> inputs = read_inputs(import_onnx(a.model), a.inputs);
+  Graph g = load_model(a.model, inputs, a.weights);
   ExecOptions opt;
   opt.threads = a.threads;
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
@@ -224,7 +258,55 @@ struct BenchArgs {
   std::vector<std::string> inputs;
   int threads = 0, runs = 5;
   bool json = false;
+  std::string weights;
 };
+
+struct ConvertArgs {
+  std::string checkpoint, output, onnx;
+  std::vector<std::string> inputs;
+};
+
+int cmd_convert(const ConvertArgs& a) {
+  layout::ConvertReport rep;
+  NamedTensors w = read_weights(a.checkpoint, &rep);
+  if (!a.onnx.empty()) {  // check names and shapes against the rewritten graph's parameters
+    Graph g = import_onnx(a.onnx);
+    std::map<std::string, InputSpec> given;
+    if (!a.inputs.empty()) given = specs_of(read_inputs(g, a.inputs));
+    prepare_graph(g, given);
+    std::map<std::string, const Tensor*> by_name;
+    for (auto& kv : w) by_name[kv.first] = &kv.second;
+    int bad = 0, matched = 0;
+    for (auto& [name, t] : graph_parameters(g)) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        std::printf("mismatch: %s %s is in the graph, not in the checkpoint\n", name.c_str(), shape_str(t.shape).c_str());
+        ++bad;
+      } else if (!shapes_fit(it->second->shape, t.shape)) {
+        std::printf("mismatch: %s is %s in the checkpoint, %s in the graph\n", name.c_str(),
+                    shape_str(it->second->shape).c_str(), shape_str(t.shape).c_str());
+        ++bad;
+      } else {
+        ++matched;
+      }
+      by_name.erase(name);
+    }
+    if (getenv("WXE_DEBUG")) for (auto& kv : by_name) std::printf("unused: %s\n", kv.first.c_str());
+    std::printf("checked against %s: %d parameters match, %d mismatch, %zu checkpoint tensors not in the graph%s\n",
+                a.onnx.c_str(), matched, bad, by_name.size(),
+                by_name.empty() ? "" : (" (first: " + by_name.begin()->first + ")").c_str());
+    if (bad) {
+      std::fprintf(stderr, "wxe: error: %s: %d tensors do not fit %s; nothing written\n", a.checkpoint.c_str(), bad,
+                   a.onnx.c_str());
+      return 1;
+    }
+  }
+  write_safetensors(a.output, w, {{"format", "pt"}, {"source", a.checkpoint}, {"converted_by", "wxe convert"}});
+  std::printf("wrote %s: %d tensors (%d read), %d spectral-norm layers folded, %d qkv splits, %d 1x1 convs to Linear, %s\n",
+              a.output.c_str(), rep.tensors_out, rep.tensors_in, rep.spectral_norm_folded, rep.qkv_split,
+              rep.reshaped, human_bytes(rep.bytes_out).c_str());
+  return 0;
+}
 
 double peak_rss_mb() {
   struct rusage ru;
@@ -234,9 +316,8 @@ double peak_rss_mb() {
 
 int cmd_bench(const BenchArgs& a) {
   WXE_CHECK(a.runs >= 1, "--runs must be at least 1");
-  Graph g = import_onnx(a.model);
-  std::map<std::string, Tensor> inputs = read_inputs(g, a.inputs);
-  simplify(g, specs_of(inputs));
+  std::map<std::string, Tensor> inputs = read_inputs(import_onnx(a.model), a.inputs);
+  Graph g = load_model(a.model, inputs, a.weights);
   ExecOptions opt;
   opt.threads = a.threads;
   opt.profile = true;
@@ -299,6 +380,7 @@ int main(int argc, char** argv) {
   infer->add_option("--compare", ia.compare, "reference output .npy: print max abs and relative L2 difference");
   infer->add_option("--tolerance", ia.tolerance, "with --compare: exit 3 if max abs difference exceeds it");
   infer->add_flag("--reference", ia.reference, "run the plain reference kernels only (slow; the oracle)");
+  infer->add_option("--weights,-w", ia.weights, "load parameters by name: .safetensors, or a legacy CREDIT .pt (converted on the fly)");
 
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "time the forward pass: min/median/max, peak memory, time per op type");
@@ -307,12 +389,21 @@ int main(int argc, char** argv) {
   bench->add_option("--threads,-t", ba.threads, "CPU threads (default: all cores)");
   bench->add_option("--runs,-r", ba.runs, "timed runs after one warm-up (default 5)");
   bench->add_flag("--json", ba.json, "print one JSON object as the last line");
+  bench->add_option("--weights,-w", ba.weights, "load parameters by name (.safetensors or legacy .pt)");
+
+  ConvertArgs ca;
+  auto* convert = app.add_subcommand("convert", "convert a legacy CREDIT checkpoint to the Linear layout (safetensors)");
+  convert->add_option("checkpoint", ca.checkpoint, "legacy .pt (or .safetensors)")->required();
+  convert->add_option("--output,-o", ca.output, "output .safetensors")->required();
+  convert->add_option("--onnx", ca.onnx, "check every tensor against this model's rewritten parameters");
+  convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)");
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph);
     if (*infer) return cmd_infer(ia);
     if (*bench) return cmd_bench(ba);
+    if (*convert) return cmd_convert(ca);
   } catch (const Error& e) {
     std::fprintf(stderr, "wxe: error: %s\n", e.what());
     return 1;

@@ -1,0 +1,488 @@
+#include "engine/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <set>
+#include <stdexcept>
+
+#include "engine/npy.h"
+
+namespace wxe {
+
+namespace {
+
+constexpr uint64_t kMaxHeader = 100000000;  // as the reference implementation
+constexpr int kMaxDepth = 16;
+constexpr size_t kMaxDims = 64;
+
+struct StType {
+  const char* name;
+  DType dtype;
+};
+const StType kStTypes[] = {{"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16},
+                           {"F64", DType::F64}, {"I64", DType::I64}, {"I32", DType::I32},
+                           {"I8", DType::I8},   {"U8", DType::U8},   {"BOOL", DType::Bool}};
+
+const char* st_name(DType t) {
+  for (auto& s : kStTypes)
+    if (s.dtype == t) return s.name;
+  return nullptr;
+}
+
+std::string printable(const std::string& s, size_t max = 120) {
+  std::string r;
+  for (char c : s.substr(0, max)) r += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (s.size() > max) r += "...";
+  return r;
+}
+
+// Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
+bool valid_utf8(const std::string& s) {
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    uint8_t c = (uint8_t)s[i];
+    if (c < 0x80) { ++i; continue; }
+    int len;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; }
+    else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; }
+    else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; }
+    else return false;
+    if (i + len > n) return false;
+    for (int k = 1; k < len; ++k) {
+      uint8_t d = (uint8_t)s[i + k];
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += len;
+  }
+  return true;
+}
+
+// ---- a small strict JSON parser: objects, arrays, strings, numbers; nothing else ----
+
+struct Json {
+  enum Type { Str, Num, Arr, Obj } type = Str;
+  std::string s;                  // Str: content (UTF-8); Num: the number's text
+  std::vector<Json> items;        // Arr elements; Obj values
+  std::vector<std::string> keys;  // Obj keys (unique), parallel to items
+  const Json* get(const std::string& k) const {
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == k) return &items[i];
+    return nullptr;
+  }
+};
+
+class JsonParser {
+ public:
+  JsonParser(const std::string& text, const std::string& path) : t_(text), path_(path) {}
+  Json parse() {
+    if (!valid_utf8(t_)) bad("not valid UTF-8");
+    ws();
+    Json v = value(0);
+    ws();
+    if (p_ != t_.size()) bad("unexpected trailing characters");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& msg) const {
+    fail(path_, ": malformed safetensors header: ", msg, " (header byte ", p_, ")");
+  }
+  void ws() {
+    while (p_ < t_.size() && (t_[p_] == ' ' || t_[p_] == '\t' || t_[p_] == '\n' || t_[p_] == '\r')) ++p_;
+  }
+  char peek() const { return p_ < t_.size() ? t_[p_] : '\0'; }
+  void expect(char c) {
+    if (peek() != c || p_ >= t_.size()) bad(std::string("expected '") + c + "'");
+    ++p_;
+  }
+  Json value(int depth) {
+    if (depth > kMaxDepth) bad("nested too deeply");
+    char c = peek();
+    if (c == '{') return object(depth);
+    if (c == '[') return array(depth);
+    if (c == '"') {
+      Json j;
+      j.type = Json::Str;
+      j.s = string();
+      return j;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return number();
+    bad(p_ >= t_.size() ? "unexpected end" : "unexpected character (only objects, arrays, strings and numbers are allowed)");
+  }
+  Json object(int depth) {
+    Json j;
+    j.type = Json::Obj;
+    expect('{');
+    ws();
+    if (peek() == '}') { ++p_; return j; }
+    std::set<std::string> seen;
+    for (;;) {
+      ws();
+      if (peek() != '"') bad("expected a string key");
+      std::string k = string();
+      if (!seen.insert(k).second) bad("duplicate key '" + printable(k) + "'");
+      ws();
+      expect(':');
+      ws();
+      j.keys.push_back(std::move(k));
+      j.items.push_back(value(depth + 1));
+      ws();
+      if (peek() == ',') { ++p_; continue; }
+      expect('}');
+      return j;
+    }
+  }
+  Json array(int depth) {
+    Json j;
+    j.type = Json::Arr;
+    expect('[');
+    ws();
+    if (peek() == ']') { ++p_; return j; }
+    for (;;) {
+      ws();
+      j.items.push_back(value(depth + 1));
+      ws();
+      if (peek() == ',') { ++p_; continue; }
+      expect(']');
+      return j;
+    }
+  }
+  static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  }
+  uint32_t hex4() {
+    if (t_.size() - p_ < 4) bad("truncated \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      int h = hexval(t_[p_++]);
+      if (h < 0) bad("bad \\u escape");
+      v = v * 16 + h;
+    }
+    return v;
+  }
+  std::string string() {
+    expect('"');
+    std::string r;
+    for (;;) {
+      if (p_ >= t_.size()) bad("unterminated string");
+      char c = t_[p_++];
+      if (c == '"') return r;
+      if ((uint8_t)c < 0x20) bad("control character in a string");
+      if (c != '\\') { r += c; continue; }
+      if (p_ >= t_.size()) bad("unterminated string");
+      char e = t_[p_++];
+      switch (e) {
+        case '"': r += '"'; break;
+        case '\\': r += '\\'; break;
+        case '/': r += '/'; break;
+        case 'b': r += '\b'; break;
+        case 'f': r += '\f'; break;
+        case 'n': r += '\n'; break;
+        case 'r': r += '\r'; break;
+        case 't': r += '\t'; break;
+        case 'u': {
+          uint32_t cp = hex4();
+          if (cp >= 0xdc00 && cp <= 0xdfff) bad("lone low surrogate");
+          if (cp >= 0xd800 && cp <= 0xdbff) {
+            if (t_.size() - p_ < 2 || t_[p_] != '\\' || t_[p_ + 1] != 'u') bad("lone high surrogate");
+            p_ += 2;
+            uint32_t lo = hex4();
+            if (lo < 0xdc00 || lo > 0xdfff) bad("bad surrogate pair");
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+          }
+          if (cp < 0x80) {
+            r += (char)cp;
+          } else if (cp < 0x800) {
+            r += (char)(0xc0 | (cp >> 6));
+            r += (char)(0x80 | (cp & 0x3f));
+          } else if (cp < 0x10000) {
+            r += (char)(0xe0 | (cp >> 12));
+            r += (char)(0x80 | ((cp >> 6) & 0x3f));
+            r += (char)(0x80 | (cp & 0x3f));
+          } else {
+            r += (char)(0xf0 | (cp >> 18));
+            r += (char)(0x80 | ((cp >> 12) & 0x3f));
+            r += (char)(0x80 | ((cp >> 6) & 0x3f));
+            r += (char)(0x80 | (cp & 0x3f));
+          }
+          break;
+        }
+        default: bad("bad escape");
+      }
+    }
+  }
+  Json number() {
+    size_t b = p_;
+    auto digits = [&] {
+      size_t s = p_;
+      while (p_ < t_.size() && t_[p_] >= '0' && t_[p_] <= '9') ++p_;
+      return p_ - s;
+    };
+    if (peek() == '-') ++p_;
+    if (peek() == '0') ++p_;
+    else if (digits() == 0) bad("bad number");
+    if (peek() == '.') {
+      ++p_;
+      if (digits() == 0) bad("bad number");
+    }
+    if (peek() == 'e' || peek() == 'E') {
+      ++p_;
+      if (peek() == '+' || peek() == '-') ++p_;
+      if (digits() == 0) bad("bad number");
+    }
+    Json j;
+    j.type = Json::Num;
+    j.s = t_.substr(b, p_ - b);
+    return j;
+  }
+
+  const std::string& t_;
+  const std::string& path_;
+  size_t p_ = 0;
+};
+
+// A JSON number that is a non-negative integer fitting int64; -1 otherwise.
+int64_t checked_index(const Json& j) {
+  if (j.type != Json::Num || j.s.empty() || j.s.size() > 19) return -1;
+  uint64_t v = 0;  // at most 19 digits: no uint64 overflow
+  for (char c : j.s) {
+    if (c < '0' || c > '9') return -1;
+    v = v * 10 + (uint64_t)(c - '0');
+  }
+  return v > (uint64_t)INT64_MAX ? -1 : (int64_t)v;
+}
+
+void json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (char c : s) {
+    uint8_t u = (uint8_t)c;
+    if (c == '"') out += "\\\"";
+    else if (c == '\\') out += "\\\\";
+    else if (u < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+      out += buf;
+    } else out += c;
+  }
+  out += '"';
+}
+
+class File {
+ public:
+  explicit File(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    WXE_CHECK(fd_ >= 0, path, ": cannot open (", std::strerror(errno), ")");
+    struct stat st;
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      fail(path, ": not a regular file");
+    }
+    size_ = (uint64_t)st.st_size;
+  }
+  ~File() { ::close(fd_); }
+  uint64_t size() const { return size_; }
+  void read(uint64_t off, void* dst, uint64_t n) const {
+    WXE_CHECK(off <= size_ && n <= size_ - off, path_, ": truncated safetensors file");
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+      ssize_t r = ::pread(fd_, d, (size_t)std::min<uint64_t>(n, 1u << 30), (off_t)off);
+      if (r < 0 && errno == EINTR) continue;
+      WXE_CHECK(r > 0, path_, ": read error: ", r < 0 ? std::strerror(errno) : "unexpected end of file");
+      d += r;
+      off += (uint64_t)r;
+      n -= (uint64_t)r;
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+struct Pending {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+std::vector<std::pair<std::string, Tensor>> read_impl(const std::string& path,
+                                                      std::map<std::string, std::string>* metadata) {
+  File f(path);
+  WXE_CHECK(f.size() >= 8, path, ": not a safetensors file (", f.size(), " bytes)");
+  uint8_t hb[8];
+  f.read(0, hb, 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | hb[i];
+  WXE_CHECK(n <= f.size() - 8, path, ": safetensors header size ", n,
+            " runs past the end of the file (truncated or not a safetensors file)");
+  WXE_CHECK(n <= kMaxHeader, path, ": safetensors header of ", n, " bytes is too large");
+  std::string text(n, '\0');
+  f.read(8, &text[0], n);
+  Json root = JsonParser(text, path).parse();
+  WXE_CHECK(root.type == Json::Obj, path, ": safetensors header is not a JSON object");
+  uint64_t data_size = f.size() - 8 - n;
+
+  if (metadata) metadata->clear();
+  std::vector<Pending> pend;
+  for (size_t i = 0; i < root.keys.size(); ++i) {
+    const std::string& name = root.keys[i];
+    const Json& v = root.items[i];
+    if (name == "__metadata__") {
+      WXE_CHECK(v.type == Json::Obj, path, ": __metadata__ is not an object");
+      for (size_t k = 0; k < v.keys.size(); ++k) {
+        WXE_CHECK(v.items[k].type == Json::Str, path, ": __metadata__ value of '",
+                  printable(v.keys[k]), "' is not a string");
+        if (metadata) (*metadata)[v.keys[k]] = v.items[k].s;
+      }
+      continue;
+    }
+    std::string tn = "tensor '" + printable(name) + "'";
+    WXE_CHECK(v.type == Json::Obj, path, ": ", tn, ": header entry is not an object");
+    const Json* dt = v.get("dtype");
+    const Json* shp = v.get("shape");
+    const Json* off = v.get("data_offsets");
+    WXE_CHECK(dt && dt->type == Json::Str, path, ": ", tn, ": missing or bad \"dtype\"");
+    WXE_CHECK(shp && shp->type == Json::Arr, path, ": ", tn, ": missing or bad \"shape\"");
+    WXE_CHECK(off && off->type == Json::Arr && off->items.size() == 2, path, ": ", tn,
+              ": missing or bad \"data_offsets\"");
+    Pending p;
+    p.name = name;
+    const StType* st = nullptr;
+    for (auto& s : kStTypes)
+      if (dt->s == s.name) st = &s;
+    WXE_CHECK(st, path, ": ", tn, ": unsupported dtype '", printable(dt->s), "'");
+    p.dtype = st->dtype;
+    WXE_CHECK(shp->items.size() <= kMaxDims, path, ": ", tn, ": too many dimensions");
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const Json& d : shp->items) {
+      int64_t x = checked_index(d);
+      WXE_CHECK(x >= 0, path, ": ", tn, ": shape entries must be non-negative integers");
+      p.shape.push_back(x);
+      overflow |= __builtin_mul_overflow(numel, (uint64_t)x, &numel);
+    }
+    uint64_t nbytes = 0;
+    overflow |= __builtin_mul_overflow(numel, (uint64_t)dtype_size(p.dtype), &nbytes);
+    WXE_CHECK(!overflow && numel <= (uint64_t)INT64_MAX, path, ": ", tn, ": shape ",
+              shape_str(p.shape), " is too large");
+    int64_t b = checked_index(off->items[0]), e = checked_index(off->items[1]);
+    WXE_CHECK(b >= 0 && e >= 0, path, ": ", tn, ": data_offsets must be non-negative integers");
+    p.begin = (uint64_t)b;
+    p.end = (uint64_t)e;
+    WXE_CHECK(p.begin <= p.end && p.end <= data_size, path, ": ", tn, ": data_offsets [", b, ", ",
+              e, "] lie outside the data (", data_size, " bytes)");
+    WXE_CHECK(p.end - p.begin == nbytes, path, ": ", tn, ": data_offsets [", b, ", ", e,
+              "] hold ", p.end - p.begin, " bytes but ", dt->s, " ", shape_str(p.shape), " needs ",
+              nbytes);
+    pend.push_back(std::move(p));
+  }
+  // Offsets: contiguous, non-overlapping, covering the data exactly.
+  std::vector<size_t> idx(pend.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+    return pend[a].begin != pend[b].begin ? pend[a].begin < pend[b].begin : pend[a].end < pend[b].end;
+  });
+  uint64_t at = 0;
+  for (size_t i : idx) {
+    WXE_CHECK(pend[i].begin == at, path, ": tensor '", printable(pend[i].name), "': data_offsets [",
+              pend[i].begin, ", ", pend[i].end, "] ",
+              pend[i].begin < at ? "overlap another tensor" : "leave a gap", " (expected begin ", at, ")");
+    at = pend[i].end;
+  }
+  WXE_CHECK(at == data_size, path, ": the tensors cover ", at, " of the ", data_size,
+            " data bytes (truncated or corrupt file)");
+
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.reserve(pend.size());
+  for (Pending& p : pend) {
+    Tensor t(p.dtype, p.shape);
+    f.read(8 + n + p.begin, t.raw(), p.end - p.begin);
+    out.emplace_back(std::move(p.name), std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::string h = "{";
+  bool first = true;
+  if (!metadata.empty()) {
+    h += "\"__metadata__\":{";
+    for (auto& [k, v] : metadata) {
+      WXE_CHECK(valid_utf8(k) && valid_utf8(v), path, ": metadata '", printable(k),
+                "' is not valid UTF-8");
+      if (h.back() != '{') h += ',';
+      json_string(h, k);
+      h += ':';
+      json_string(h, v);
+    }
+    h += '}';
+    first = false;
+  }
+  std::set<std::string> names;
+  uint64_t off = 0;
+  for (auto& [name, t] : tensors) {
+    WXE_CHECK(name != "__metadata__", path, ": a tensor cannot be named __metadata__");
+    WXE_CHECK(valid_utf8(name), path, ": tensor name '", printable(name), "' is not valid UTF-8");
+    WXE_CHECK(names.insert(name).second, path, ": duplicate tensor name '", printable(name), "'");
+    const char* dt = st_name(t.dtype);
+    WXE_CHECK(dt, path, ": tensor '", printable(name), "': dtype ", dtype_name(t.dtype),
+              " cannot be written to safetensors");
+    WXE_CHECK(t.defined() || t.numel() == 0, path, ": tensor '", printable(name), "' has no data");
+    if (!first) h += ',';
+    first = false;
+    json_string(h, name);
+    h += ":{\"dtype\":\"";
+    h += dt;
+    h += "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) h += (i ? "," : "") + std::to_string(t.shape[i]);
+    h += "],\"data_offsets\":[" + std::to_string(off) + ",";
+    off += t.nbytes();
+    h += std::to_string(off) + "]}";
+  }
+  h += '}';
+  while (h.size() % 8) h += ' ';
+  std::string bytes;
+  bytes.reserve(8 + h.size() + off);
+  uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) bytes += (char)((n >> (8 * i)) & 0xff);
+  bytes += h;
+  for (auto& [name, t] : tensors)
+    if (t.nbytes()) bytes.append(static_cast<const char*>(t.raw()), t.nbytes());
+  write_file_atomic(path, bytes);
+}
+
+std::vector<std::pair<std::string, Tensor>> read_safetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata) {
+  try {
+    return read_impl(path, metadata);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail(path, ": out of memory reading the safetensors file");
+  } catch (const std::length_error&) {
+    fail(path, ": corrupt safetensors file (impossible size)");
+  }
+}
+
+}  // namespace wxe

@@ -1,0 +1,29 @@
+// safetensors files (https://github.com/huggingface/safetensors): an 8-byte little-endian
+// header size N, N bytes of JSON
+//   {"__metadata__": {"k": "v"}, "name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...}
+// (padded with spaces to a multiple of 8), then the tensor bytes (little-endian, C order).
+// Dtypes: F32, F16, BF16, F64, I64, I32, I8, U8, BOOL.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace wxe {
+
+// Writes atomically (write_file_atomic); tensors in the given order; loadable by
+// safetensors.torch.load_file. Names must be unique, valid UTF-8 and not "__metadata__".
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Reads every tensor, in the order of the header. The header is parsed by a strict JSON
+// parser; offsets must lie within the data, be contiguous and non-overlapping and cover it
+// exactly, and each tensor's byte size must equal numel * dtype size. Errors are wxe::Error
+// naming the file (and the tensor).
+std::vector<std::pair<std::string, Tensor>> read_safetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+}  // namespace wxe
