@@ -1,0 +1,30 @@
+#include "parallel/mesh.h"
+
+#include "parallel/mpi_comm.h"
+
+namespace wxe {
+
+Mesh make_mesh(int tp) { return make_mesh(world_comm(), tp); }
+
+Mesh make_mesh(std::unique_ptr<Communicator> world, int tp) {
+  WXE_CHECK(world != nullptr, "make_mesh: no world communicator");
+  int n = world->size();
+  // Same answer on every rank (see mesh.h), so throwing here cannot strand a rank.
+  WXE_CHECK(tp >= 1, "--tp must be at least 1 (got ", tp, ")");
+  WXE_CHECK(n % tp == 0, "world size ", n, " is not divisible by --tp ", tp);
+  Mesh m;
+  m.world = n;
+  m.rank = world->rank();
+  m.tp = tp;
+  m.dp = n / tp;
+  m.tp_rank = m.rank % tp;
+  m.dp_rank = m.rank / tp;
+  m.tp_comm = world->split(m.dp_rank, m.tp_rank);
+  m.dp_comm = world->split(m.tp_rank, m.dp_rank);
+  WXE_ASSERT(m.tp_comm->size() == m.tp && m.tp_comm->rank() == m.tp_rank);
+  WXE_ASSERT(m.dp_comm->size() == m.dp && m.dp_comm->rank() == m.dp_rank);
+  m.world_comm = std::move(world);
+  return m;
+}
+
+}  // namespace wxe
