@@ -1,5 +1,7 @@
 #include "engine/safetensors.h"
 
+#include "engine/json.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,7 +22,6 @@ namespace wxe {
 namespace {
 
 constexpr uint64_t kMaxHeader = 100000000;  // as the reference implementation
-constexpr int kMaxDepth = 16;
 constexpr size_t kMaxDims = 64;
 
 struct StType {
@@ -35,251 +36,6 @@ const char* st_name(DType t) {
   for (auto& s : kStTypes)
     if (s.dtype == t) return s.name;
   return nullptr;
-}
-
-std::string printable(const std::string& s, size_t max = 120) {
-  std::string r;
-  for (char c : s.substr(0, max)) r += (c >= 0x20 && c < 0x7f) ? c : '?';
-  if (s.size() > max) r += "...";
-  return r;
-}
-
-// Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
-bool valid_utf8(const std::string& s) {
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    uint8_t c = (uint8_t)s[i];
-    if (c < 0x80) { ++i; continue; }
-    int len;
-    uint32_t cp;
-    if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; }
-    else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; }
-    else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; }
-    else return false;
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      uint8_t d = (uint8_t)s[i + k];
-      if ((d & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3f);
-    }
-    static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += len;
-  }
-  return true;
-}
-
-// ---- a small strict JSON parser: objects, arrays, strings, numbers; nothing else ----
-
-struct Json {
-  enum Type { Str, Num, Arr, Obj } type = Str;
-  std::string s;                  // Str: content (UTF-8); Num: the number's text
-  std::vector<Json> items;        // Arr elements; Obj values
-  std::vector<std::string> keys;  // Obj keys (unique), parallel to items
-  const Json* get(const std::string& k) const {
-    for (size_t i = 0; i < keys.size(); ++i)
-      if (keys[i] == k) return &items[i];
-    return nullptr;
-  }
-};
-
-class JsonParser {
- public:
-  JsonParser(const std::string& text, const std::string& path) : t_(text), path_(path) {}
-  Json parse() {
-    if (!valid_utf8(t_)) bad("not valid UTF-8");
-    ws();
-    Json v = value(0);
-    ws();
-    if (p_ != t_.size()) bad("unexpected trailing characters");
-    return v;
-  }
-
- private:
-  [[noreturn]] void bad(const std::string& msg) const {
-    fail(path_, ": malformed safetensors header: ", msg, " (header byte ", p_, ")");
-  }
-  void ws() {
-    while (p_ < t_.size() && (t_[p_] == ' ' || t_[p_] == '\t' || t_[p_] == '\n' || t_[p_] == '\r')) ++p_;
-  }
-  char peek() const { return p_ < t_.size() ? t_[p_] : '\0'; }
-  void expect(char c) {
-    if (peek() != c || p_ >= t_.size()) bad(std::string("expected '") + c + "'");
-    ++p_;
-  }
-  Json value(int depth) {
-    if (depth > kMaxDepth) bad("nested too deeply");
-    char c = peek();
-    if (c == '{') return object(depth);
-    if (c == '[') return array(depth);
-    if (c == '"') {
-      Json j;
-      j.type = Json::Str;
-      j.s = string();
-      return j;
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) return number();
-    bad(p_ >= t_.size() ? "unexpected end" : "unexpected character (only objects, arrays, strings and numbers are allowed)");
-  }
-  Json object(int depth) {
-    Json j;
-    j.type = Json::Obj;
-    expect('{');
-    ws();
-    if (peek() == '}') { ++p_; return j; }
-    std::set<std::string> seen;
-    for (;;) {
-      ws();
-      if (peek() != '"') bad("expected a string key");
-      std::string k = string();
-      if (!seen.insert(k).second) bad("duplicate key '" + printable(k) + "'");
-      ws();
-      expect(':');
-      ws();
-      j.keys.push_back(std::move(k));
-      j.items.push_back(value(depth + 1));
-      ws();
-      if (peek() == ',') { ++p_; continue; }
-      expect('}');
-      return j;
-    }
-  }
-  Json array(int depth) {
-    Json j;
-    j.type = Json::Arr;
-    expect('[');
-    ws();
-    if (peek() == ']') { ++p_; return j; }
-    for (;;) {
-      ws();
-      j.items.push_back(value(depth + 1));
-      ws();
-      if (peek() == ',') { ++p_; continue; }
-      expect(']');
-      return j;
-    }
-  }
-  static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  }
-  uint32_t hex4() {
-    if (t_.size() - p_ < 4) bad("truncated \\u escape");
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) {
-      int h = hexval(t_[p_++]);
-      if (h < 0) bad("bad \\u escape");
-      v = v * 16 + h;
-    }
-    return v;
-  }
-  std::string string() {
-    expect('"');
-    std::string r;
-    for (;;) {
-      if (p_ >= t_.size()) bad("unterminated string");
-      char c = t_[p_++];
-      if (c == '"') return r;
-      if ((uint8_t)c < 0x20) bad("control character in a string");
-      if (c != '\\') { r += c; continue; }
-      if (p_ >= t_.size()) bad("unterminated string");
-      char e = t_[p_++];
-      switch (e) {
-        case '"': r += '"'; break;
-        case '\\': r += '\\'; break;
-        case '/': r += '/'; break;
-        case 'b': r += '\b'; break;
-        case 'f': r += '\f'; break;
-        case 'n': r += '\n'; break;
-        case 'r': r += '\r'; break;
-        case 't': r += '\t'; break;
-        case 'u': {
-          uint32_t cp = hex4();
-          if (cp >= 0xdc00 && cp <= 0xdfff) bad("lone low surrogate");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (t_.size() - p_ < 2 || t_[p_] != '\\' || t_[p_ + 1] != 'u') bad("lone high surrogate");
-            p_ += 2;
-            uint32_t lo = hex4();
-            if (lo < 0xdc00 || lo > 0xdfff) bad("bad surrogate pair");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          if (cp < 0x80) {
-            r += (char)cp;
-          } else if (cp < 0x800) {
-            r += (char)(0xc0 | (cp >> 6));
-            r += (char)(0x80 | (cp & 0x3f));
-          } else if (cp < 0x10000) {
-            r += (char)(0xe0 | (cp >> 12));
-            r += (char)(0x80 | ((cp >> 6) & 0x3f));
-            r += (char)(0x80 | (cp & 0x3f));
-          } else {
-            r += (char)(0xf0 | (cp >> 18));
-            r += (char)(0x80 | ((cp >> 12) & 0x3f));
-            r += (char)(0x80 | ((cp >> 6) & 0x3f));
-            r += (char)(0x80 | (cp & 0x3f));
-          }
-          break;
-        }
-        default: bad("bad escape");
-      }
-    }
-  }
-  Json number() {
-    size_t b = p_;
-    auto digits = [&] {
-      size_t s = p_;
-      while (p_ < t_.size() && t_[p_] >= '0' && t_[p_] <= '9') ++p_;
-      return p_ - s;
-    };
-    if (peek() == '-') ++p_;
-    if (peek() == '0') ++p_;
-    else if (digits() == 0) bad("bad number");
-    if (peek() == '.') {
-      ++p_;
-      if (digits() == 0) bad("bad number");
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      ++p_;
-      if (peek() == '+' || peek() == '-') ++p_;
-      if (digits() == 0) bad("bad number");
-    }
-    Json j;
-    j.type = Json::Num;
-    j.s = t_.substr(b, p_ - b);
-    return j;
-  }
-
-  const std::string& t_;
-  const std::string& path_;
-  size_t p_ = 0;
-};
-
-// A JSON number that is a non-negative integer fitting int64; -1 otherwise.
-int64_t checked_index(const Json& j) {
-  if (j.type != Json::Num || j.s.empty() || j.s.size() > 19) return -1;
-  uint64_t v = 0;  // at most 19 digits: no uint64 overflow
-  for (char c : j.s) {
-    if (c < '0' || c > '9') return -1;
-    v = v * 10 + (uint64_t)(c - '0');
-  }
-  return v > (uint64_t)INT64_MAX ? -1 : (int64_t)v;
-}
-
-void json_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (char c : s) {
-    uint8_t u = (uint8_t)c;
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (u < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", u);
-      out += buf;
-    } else out += c;
-  }
-  out += '"';
 }
 
 class File {
@@ -335,7 +91,7 @@ std::vector<std::pair<std::string, Tensor>> read_impl(const std::string& path,
   WXE_CHECK(n <= kMaxHeader, path, ": safetensors header of ", n, " bytes is too large");
   std::string text(n, '\0');
   f.read(8, &text[0], n);
-  Json root = JsonParser(text, path).parse();
+  Json root = parse_json(text, path, "safetensors header");
   WXE_CHECK(root.type == Json::Obj, path, ": safetensors header is not a JSON object");
   uint64_t data_size = f.size() - 8 - n;
 

@@ -85,8 +85,9 @@ TEST(Passes, FoldConstantsResolvesShapeChains) {
   EXPECT_EQ(c.count("Shape") + c.count("Gather") + c.count("Unsqueeze") + c.count("Concat"), 0u);
   EXPECT_EQ(c["Reshape"], 1);
   // the Reshape target is now the constant (2, -1)
-  for (auto& n : g.nodes)
+  for (auto& n : g.nodes) {
     if (n.op == "Reshape") EXPECT_EQ(g.values[n.inputs[1]].constant->to_i64(), (std::vector<int64_t>{2, -1}));
+  }
   expect_close(run_graph(g, x), before, 0, 0);
 }
 

@@ -1,0 +1,32 @@
+// A small strict JSON parser (objects, arrays, strings, numbers; nothing else) and writer
+// helpers, for file headers and indexes (safetensors, plan files, sharded checkpoints).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace wxe {
+
+struct Json {
+  enum Type { Str, Num, Arr, Obj } type = Str;
+  std::string s;                  // Str: content (UTF-8); Num: the number's text
+  std::vector<Json> items;        // Arr elements; Obj values
+  std::vector<std::string> keys;  // Obj keys (unique), parallel to items
+  const Json* get(const std::string& k) const {
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == k) return &items[i];
+    return nullptr;
+  }
+};
+
+// Parses `text`; errors name `path` and say "malformed <what>". Depth is capped at 16.
+Json parse_json(const std::string& text, const std::string& path, const std::string& what = "JSON");
+// A JSON number that is a non-negative integer fitting int64; -1 otherwise.
+int64_t checked_index(const Json& j);
+// Appends s as a JSON string literal.
+void json_string(std::string& out, const std::string& s);
+bool valid_utf8(const std::string& s);
+// s shortened to max characters with non-printable bytes escaped, for messages.
+std::string printable(const std::string& s, size_t max = 120);
+
+}  // namespace wxe

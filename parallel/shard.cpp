@@ -1,0 +1,312 @@
+#include "parallel/shard.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "engine/json.h"
+#include "engine/layout_rules.h"
+#include "engine/passes.h"
+
+namespace wxe {
+
+const char* split_name(TpSplit s) {
+  switch (s) {
+    case TpSplit::Column: return "colwise";
+    case TpSplit::Row: return "rowwise";
+    default: return "replicate";
+  }
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string weight_of(const Graph& g, const Node& n) {
+  return n.op == "Linear" && n.inputs.size() >= 2 && n.inputs[1] >= 0 ? g.values[n.inputs[1]].name : "";
+}
+
+// '*' matches any run of characters
+bool glob_match(const char* p, const char* s) {
+  if (*p == 0) return *s == 0;
+  if (*p == '*') return glob_match(p + 1, s) || (*s && glob_match(p, s + 1));
+  return *s && *p == *s && glob_match(p + 1, s + 1);
+}
+
+// Rows [r*n/T, (r+1)*n/T) of dim `axis` of t.
+Tensor slice_dim(const Tensor& t, int axis, int tp, int r) {
+  Shape s = t.shape;
+  int64_t n = s[axis], part = n / tp;
+  s[axis] = part;
+  Tensor out(t.dtype, s);
+  int64_t outer = 1, inner = (int64_t)dtype_size(t.dtype);
+  for (int d = 0; d < axis; ++d) outer *= t.shape[d];
+  for (int d = axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
+  const uint8_t* src = (const uint8_t*)t.raw();
+  uint8_t* dst = (uint8_t*)out.raw();
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(dst + o * part * inner, src + (o * n + r * part) * inner, part * inner);
+  return out;
+}
+
+int new_const(Graph& g, const Value& like, Tensor t, const std::string& suffix) {
+  Value v;
+  v.name = like.name + suffix;
+  v.dtype = t.dtype;
+  v.shape = t.shape;
+  v.shape_known = true;
+  v.is_param = like.is_param;
+  v.constant = std::make_shared<Tensor>(std::move(t));
+  return g.add_value(std::move(v));
+}
+
+int64_t prod(const Shape& s, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to && i < s.size(); ++i) p *= s[i];
+  return p;
+}
+
+bool elementwise(const std::string& op) {
+  static const std::set<std::string> ops = {"Add", "Sub", "Mul", "Div", "Pow", "Erf", "Sqrt", "Relu", "Sigmoid",
+                                            "Tanh", "Exp", "Log", "Neg", "Abs", "Gelu", "Cast", "Where", "Max",
+                                            "Min", "Reciprocal", "Softplus", "LeakyRelu", "Clip"};
+  return ops.count(op) != 0;
+}
+
+// letters of each Einsum operand and of the output (spaces dropped; explicit "->" required)
+std::vector<std::string> einsum_terms(const Node& n) {
+  std::string eq;
+  for (char c : n.s("equation", ""))
+    if (c != ' ') eq += c;
+  size_t arrow = eq.find("->");
+  WXE_CHECK(arrow != std::string::npos, "node ", n.name, ": cannot shard an Einsum without '->'");
+  std::vector<std::string> terms;
+  std::string lhs = eq.substr(0, arrow);
+  size_t p = 0;
+  while (true) {
+    size_t c = lhs.find(',', p);
+    terms.push_back(lhs.substr(p, c == std::string::npos ? std::string::npos : c - p));
+    if (c == std::string::npos) break;
+    p = c + 1;
+  }
+  terms.push_back(eq.substr(arrow + 2));
+  return terms;
+}
+
+}  // namespace
+
+TpPlan discover_plan(const Graph& g) {
+  TpPlan plan;
+  for (const Node& n : g.nodes) {
+    std::string w = weight_of(g, n);
+    if (w.empty()) continue;
+    std::string m = layout::module_of(w);
+    if (ends_with(m, ".to_q") || ends_with(m, ".to_k") || ends_with(m, ".to_v") || ends_with(m, ".layers.1"))
+      plan.by_weight[w] = TpSplit::Column;
+    else if (ends_with(m, ".to_out") || ends_with(m, ".layers.4"))
+      plan.by_weight[w] = TpSplit::Row;
+  }
+  return plan;
+}
+
+void apply_plan_file(TpPlan& plan, const Graph& g, const std::string& path) {
+  std::ifstream f(path);
+  WXE_CHECK(f.good(), path, ": cannot open plan file");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  Json j = parse_json(text, path);
+  WXE_CHECK(j.type == Json::Obj, path, ": a plan file is a JSON object {\"pattern\": \"colwise\"|\"rowwise\"|\"replicate\"}");
+  std::vector<std::string> weights;
+  for (const Node& n : g.nodes)
+    if (!weight_of(g, n).empty()) weights.push_back(weight_of(g, n));
+  for (size_t i = 0; i < j.keys.size(); ++i) {
+    const std::string& pattern = j.keys[i];
+    const Json& v = j.items[i];
+    WXE_CHECK(v.type == Json::Str, path, ": value of '", pattern, "' must be a string");
+    TpSplit s;
+    if (v.s == "colwise") s = TpSplit::Column;
+    else if (v.s == "rowwise") s = TpSplit::Row;
+    else if (v.s == "replicate") s = TpSplit::Replicate;
+    else fail(path, ": '", pattern, "': unknown split '", v.s, "' (colwise, rowwise, replicate)");
+    int hits = 0;
+    for (auto& w : weights)
+      if (glob_match(pattern.c_str(), w.c_str())) {
+        plan.by_weight[w] = s;
+        ++hits;
+      }
+    WXE_CHECK(hits > 0, path, ": pattern '", pattern, "' matches no Linear weight of the model");
+  }
+}
+
+size_t param_bytes(const Graph& g) {
+  size_t b = 0;
+  std::vector<int> uses = g.use_counts();
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (g.values[v].is_param && g.values[v].is_const() && uses[v]) b += g.values[v].constant->nbytes();
+  return b;
+}
+
+ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
+  ShardStats st;
+  st.param_bytes_full = param_bytes(g);
+  if (tp == 1) {
+    st.param_bytes_rank = st.param_bytes_full;
+    return st;
+  }
+  std::vector<int> axis(g.values.size(), -1);  // sharded axis of each value, -1: replicated
+  auto sharded = [&](int v) { return v >= 0 && v < (int)axis.size() && axis[v] >= 0; };
+  auto set_axis = [&](int v, int a) {
+    if ((size_t)v >= axis.size()) axis.resize(v + 1, -1);
+    axis[v] = a;
+  };
+  std::vector<Node> out;
+  for (Node& n : g.nodes) {
+    const std::string block = scope_module(n.name);
+    const std::string where = "node " + n.name + " (" + n.op + ")" + (block.empty() ? "" : " in block " + block);
+    std::string w = weight_of(g, n);
+    auto pit = plan.by_weight.find(w);
+    TpSplit split = w.empty() || pit == plan.by_weight.end() ? TpSplit::Replicate : pit->second;
+    if (n.op == "Linear" && split != TpSplit::Replicate) {
+      const Value& x = g.values[n.inputs[0]];
+      int rank = (int)x.shape.size();
+      int64_t feat = n.i("axis", -1);
+      if (feat < 0) feat += rank;
+      const Tensor& W = *g.values[n.inputs[1]].constant;  // (N, K)
+      int bias = n.inputs.size() > 2 ? n.inputs[2] : -1;
+      if (split == TpSplit::Column) {
+        WXE_CHECK(!sharded(n.inputs[0]), where, ": column-parallel layer reads a sharded input");
+        WXE_CHECK(W.shape[0] % tp == 0, where, ": width ", W.shape[0], " of ", w, " is not divisible by --tp ", tp);
+        n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(W, 0, tp, r), "");
+        if (bias >= 0) n.inputs[2] = new_const(g, g.values[bias], slice_dim(*g.values[bias].constant, 0, tp, r), "");
+        set_axis(n.outputs[0], (int)feat);
+        ++st.column;
+        out.push_back(std::move(n));
+        continue;
+      }
+      // row-parallel: this rank's columns, a partial sum, all-reduce, then the bias
+      WXE_CHECK(sharded(n.inputs[0]) && axis[n.inputs[0]] == feat, where,
+                ": row-parallel layer's input is not sharded along its features");
+      WXE_CHECK(W.shape[1] % tp == 0, where, ": width ", W.shape[1], " of ", w, " is not divisible by --tp ", tp);
+      n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(W, 1, tp, r), "");
+      int final_out = n.outputs[0];
+      Value partial = g.values[final_out];
+      partial.name += "_partial";
+      int pv = g.add_value(partial);
+      n.outputs = {pv};
+      if (bias >= 0) n.inputs.resize(2);
+      Node ar;
+      ar.op = "AllReduceTP";
+      ar.name = n.name + "/AllReduceTP";
+      ar.inputs = {pv};
+      out.push_back(std::move(n));
+      if (bias >= 0) {
+        Value summed = partial;
+        summed.name = g.values[final_out].name + "_summed";
+        int sv = g.add_value(summed);
+        ar.outputs = {sv};
+        Shape bshape(rank - feat, 1);  // (N, 1, ..., 1) broadcasts along the feature axis
+        bshape[0] = g.values[bias].shape[0];
+        int b2 = new_const(g, g.values[bias], g.values[bias].constant->reshaped(bshape), "");
+        Node add;
+        add.op = "Add";
+        add.name = ar.name + "/bias";
+        add.inputs = {sv, b2};
+        add.outputs = {final_out};
+        out.push_back(std::move(ar));
+        out.push_back(std::move(add));
+      } else {
+        ar.outputs = {final_out};
+        out.push_back(std::move(ar));
+      }
+      ++st.row;
+      ++st.all_reduces;
+      continue;
+    }
+    bool any = std::any_of(n.inputs.begin(), n.inputs.end(), sharded);
+    if (!any) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    int src = *std::find_if(n.inputs.begin(), n.inputs.end(), sharded);
+    int a = axis[src];
+    const Shape& in_shape = g.values[src].shape;  // full (unsharded) shapes until infer_shapes
+    if (n.op == "Reshape" || n.op == "Squeeze" || n.op == "Unsqueeze" || n.op == "Flatten") {
+      WXE_CHECK(n.op == "Reshape", where, ": cannot shard through ", n.op);
+      const Shape& os = g.values[n.outputs[0]].shape;
+      int64_t P = prod(in_shape, 0, a);
+      int b = -1;
+      for (size_t k = 0; k < os.size(); ++k)
+        if (prod(os, 0, k) == P && os[k] != 1) {
+          b = (int)k;
+          break;
+        }
+      WXE_CHECK(b >= 0, where, ": the sharded axis does not survive this reshape");
+      int64_t x = in_shape[a], y = os[b];
+      WXE_CHECK(x % y == 0 || y % x == 0, where, ": the sharded axis does not survive this reshape");
+      WXE_CHECK(y % tp == 0, where, ": ", y, " heads are not divisible by --tp ", tp);
+      std::vector<int64_t> target = g.values[n.inputs[1]].constant->to_i64();
+      WXE_CHECK(b < (int)target.size() && target[b] != 0, where, ": reshape target ", shape_str(target),
+                " copies the sharded axis");
+      if (target[b] > 0) target[b] /= tp;
+      n.inputs[1] = new_const(g, g.values[n.inputs[1]], Tensor::from_i64(target), "_tp");
+      set_axis(n.outputs[0], b);
+    } else if (n.op == "Transpose") {
+      std::vector<int64_t> perm = n.ints("perm");
+      if (perm.empty())
+        for (int64_t k = (int64_t)in_shape.size() - 1; k >= 0; --k) perm.push_back(k);
+      int b = (int)(std::find(perm.begin(), perm.end(), a) - perm.begin());
+      set_axis(n.outputs[0], b);
+    } else if (n.op == "Softmax" || n.op == "LayerNormalization") {
+      int64_t ax = n.i("axis", -1);
+      if (ax < 0) ax += (int64_t)in_shape.size();
+      WXE_CHECK(ax != a && (n.op == "Softmax" || ax > a), where, ": normalizes over the sharded axis");
+      WXE_CHECK(n.inputs.size() == 1 || n.op == "Softmax", where, ": cannot shard through LayerNormalization with parameters");
+      set_axis(n.outputs[0], a);
+    } else if (n.op == "Einsum") {
+      std::vector<std::string> t = einsum_terms(n);
+      WXE_CHECK(t.size() == n.inputs.size() + 1, where, ": malformed equation");
+      size_t k0 = std::find(n.inputs.begin(), n.inputs.end(), src) - n.inputs.begin();
+      char letter = t[k0][a];
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        size_t pos = t[k].find(letter);
+        if (pos == std::string::npos) continue;
+        WXE_CHECK(sharded(n.inputs[k]) && axis[n.inputs[k]] == (int)pos, where, ": operand ", k,
+                  " is not sharded along '", letter, "'");
+      }
+      size_t opos = t.back().find(letter);
+      WXE_CHECK(opos != std::string::npos, where, ": sums over the sharded axis '", letter, "'");
+      set_axis(n.outputs[0], (int)opos);
+    } else if (elementwise(n.op)) {
+      const Shape& os = g.values[n.outputs[0]].shape;
+      int oa = a + (int)(os.size() - in_shape.size());  // broadcasting aligns from the right
+      for (int& i : n.inputs) {
+        if (i < 0) continue;
+        const Value& v = g.values[i];
+        int va = oa - (int)(os.size() - v.shape.size());
+        if (sharded(i)) {
+          WXE_CHECK(va == axis[i], where, ": inputs sharded along different axes");
+          continue;
+        }
+        if (va < 0 || v.shape[va] == 1) continue;  // broadcasts along the sharded axis
+        WXE_CHECK(v.is_const(), where, ": mixes a sharded and a replicated runtime tensor");
+        WXE_CHECK(v.shape[va] == os[oa], where, ": cannot slice '", v.name, "'");
+        i = new_const(g, v, slice_dim(*v.constant, va, tp, r), "_tp");  // per head (position bias)
+      }
+      set_axis(n.outputs[0], oa);
+    } else {
+      fail(where, ": cannot shard through this op (add it to the plan as replicate, or extend parallel/shard.cpp)");
+    }
+    out.push_back(std::move(n));
+  }
+  g.nodes = std::move(out);
+  for (int o : g.outputs)
+    WXE_CHECK(!sharded(o), g.source, ": graph output '", g.values[o].name, "' would be sharded");
+  eliminate_dead_nodes(g);  // drops the full-size weights no node reads any more
+  infer_shapes(g);
+  st.param_bytes_rank = param_bytes(g);
+  return st;
+}
+
+}  // namespace wxe
