@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -20,8 +22,18 @@ namespace {
 using namespace std::string_literals;
 
 std::string src(const std::string& rel) { return std::string(WXE_SOURCE_DIR) + "/" + rel; }
+// Temporary files, removed at exit.
+struct TmpFiles {
+  std::vector<std::string> paths;
+  ~TmpFiles() {
+    for (auto& p : paths) std::remove(p.c_str());
+  }
+};
 std::string tmp_path(const std::string& name) {
-  return testing::TempDir() + "wxe_st_" + std::to_string(getpid()) + "_" + name;
+  static TmpFiles files;
+  std::string p = testing::TempDir() + "wxe_st_" + std::to_string(getpid()) + "_" + name;
+  if (std::find(files.paths.begin(), files.paths.end(), p) == files.paths.end()) files.paths.push_back(p);
+  return p;
 }
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

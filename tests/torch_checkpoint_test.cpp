@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,8 +25,18 @@ using namespace std::string_literals;
 std::string src(const std::string& rel) { return std::string(WXE_SOURCE_DIR) + "/" + rel; }
 std::string pt(const std::string& name) { return src("tests/data/pt/" + name); }
 
+// Temporary files, removed at exit.
+struct TmpFiles {
+  std::vector<std::string> paths;
+  ~TmpFiles() {
+    for (auto& p : paths) std::remove(p.c_str());
+  }
+};
 std::string tmp_path(const std::string& name) {
-  return testing::TempDir() + "wxe_torch_" + std::to_string(getpid()) + "_" + name;
+  static TmpFiles files;
+  std::string p = testing::TempDir() + "wxe_torch_" + std::to_string(getpid()) + "_" + name;
+  if (std::find(files.paths.begin(), files.paths.end(), p) == files.paths.end()) files.paths.push_back(p);
+  return p;
 }
 
 std::string slurp(const std::string& path) {

@@ -1,5 +1,6 @@
 // wxe command line: inspect and run CREDIT wxformer-style ONNX models.
 #include <CLI/CLI.hpp>
+#include <cstring>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -17,10 +18,22 @@
 #include "engine/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
+#include "parallel/collective_ops.h"
+#include "parallel/mesh.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/shard.h"
 
 using namespace wxe;
 
 namespace {
+
+bool g_quiet = false;  // ranks other than 0 keep their progress to themselves
+
+// Progress on stderr (rank 0 only).
+template <class... A>
+void note(const char* fmt, A... a) {
+  if (!g_quiet) std::fprintf(stderr, fmt, a...);
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -80,7 +93,7 @@ Graph load_model(const std::string& model, const std::map<std::string, Tensor>& 
                  const std::string& weights_path) {
   auto t0 = std::chrono::steady_clock::now();
   Graph g = import_onnx(model);
-  std::fprintf(stderr, "wxe: imported %s: %zu nodes (%.2f s)\n", model.c_str(), g.nodes.size(), seconds_since(t0));
+  note("wxe: imported %s: %zu nodes (%.2f s)\n", model.c_str(), g.nodes.size(), seconds_since(t0));
   auto t1 = std::chrono::steady_clock::now();
   if (weights_path.empty()) {
     simplify(g, specs_of(inputs));
@@ -88,12 +101,12 @@ Graph load_model(const std::string& model, const std::map<std::string, Tensor>& 
     NamedTensors w = read_weights(weights_path);
     std::vector<std::string> unused;
     simplify(g, specs_of(inputs), &w, &unused);
-    std::fprintf(stderr, "wxe: loaded %zu tensors from %s\n", w.size() - unused.size(), weights_path.c_str());
+    note("wxe: loaded %zu tensors from %s\n", w.size() - unused.size(), weights_path.c_str());
     if (!unused.empty())
-      std::fprintf(stderr, "wxe: warning: %zu tensors of %s are not used by the model (first: %s)\n",
+      note("wxe: warning: %zu tensors of %s are not used by the model (first: %s)\n",
                    unused.size(), weights_path.c_str(), unused[0].c_str());
   }
-  std::fprintf(stderr, "wxe: simplified to %zu nodes (%.2f s)\n", g.nodes.size(), seconds_since(t1));
+  note("wxe: simplified to %zu nodes (%.2f s)\n", g.nodes.size(), seconds_since(t1));
   return g;
 }
 
@@ -151,7 +164,34 @@ void count_params(const Graph& g, int64_t& count, size_t& bytes, bool only_param
   }
 }
 
-int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs, bool dump_graph) {
+// The tp plan of a simplified graph: discovered, then the plan file's overrides.
+TpPlan plan_for(const Graph& g, const std::string& plan_file) {
+  TpPlan plan = discover_plan(g);
+  if (!plan_file.empty()) apply_plan_file(plan, g, plan_file);
+  return plan;
+}
+
+void print_plan(const Graph& full, const std::string& plan_file, int tp) {
+  TpPlan plan = plan_for(full, plan_file);
+  Graph g = full;
+  ShardStats st = shard_graph(g, plan, tp, 0);
+  std::map<std::string, Shape> shapes;
+  for (auto& [name, t] : graph_parameters(g)) shapes[name] = t.shape;
+  std::printf("\ntensor-parallel plan, tp %d (%d column-parallel, %d row-parallel, %d all-reduces per forward):\n",
+              tp, st.column, st.row, st.all_reduces);
+  for (auto& [name, t] : graph_parameters(full)) {
+    auto it = plan.by_weight.find(name);
+    if (it == plan.by_weight.end() || it->second == TpSplit::Replicate) continue;
+    std::printf("  %-9s %-52s %s -> %s per rank\n", split_name(it->second), name.c_str(), shape_str(t.shape).c_str(),
+                shape_str(shapes[name]).c_str());
+  }
+  std::printf("parameters per rank: %s of %s unsharded (%.1f%%); everything else replicated\n",
+              human_bytes(st.param_bytes_rank).c_str(), human_bytes(st.param_bytes_full).c_str(),
+              100.0 * st.param_bytes_rank / std::max<size_t>(st.param_bytes_full, 1));
+}
+
+int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs, bool dump_graph, int tp,
+                const std::string& plan_file) {
   Graph g = import_onnx(model);
   std::printf("model %s (opset %d)\n", model.c_str(), g.opset);
   for (int id : g.inputs)
@@ -183,6 +223,7 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs
     std::printf("%-24s %8d %8d\n", op.c_str(), before.count(op) ? before[op] : 0,
                 after.count(op) ? after[op] : 0);
   std::printf("%-24s %8zu %8zu\n", "total", nodes_before, g.nodes.size());
+  if (tp > 1) print_plan(g, plan_file, tp);
   if (dump_graph) std::printf("\n%s", dump(g).c_str());
   return 0;
 }
@@ -192,14 +233,47 @@ struct InferArgs {
   std::vector<std::string> inputs, outputs;
   std::string compare;
   double tolerance = -1;
-  int threads = 0;
+  int threads = 0, tp = 1;
   bool reference = false;
-  std::string weights;
+  std::string weights, plan;
 };
 
-int cmd_infer(const InferArgs& a) {
-  std::map<std::string, Tensor> inputs = read_inputs(import_onnx(a.model), a.inputs);
+// This dp group's share of dim 0 of every input.
+std::map<std::string, Tensor> batch_slice(const std::map<std::string, Tensor>& in, int dp, int dp_rank) {
+  std::map<std::string, Tensor> r;
+  for (auto& [name, t] : in) {
+    WXE_CHECK(t.rank() >= 1 && t.shape[0] % dp == 0, "input '", name, "' has batch ", t.rank() ? t.shape[0] : 0,
+              ", which the ", dp, " data-parallel groups cannot split evenly");
+    Shape s = t.shape;
+    s[0] /= dp;
+    Tensor part(t.dtype, s);
+    std::memcpy(part.raw(), (const uint8_t*)t.raw() + dp_rank * part.nbytes(), part.nbytes());
+    r[name] = std::move(part);
+  }
+  return r;
+}
+
+int cmd_infer(const InferArgs& a, Mesh& mesh) {
+  std::map<std::string, Tensor> all_inputs = read_inputs(import_onnx(a.model), a.inputs);
+  std::map<std::string, Tensor> inputs = mesh.dp > 1 ? batch_slice(all_inputs, mesh.dp, mesh.dp_rank) : all_inputs;
   Graph g = load_model(a.model, inputs, a.weights);
+  if (mesh.tp > 1) {
+    ShardStats st = shard_graph(g, plan_for(g, a.plan), mesh.tp, mesh.tp_rank);
+    set_tp_communicator(mesh.tp_comm.get());
+    note("wxe: tp %d: %d column- and %d row-parallel layers, %d all-reduces per forward\n", mesh.tp, st.column,
+         st.row, st.all_reduces);
+    // per-rank memory: parameters held and peak RSS, gathered to rank 0
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    Tensor mine = Tensor::from_f32({1, 3}, {(float)st.param_bytes_rank, (float)st.param_bytes_full, ru.ru_maxrss / 1024.f});
+    Tensor every(DType::F32, {mesh.world, 3});
+    mesh.world_comm->all_gather(mine, every);
+    for (int r = 0; r < mesh.world; ++r) {
+      const float* e = every.data<float>() + 3 * r;
+      note("wxe: rank %d: parameters %s of %s unsharded, peak RSS %.0f MB (after load)\n", r,
+           human_bytes(e[0]).c_str(), human_bytes(e[1]).c_str(), e[2]);
+    }
+  }
   ExecOptions opt;
   opt.threads = a.threads;
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
@@ -207,8 +281,18 @@ int cmd_infer(const InferArgs& a) {
   auto t2 = std::chrono::steady_clock::now();
   std::vector<Tensor> outs = ex.run(inputs);
   double run_s = seconds_since(t2);
-  std::printf("forward: %.1f ms, %s activations at peak\n", run_s * 1e3,
-              human_bytes(ex.peak_activation_bytes()).c_str());
+  if (mesh.dp > 1)  // every dp group's rows, in dp order, to each group's ranks
+    for (Tensor& o : outs) {
+      Shape s = o.shape;
+      s[0] *= mesh.dp;
+      Tensor full(o.dtype, s);
+      mesh.dp_comm->all_gather(o, full);
+      o = std::move(full);
+    }
+  if (mesh.rank != 0) return 0;
+  std::printf("forward: %.1f ms, %s activations at peak%s\n", run_s * 1e3,
+              human_bytes(ex.peak_activation_bytes()).c_str(),
+              mesh.world > 1 ? str(" (rank 0; dp ", mesh.dp, " x tp ", mesh.tp, ")").c_str() : "");
   // outputs: "path" for the first output, or NAME=path
   for (const std::string& o : a.outputs) {
     size_t eq = o.find('=');
@@ -370,6 +454,10 @@ int main(int argc, char** argv) {
   inspect->add_option("model", inspect_model, "model .onnx")->required();
   inspect->add_option("--input", inspect_inputs, "bind input shapes from tensors: [NAME=]X.npy");
   inspect->add_flag("--dump", dump_graph, "print the simplified graph");
+  int inspect_tp = 1;
+  std::string inspect_plan;
+  inspect->add_option("--tp", inspect_tp, "print the tensor-parallel plan for this many ranks");
+  inspect->add_option("--plan", inspect_plan, "plan file (JSON: weight-name pattern -> colwise|rowwise|replicate)");
 
   InferArgs ia;
   auto* infer = app.add_subcommand("infer", "run the model on .npy inputs");
@@ -380,6 +468,8 @@ int main(int argc, char** argv) {
   infer->add_option("--compare", ia.compare, "reference output .npy: print max abs and relative L2 difference");
   infer->add_option("--tolerance", ia.tolerance, "with --compare: exit 3 if max abs difference exceeds it");
   infer->add_flag("--reference", ia.reference, "run the plain reference kernels only (slow; the oracle)");
+  infer->add_option("--tp", ia.tp, "tensor-parallel ranks (world = dp x tp; run under mpirun)");
+  infer->add_option("--plan", ia.plan, "plan file (JSON: weight-name pattern -> colwise|rowwise|replicate)");
   infer->add_option("--weights,-w", ia.weights, "load parameters by name: .safetensors, or a legacy CREDIT .pt (converted on the fly)");
 
   BenchArgs ba;
@@ -399,15 +489,25 @@ int main(int argc, char** argv) {
   convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)");
 
   CLI11_PARSE(app, argc, argv);
+  register_collective_ops();
+  Mesh mesh;
+  if (*infer) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
+    try {
+      mesh = make_mesh(ia.tp);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "wxe: error: %s\n", e.what());
+      return 1;
+    }
+    g_quiet = mesh.rank != 0;
+  }
   try {
-    if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph);
-    if (*infer) return cmd_infer(ia);
+    if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan);
+    if (*infer) return cmd_infer(ia, mesh);
     if (*bench) return cmd_bench(ba);
     if (*convert) return cmd_convert(ca);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "wxe: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
+    // with other ranks waiting in collectives, one rank's error ends the whole job
+    if (mesh.world > 1) abort_job(e.what());
     std::fprintf(stderr, "wxe: error: %s\n", e.what());
     return 1;
   }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# mpirun -n N wxe infer --tp T: tp 2, tp 4 and dp 2 x tp 2 against tp 1 (max abs 1e-5) and
+# against PyTorch (1e-4); a world --tp does not divide, heads --tp does not divide, and a bad
+# input on every rank end with one error and a non-zero exit, never a hang.
+# Usage: tp_cli_test.sh MPIEXEC WXE SOURCE_DIR
+set -u
+mpiexec=$1 wxe=$2 src=$3
+d=$src/tests/data
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+run() { timeout 120 "$mpiexec" --oversubscribe "$@"; }
+
+"$wxe" infer "$d/crossformer_tp_snbaked.onnx" -i "$d/crossformer_tp_x.npy" -o "$tmp/y1.npy" --threads 1 >/dev/null 2>&1 \
+  || { echo "FAIL tp1 run"; exit 1; }
+for cfg in "2 2" "4 4" "4 2"; do
+  set -- $cfg
+  name="np$1-tp$2"
+  if run -n "$1" "$wxe" infer "$d/crossformer_tp_snbaked.onnx" -i "$d/crossformer_tp_x.npy" --tp "$2" --threads 1 \
+       --compare "$tmp/y1.npy" --tolerance 1e-5 >"$tmp/out" 2>"$tmp/err" \
+     && run -n "$1" "$wxe" infer "$d/crossformer_tp_snbaked.onnx" -i "$d/crossformer_tp_x.npy" --tp "$2" --threads 1 \
+       -o "$tmp/y.npy" --compare "$d/crossformer_tp_y.npy" --tolerance 1e-4 >>"$tmp/out" 2>>"$tmp/err" \
+     && [ -s "$tmp/y.npy" ]; then
+    echo "ok   $name"
+  else
+    echo "FAIL $name"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+  fi
+done
+
+# expect_fail NAME PATTERN N ARGS...: non-zero exit within the timeout, PATTERN on stderr
+expect_fail() {
+  local name=$1 pattern=$2 n=$3
+  shift 3
+  run -n "$n" "$wxe" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -q -- "$pattern" "$tmp/err"; then
+    echo "FAIL $name (exit $rc)"; cat "$tmp/err"; fails=$((fails + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+expect_fail world-not-divisible "world size 3 is not divisible by --tp 2" 3 \
+  infer "$d/crossformer_tp_snbaked.onnx" -i "$d/crossformer_tp_x.npy" --tp 2
+expect_fail heads-not-divisible "block layers.0.1.layers.0.0: 2 heads are not divisible by --tp 4" 4 \
+  infer "$d/crossformer_tiny_snbaked_opset17.onnx" -i "$d/crossformer_tiny_x.npy" --tp 4
+expect_fail batch-not-divisible "cannot split evenly" 4 \
+  infer "$d/crossformer_tiny_snbaked_opset17.onnx" -i "$d/crossformer_tiny_x.npy" --tp 2
+expect_fail missing-input "nope.npy: cannot open" 2 \
+  infer "$d/crossformer_tp_snbaked.onnx" -i "$tmp/nope.npy" --tp 2
+exit $((fails > 0))
