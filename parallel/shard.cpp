@@ -8,6 +8,7 @@
 #include "engine/json.h"
 #include "engine/layout_rules.h"
 #include "engine/passes.h"
+#include "parallel/collective_ops.h"
 
 namespace wxe {
 
@@ -155,6 +156,7 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
     st.param_bytes_rank = st.param_bytes_full;
     return st;
   }
+  register_collective_ops();  // the AllReduceTP nodes it inserts
   std::vector<int> axis(g.values.size(), -1);  // sharded axis of each value, -1: replicated
   auto sharded = [&](int v) { return v >= 0 && v < (int)axis.size() && axis[v] >= 0; };
   auto set_axis = [&](int v, int a) {

@@ -2,6 +2,7 @@
 // unsharded weight, and tp ranks run as threads (an in-process communicator) reproduce the
 // unsharded model and the PyTorch output.
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -195,4 +196,21 @@ TEST(Shard, HeadsNotDivisibleNameTheBlock) {
     EXPECT_NE(m.find("block layers.0.1.layers.0.0"), std::string::npos) << m;
     EXPECT_NE(m.find("2 heads are not divisible by --tp 4"), std::string::npos) << m;
   }
+}
+
+TEST(Shard, PlanFileOverridesAndRejectsUnknownPatterns) {
+  Tensor x = read_npy(data_path("tests/data/crossformer_tp_x.npy"));
+  Graph g = simplified("tests/data/crossformer_tp_snbaked.onnx", x);
+  std::string dir = ::testing::TempDir();
+  std::ofstream(dir + "/plan.json") << R"({"*.layers.1.weight": "replicate", "*.layers.4.weight": "replicate"})";
+  TpPlan plan = discover_plan(g);
+  apply_plan_file(plan, g, dir + "/plan.json");
+  EXPECT_EQ(plan.by_weight["layers.0.1.layers.0.1.layers.1.weight"], TpSplit::Replicate);
+  Graph s = g;
+  ShardStats st = shard_graph(s, plan, 2, 1);
+  EXPECT_EQ(st.all_reduces, 10);  // attention only: feed-forward now replicated
+  std::ofstream(dir + "/bad.json") << R"({"*.nothing.weight": "colwise"})";
+  EXPECT_THROW(apply_plan_file(plan, g, dir + "/bad.json"), Error);
+  std::ofstream(dir + "/bad2.json") << R"({"*.to_q.weight": "diagonal"})";
+  EXPECT_THROW(apply_plan_file(plan, g, dir + "/bad2.json"), Error);
 }
