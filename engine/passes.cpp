@@ -1,6 +1,7 @@
 #include "engine/passes.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "engine/layout_rules.h"
@@ -256,6 +257,39 @@ bool is_pointwise_conv(const Graph& g, const Node& n) {
 
 std::string node_name_of(const std::string& module) { return "/" + module + "/Linear"; }
 
+bool ends_with_any(const std::string& m, std::initializer_list<const char*> tails) {
+  for (const char* t : tails)
+    if (ends_with(m, t)) return true;
+  return false;
+}
+
+// nn.Linear as torch.onnx.export writes it: MatMul(x, W^T) with W^T an exporter-made
+// constant, in the scope of a projection module M (nextgen_wxformer's to_q/k/v/out and
+// feed-forward). It becomes Linear(x, M.weight) over the last axis. Returns false if n is not
+// such a node.
+bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
+  if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[1] < 0) return false;
+  const Value& c = g.values[n.inputs[1]];
+  const std::string module = scope_module(n.name);
+  if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
+      !ends_with_any(module, {".to_q", ".to_k", ".to_v", ".to_out", ".layers.1", ".layers.4"}))
+    return false;
+  const Tensor& ct = *c.constant;  // (K, N)
+  Tensor w(ct.dtype, {ct.shape[1], ct.shape[0]});
+  size_t es = dtype_size(ct.dtype);
+  for (int64_t k = 0; k < ct.shape[0]; ++k)
+    for (int64_t j = 0; j < ct.shape[1]; ++j)
+      std::memcpy((uint8_t*)w.raw() + (j * ct.shape[0] + k) * es, (const uint8_t*)ct.raw() + (k * ct.shape[1] + j) * es, es);
+  Node l;
+  l.op = "Linear";
+  l.name = node_name_of(module);
+  l.attrs["axis"] = int_attr(-1);
+  l.inputs = {n.inputs[0], add_param(g, module + ".weight", std::move(w))};
+  l.outputs = n.outputs;
+  out.push_back(std::move(l));
+  return true;
+}
+
 }  // namespace
 
 void rewrite_linear_layout(Graph& g) {
@@ -266,7 +300,7 @@ void rewrite_linear_layout(Graph& g) {
     bool qkv = !wname.empty() && layout::is_qkv_module(module) && wname == module + ".weight";
     bool linear = !wname.empty() && layout::is_linear_module(module) && wname == module + ".weight";
     if (!qkv && !linear) {
-      out.push_back(std::move(n));
+      if (!matmul_to_linear(g, n, out)) out.push_back(std::move(n));
       continue;
     }
     const Tensor& w = *g.values[n.inputs[1]].constant;

@@ -214,3 +214,21 @@ TEST(Shard, PlanFileOverridesAndRejectsUnknownPatterns) {
   std::ofstream(dir + "/bad2.json") << R"({"*.to_q.weight": "diagonal"})";
   EXPECT_THROW(apply_plan_file(plan, g, dir + "/bad2.json"), Error);
 }
+
+// A model that already has Linear q/k/v (CREDIT nextgen_wxformer; models/make_nextgen_fixture.py):
+// the exporter's MatMul(x, W^T) become Linear layers named after their modules, the plan is
+// the same, and tp 2 and 4 reproduce PyTorch.
+TEST(Shard, NextgenLinearModel) {
+  Tensor x = read_npy(data_path("tests/data/nextgen_block_x.npy"));
+  Tensor ref = read_npy(data_path("tests/data/nextgen_block_y.npy"));
+  Graph g = simplified("tests/data/nextgen_block.onnx", x);
+  TpPlan plan = discover_plan(g);
+  EXPECT_EQ(plan.by_weight["layers.0.0.to_v.weight"], TpSplit::Column);
+  EXPECT_EQ(plan.by_weight["layers.0.2.to_out.weight"], TpSplit::Row);
+  EXPECT_EQ(plan.by_weight["layers.0.3.layers.1.weight"], TpSplit::Column);
+  EXPECT_EQ(plan.by_weight.size(), 12u);
+  for (int tp : {2, 4}) {
+    Tensor y = run_tp("tests/data/nextgen_block.onnx", x, tp);
+    EXPECT_LE(max_abs_diff(y, ref), 1e-5) << "tp " << tp;
+  }
+}
