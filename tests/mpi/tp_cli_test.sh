@@ -27,6 +27,20 @@ for cfg in "2 2" "4 4" "4 2"; do
   fi
 done
 
+# the shared CREDIT fixture (2 heads in stage 0: tp 2 at most) and a nextgen_wxformer block
+if run -n 2 "$wxe" infer "$d/crossformer_tiny_opset17.onnx" -i "$d/crossformer_tiny_x.npy" --tp 2 --threads 1 \
+     --weights "$d/crossformer_tiny_checkpoint.pt" --compare "$d/crossformer_tiny_y.npy" --tolerance 1e-4 >"$tmp/out" 2>"$tmp/err"; then
+  echo "ok   crossformer_tiny-np2-tp2-weights"
+else
+  echo "FAIL crossformer_tiny-np2-tp2-weights"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+if run -n 4 "$wxe" infer "$d/nextgen_block.onnx" -i "$d/nextgen_block_x.npy" --tp 4 --threads 1 \
+     --compare "$d/nextgen_block_y.npy" --tolerance 1e-5 >"$tmp/out" 2>"$tmp/err"; then
+  echo "ok   nextgen-np4-tp4"
+else
+  echo "FAIL nextgen-np4-tp4"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+
 # expect_fail NAME PATTERN N ARGS...: non-zero exit within the timeout, PATTERN on stderr
 expect_fail() {
   local name=$1 pattern=$2 n=$3
