@@ -85,7 +85,7 @@ std::string save(const onnx::ModelProto& m, const std::string& path) {
   return path;
 }
 
-std::string error_of(const std::string& path) {
+std::string import_error(const std::string& path) {
   try {
     import_onnx(path);
   } catch (const Error& e) {
@@ -122,7 +122,7 @@ TEST(OnnxImport, TruncatedExternalDataIsAnError) {
   std::string d = tmp_dir();
   float wv[2] = {0, 0};
   std::ofstream(d + "/short.bin", std::ios::binary).write((const char*)wv, sizeof wv);
-  std::string e = error_of(save(small_model(true, "short.bin"), d + "/short.onnx"));
+  std::string e = import_error(save(small_model(true, "short.bin"), d + "/short.onnx"));
   EXPECT_NE(e.find("initializer 'w'"), std::string::npos) << e;
   EXPECT_NE(e.find("truncated"), std::string::npos) << e;
 }
@@ -137,7 +137,7 @@ TEST(OnnxImport, UnsupportedOpsListedTogether) {
     n->add_input("y");
     n->add_output(std::string(name) + "_out");
   }
-  std::string e = error_of(save(m, tmp_dir() + "/unsupported.onnx"));
+  std::string e = import_error(save(m, tmp_dir() + "/unsupported.onnx"));
   EXPECT_NE(e.find("FooOp (node foo1)"), std::string::npos) << e;
   EXPECT_NE(e.find("BarOp (node bar)"), std::string::npos) << e;
   EXPECT_EQ(e.find("foo2"), std::string::npos) << e;
@@ -146,19 +146,19 @@ TEST(OnnxImport, UnsupportedOpsListedTogether) {
 TEST(OnnxImport, GarbageAndTruncatedFilesAreOneLineErrors) {
   std::string d = tmp_dir();
   std::ofstream(d + "/garbage.onnx") << "this is not a protobuf \x01\x02\xff";
-  std::string e = error_of(d + "/garbage.onnx");
+  std::string e = import_error(d + "/garbage.onnx");
   EXPECT_NE(e.find("garbage.onnx"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos);
   std::string bytes = small_model(false).SerializeAsString();
   for (size_t cut : {bytes.size() / 4, bytes.size() / 2, bytes.size() - 3}) {
     std::ofstream(d + "/trunc.onnx", std::ios::binary).write(bytes.data(), cut);
-    EXPECT_FALSE(error_of(d + "/trunc.onnx").empty()) << "cut at " << cut;
+    EXPECT_FALSE(import_error(d + "/trunc.onnx").empty()) << "cut at " << cut;
   }
-  EXPECT_NE(error_of(d + "/missing.onnx").find("cannot open"), std::string::npos);
+  EXPECT_NE(import_error(d + "/missing.onnx").find("cannot open"), std::string::npos);
 }
 
 TEST(OnnxImport, OldOpsetRejected) {
   onnx::ModelProto m = small_model(false);
   m.mutable_opset_import(0)->set_version(9);
-  EXPECT_NE(error_of(save(m, tmp_dir() + "/old.onnx")).find("opset 9"), std::string::npos);
+  EXPECT_NE(import_error(save(m, tmp_dir() + "/old.onnx")).find("opset 9"), std::string::npos);
 }

@@ -15,45 +15,15 @@
 #include <sstream>
 
 #include "engine/npy.h"
+#include "tests/test_util.h"
 
 namespace wxe {
 namespace {
 
 using namespace std::string_literals;
+using namespace wxe::test;
 
-std::string src(const std::string& rel) { return std::string(WXE_SOURCE_DIR) + "/" + rel; }
-// Temporary files, removed at exit.
-struct TmpFiles {
-  std::vector<std::string> paths;
-  ~TmpFiles() {
-    for (auto& p : paths) std::remove(p.c_str());
-  }
-};
-std::string tmp_path(const std::string& name) {
-  static TmpFiles files;
-  std::string p = testing::TempDir() + "wxe_st_" + std::to_string(getpid()) + "_" + name;
-  if (std::find(files.paths.begin(), files.paths.end(), p) == files.paths.end()) files.paths.push_back(p);
-  return p;
-}
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-void spit(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), (std::streamsize)bytes.size());
-}
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+std::string src(const std::string& rel) { return data_path(rel); }
 
 // A file with the given header text and data bytes.
 std::string st_file(const std::string& header, const std::string& data) {
@@ -96,7 +66,7 @@ TEST(Safetensors, RoundTrip) {
   auto ts = sample_tensors();
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"step", "12"},
                                              {"note", "line\nbreak \"q\" \xe2\x82\xac"}};
-  std::string path = tmp_path("rt.safetensors");
+  std::string path = tmp_path("st_rt.safetensors");
   write_safetensors(path, ts, meta);
   std::string bytes = slurp(path);
   uint64_t n = 0;
@@ -145,7 +115,7 @@ TEST(Safetensors, ReadsFileWrittenByPythonSafetensors) {
 }
 
 TEST(Safetensors, WriteRejectsBadNames) {
-  std::string path = tmp_path("bad.safetensors");
+  std::string path = tmp_path("st_bad.safetensors");
   Tensor t = Tensor::scalar_f32(1);
   EXPECT_THROW(write_safetensors(path, {{"a", t}, {"a", t}}), Error);
   EXPECT_THROW(write_safetensors(path, {{"__metadata__", t}}), Error);
@@ -155,7 +125,7 @@ TEST(Safetensors, WriteRejectsBadNames) {
 TEST(Safetensors, MalformedHeadersAreErrors) {
   const std::string f4(16, '\1');  // data for a F32 [4] tensor
   const std::string ok = R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
-  std::string path = tmp_path("m.safetensors");
+  std::string path = tmp_path("st_m.safetensors");
   spit(path, st_file(ok, f4));
   ASSERT_EQ(read_safetensors(path).size(), 1u);
   const std::pair<std::string, std::string> cases[] = {
@@ -207,11 +177,11 @@ TEST(Safetensors, MalformedHeadersAreErrors) {
   EXPECT_THROW(read_safetensors(path), Error);
   spit(path, "abc");
   EXPECT_THROW(read_safetensors(path), Error);
-  EXPECT_THROW(read_safetensors(tmp_path("does_not_exist")), Error);
+  EXPECT_THROW(read_safetensors(tmp_path("st_does_not_exist")), Error);
 }
 
 TEST(Safetensors, TruncatedFilesAreErrors) {
-  std::string path = tmp_path("t.safetensors");
+  std::string path = tmp_path("st_t.safetensors");
   write_safetensors(path, sample_tensors(), {{"format", "pt"}});
   for (const std::string& bytes : {slurp(path), slurp(src("tests/data/pt/py_written.safetensors"))})
     for (size_t n = 0; n < bytes.size(); ++n) {
@@ -222,7 +192,7 @@ TEST(Safetensors, TruncatedFilesAreErrors) {
 
 TEST(Safetensors, MutationFuzzNeverCrashes) {
   auto t0 = std::chrono::steady_clock::now();
-  std::string path = tmp_path("f.safetensors");
+  std::string path = tmp_path("st_f.safetensors");
   write_safetensors(path, sample_tensors(), {{"format", "pt"}});
   std::vector<std::string> seeds = {slurp(path), slurp(src("tests/data/pt/py_written.safetensors"))};
   std::mt19937 rng(99);

@@ -3,7 +3,13 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +21,43 @@ namespace wxe::test {
 
 inline std::string data_path(const std::string& rel) {
   return std::string(WXE_SOURCE_DIR) + "/" + rel;
+}
+
+// A path in the test temp folder, removed when the test program exits.
+inline std::string tmp_path(const std::string& name) {
+  struct Files {
+    std::vector<std::string> paths;
+    ~Files() {
+      for (auto& p : paths) std::remove(p.c_str());
+    }
+  };
+  static Files files;
+  std::string p = testing::TempDir() + "wxe_" + std::to_string(getpid()) + "_" + name;
+  if (std::find(files.paths.begin(), files.paths.end(), p) == files.paths.end()) files.paths.push_back(p);
+  return p;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), (std::streamsize)bytes.size());
+}
+
+// The message of the wxe::Error f() throws, or "<no error>".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 inline Attr attr_i(int64_t v) { Attr a; a.kind = Attr::Int; a.i = v; return a; }

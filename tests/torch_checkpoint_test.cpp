@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "engine/npy.h"
+#include "tests/test_util.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "importers/torch/zip.h"
 
@@ -21,45 +22,11 @@ namespace wxe {
 namespace {
 
 using namespace std::string_literals;
+using namespace wxe::test;
 
-std::string src(const std::string& rel) { return std::string(WXE_SOURCE_DIR) + "/" + rel; }
+std::string src(const std::string& rel) { return data_path(rel); }
 std::string pt(const std::string& name) { return src("tests/data/pt/" + name); }
 
-// Temporary files, removed at exit.
-struct TmpFiles {
-  std::vector<std::string> paths;
-  ~TmpFiles() {
-    for (auto& p : paths) std::remove(p.c_str());
-  }
-};
-std::string tmp_path(const std::string& name) {
-  static TmpFiles files;
-  std::string p = testing::TempDir() + "wxe_torch_" + std::to_string(getpid()) + "_" + name;
-  if (std::find(files.paths.begin(), files.paths.end(), p) == files.paths.end()) files.paths.push_back(p);
-  return p;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void spit(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), (std::streamsize)bytes.size());
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 // ---- a STORED zip writer, to wrap hand-made or mutated pickles ----
 
@@ -347,7 +314,7 @@ TEST(TorchCheckpoint, DeepNestingAndHugeCountsAreBounded) {
 TEST(TorchCheckpoint, TruncatedFilesAreErrors) {
   for (const char* name : {"bare.pt", "views.pt", "trainer.pt", "bare_zip64.pt", "bare_deflate.pt"}) {
     std::string bytes = slurp(pt(name));
-    std::string path = tmp_path("cut.pt");
+    std::string path = tmp_path("torch_cut.pt");
     size_t step = std::max<size_t>(1, bytes.size() / 800);
     for (size_t n = 0; n < bytes.size(); n += step) {
       spit(path, bytes.substr(0, n));
@@ -357,7 +324,7 @@ TEST(TorchCheckpoint, TruncatedFilesAreErrors) {
   // Truncated pickles inside a valid zip.
   Entries es = read_entries(pt("trainer.pt"));
   std::string pkl = pickle_of(es);
-  std::string path = tmp_path("cutpkl.pt");
+  std::string path = tmp_path("torch_cutpkl.pt");
   for (size_t n = 0; n < pkl.size(); n += std::max<size_t>(1, pkl.size() / 800)) {
     pickle_of(es) = pkl.substr(0, n);
     spit(path, make_zip(es));
@@ -387,7 +354,7 @@ void mutate(std::string& s, std::mt19937& rng) {
 TEST(TorchCheckpoint, MutationFuzzNeverCrashes) {
   auto t0 = std::chrono::steady_clock::now();
   std::mt19937 rng(20240601);
-  std::string path = tmp_path("fuzz.pt");
+  std::string path = tmp_path("torch_fuzz.pt");
   int ok = 0, errors = 0;
   for (const char* name : {"bare.pt", "views.pt", "trainer.pt", "params.pt", "evil_os_system.pt"}) {
     std::string file = slurp(pt(name));
