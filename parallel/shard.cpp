@@ -167,6 +167,8 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
   for (Node& n : g.nodes) {
     const std::string block = scope_module(n.name);
     const std::string where = "node " + n.name + " (" + n.op + ")" + (block.empty() ? "" : " in block " + block);
+    const std::string replicate_hint =
+        block.empty() ? "" : "; to replicate the block, --plan a file with {\"" + block + ".*\": \"replicate\"}";
     std::string w = weight_of(g, n);
     auto pit = plan.by_weight.find(w);
     TpSplit split = w.empty() || pit == plan.by_weight.end() ? TpSplit::Replicate : pit->second;
@@ -247,7 +249,7 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
       WXE_CHECK(b >= 0, where, ": the sharded axis does not survive this reshape");
       int64_t x = in_shape[a], y = os[b];
       WXE_CHECK(x % y == 0 || y % x == 0, where, ": the sharded axis does not survive this reshape");
-      WXE_CHECK(y % tp == 0, where, ": ", y, " heads are not divisible by --tp ", tp);
+      WXE_CHECK(y % tp == 0, where, ": ", y, " heads are not divisible by --tp ", tp, replicate_hint);
       std::vector<int64_t> target = g.values[n.inputs[1]].constant->to_i64();
       WXE_CHECK(b < (int)target.size() && target[b] != 0, where, ": reshape target ", shape_str(target),
                 " copies the sharded axis");
@@ -278,7 +280,8 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
                   " is not sharded along '", letter, "'");
       }
       size_t opos = t.back().find(letter);
-      WXE_CHECK(opos != std::string::npos, where, ": sums over the sharded axis '", letter, "'");
+      WXE_CHECK(opos != std::string::npos, where, ": sums over the sharded axis '", letter,
+                "' (fewer heads than --tp ", tp, "?)", replicate_hint);
       set_axis(n.outputs[0], (int)opos);
     } else if (elementwise(n.op)) {
       const Shape& os = g.values[n.outputs[0]].shape;
