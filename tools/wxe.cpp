@@ -375,10 +375,10 @@ int cmd_convert(const ConvertArgs& a) {
       }
       by_name.erase(name);
     }
-    if (getenv("WXE_DEBUG")) for (auto& kv : by_name) std::printf("unused: %s\n", kv.first.c_str());
+    std::string unused;  // modules the exported graph does not use (e.g. CREDIT's cube_embedding)
+    for (auto& kv : by_name) unused += (unused.empty() ? "" : ", ") + kv.first;
     std::printf("checked against %s: %d parameters match, %d mismatch, %zu checkpoint tensors not in the graph%s\n",
-                a.onnx.c_str(), matched, bad, by_name.size(),
-                by_name.empty() ? "" : (" (first: " + by_name.begin()->first + ")").c_str());
+                a.onnx.c_str(), matched, bad, by_name.size(), unused.empty() ? "" : (" (" + unused + ")").c_str());
     if (bad) {
       std::fprintf(stderr, "wxe: error: %s: %d tensors do not fit %s; nothing written\n", a.checkpoint.c_str(), bad,
                    a.onnx.c_str());
