@@ -37,7 +37,8 @@ one child, from os.wait4; wxe reports its own peak_rss_mb, which is used when pr
 Each Python peer does one warm-up run and R timed runs of the forward pass only
 (session creation / model build is timed separately as load_s). The table gives
 median / min / max ms, peak RSS MB and the median relative to ONNX Runtime; with
---expected, the max abs error of each Python peer's output is also shown.
+--expected, the max abs error of each peer's output is also shown (wxe's from a
+separate, untimed `wxe infer --compare` run, which also prints its relative L2 error).
 """
 
 from __future__ import annotations
@@ -294,7 +295,7 @@ def peer_wxe(a):
     if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
         return {"error": f"wxe binary not found: {exe}"}
     cmd = [exe, "bench", a.model, "--input", a.input, "--threads", str(a.threads),
-           "--runs", str(a.runs), "--json"]
+           "--runs", str(a.runs), "--json"] + a.wxe_arg
     rc, out, err, rss = run_child(cmd)
     if rc != 0:
         tail = (err.strip().splitlines() or ["(no stderr)"])[-1]
@@ -306,6 +307,14 @@ def peer_wxe(a):
         return {"error": "could not parse the last stdout line of wxe as JSON"}
     res["peak_rss_mb_wait4"] = rss
     res.setdefault("peak_rss_mb", rss)
+    if a.expected:  # accuracy from a separate `wxe infer --compare` (not timed)
+        cmd = [exe, "infer", a.model, "--input", a.input, "--threads", str(a.threads),
+               "--compare", a.expected] + a.wxe_arg
+        rc, out, err, _ = run_child(cmd)
+        for ln in out.splitlines():
+            if "max abs diff" in ln:
+                res["max_abs_err"] = float(ln.split("max abs diff")[1].split(",")[0])
+                res["rel_l2_err"] = float(ln.split("relative L2")[1])
     return res
 
 
@@ -337,9 +346,12 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--runs", type=int, default=5, help="timed runs after one warm-up (default 5)")
     p.add_argument("--wxe", default=os.path.join("build", "wxe"), help="wxe binary (default build/wxe)")
+    p.add_argument("--wxe-arg", action="append", default=[],
+                   help="extra argument for wxe bench/infer (repeat), e.g. --wxe-arg=--precision --wxe-arg=bf16")
     p.add_argument("--torch-model", choices=sorted(TORCH_MODELS))
     p.add_argument("--torch-weights", help="ONNX / checkpoint / TorchScript file (default: MODEL)")
-    p.add_argument("--expected", help="expected output .npy: report each Python peer's max abs error")
+    p.add_argument("--expected", help="expected output .npy: report each peer's max abs error (wxe: from a "
+                   "separate untimed `wxe infer --compare` run)")
     p.add_argument("--peers", default="wxe,ort,torch")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--_child", choices=["ort", "torch"], help=argparse.SUPPRESS)
@@ -394,6 +406,8 @@ def main(argv=None):
         if "error" in r:
             continue
         extra = []
+        if "rel_l2_err" in r:
+            extra.append(f"relative L2 error {r['rel_l2_err']:.3g}")
         if "load_s" in r:
             extra.append(f"load {r['load_s']:.2f} s")
         if "base_rss_mb" in r:

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "engine/fuse.h"
+
 namespace wxe {
 
 void set_threads(int n) {
@@ -18,55 +20,82 @@ bool view_op(const std::string& op) {
          op == "Identity";
 }
 
-// Free storages by size; a request takes the smallest one that fits without wasting more
-// than half of it.
-class BufferPool {
- public:
-  std::shared_ptr<Storage> get(size_t bytes) {
-    auto it = free_.lower_bound(bytes);
-    if (it != free_.end() && it->first <= 2 * bytes + 4096) {
-      auto s = it->second;
-      free_.erase(it);
-      return s;
-    }
-    return std::make_shared<Storage>(bytes);
-  }
-  void put(std::shared_ptr<Storage> s) { free_.emplace(s->nbytes, std::move(s)); }
-
- private:
-  std::multimap<size_t, std::shared_ptr<Storage>> free_;
-};
-
 }  // namespace
 
-Executor::Executor(const Graph& g, ExecOptions opt) : g_(g), opt_(opt) {
-  std::vector<int> last(g.values.size(), -1);
-  for (size_t k = 0; k < g.nodes.size(); ++k) {
-    const Node& n = g.nodes[k];
+Executor::Executor(const Graph& graph, ExecOptions opt) : g_(&graph), opt_(opt) {
+  if (opt.optimize && opt.kernels == KernelKind::Fast) {
+    own_ = graph;
+    optimize_for_cpu(own_, opt.precision);
+    g_ = &own_;
+  }
+  const Graph& g = *g_;
+  for (const Node& n : g.nodes) {
     kernels_.push_back(kernel_for(n.op, opt.kernels));
     is_view_.push_back(view_op(n.op));
-    for (int i : n.inputs)
-      if (i >= 0) last[i] = (int)k;
-    for (int o : n.outputs) {
+    for (int o : n.outputs)
       WXE_CHECK(g.values[o].shape_known, g.source, ": value '", g.values[o].name,
                 "' has no static shape; run the passes first");
-      if (last[o] < 0) last[o] = (int)k;  // never read: free right after it is made
-    }
   }
-  frees_.resize(g.nodes.size());
-  for (int o : g.outputs) last[o] = -1;  // outputs stay alive
-  std::vector<int> prod = g.producers();
-  for (size_t v = 0; v < g.values.size(); ++v)
-    if (last[v] >= 0 && (prod[v] >= 0 || !g.values[v].is_const())) frees_[last[v]].push_back((int)v);
+  plan_memory();
 }
+
+void Executor::plan_memory() {
+  const Graph& g = *g_;
+  const size_t nv = g.values.size();
+  // root of each value's storage: view outputs share their input's
+  std::vector<int> root(nv), def(nv, -1), end(nv, -1);
+  for (size_t v = 0; v < nv; ++v) root[v] = (int)v;
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    for (int o : n.outputs) {
+      if (is_view_[k]) root[o] = root[n.inputs[0]];
+      def[o] = (int)k;
+      end[root[o]] = std::max(end[root[o]], (int)k);  // a value nobody reads lives at its node
+    }
+    for (int i : n.inputs)
+      if (i >= 0) end[root[i]] = std::max(end[root[i]], (int)k);
+  }
+  std::vector<bool> fresh(nv, false);  // graph outputs and their roots: new storage every run
+  for (int o : g.outputs) fresh[root[o]] = true;
+  std::vector<int> order;  // planned roots, largest first
+  for (size_t v = 0; v < nv; ++v)
+    if (root[v] == (int)v && def[v] >= 0 && !is_view_[def[v]] && !fresh[v]) order.push_back((int)v);
+  auto bytes = [&](int v) {
+    const size_t b = (size_t)numel(g.values[v].shape) * dtype_size(g.values[v].dtype);
+    return (b + 63) / 64 * 64;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return bytes(a) > bytes(b); });
+  offset_.assign(nv, -1);
+  arena_bytes_ = 0;
+  std::vector<int> placed;
+  for (int v : order) {
+    // blocks of values alive at the same time, by offset; take the lowest gap that fits
+    std::vector<std::pair<size_t, size_t>> busy;
+    for (int p : placed)
+      if (!(end[p] < def[v] || end[v] < def[p])) busy.push_back({(size_t)offset_[p], (size_t)offset_[p] + bytes(p)});
+    std::sort(busy.begin(), busy.end());
+    size_t at = 0;
+    for (auto& [b0, b1] : busy) {
+      if (b0 >= at + bytes(v)) break;
+      at = std::max(at, b1);
+    }
+    offset_[v] = (int64_t)at;
+    arena_bytes_ = std::max(arena_bytes_, at + bytes(v));
+    placed.push_back(v);
+  }
+  for (size_t v = 0; v < nv; ++v)
+    if (root[v] != (int)v && offset_[root[v]] >= 0) offset_[v] = offset_[root[v]];
+}
+
+Executor::~Executor() = default;
 
 std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
   set_threads(opt_.threads);
-  std::vector<Tensor> vals(g_.values.size());
-  for (size_t v = 0; v < g_.values.size(); ++v)
-    if (g_.values[v].is_const()) vals[v] = *g_.values[v].constant;
-  for (int id : g_.inputs) {
-    const Value& v = g_.values[id];
+  std::vector<Tensor> vals(g_->values.size());
+  for (size_t v = 0; v < g_->values.size(); ++v)
+    if (g_->values[v].is_const()) vals[v] = *g_->values[v].constant;
+  for (int id : g_->inputs) {
+    const Value& v = g_->values[id];
     auto it = inputs.find(v.name);
     WXE_CHECK(it != inputs.end(), "no tensor given for input '", v.name, "'");
     WXE_CHECK(it->second.dtype == v.dtype && it->second.shape == v.shape, "input '", v.name,
@@ -74,56 +103,52 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
               dtype_name(it->second.dtype), " ", shape_str(it->second.shape));
     vals[id] = it->second;
   }
-  BufferPool pool;
-  size_t live_bytes = 0;
-  peak_bytes_ = 0;
+  if (!arena_ && arena_bytes_) arena_ = std::make_shared<Storage>(arena_bytes_);
+  peak_bytes_ = arena_bytes_;
   std::vector<const Tensor*> in;
   std::vector<Tensor*> out;
-  for (size_t k = 0; k < g_.nodes.size(); ++k) {
-    const Node& n = g_.nodes[k];
+  for (size_t k = 0; k < g_->nodes.size(); ++k) {
+    const Node& n = g_->nodes[k];
     in.clear();
     out.clear();
     for (int i : n.inputs) in.push_back(i < 0 ? nullptr : &vals[i]);
     auto t0 = std::chrono::steady_clock::now();
     if (is_view_[k]) {
-      const Value& o = g_.values[n.outputs[0]];
+      const Value& o = g_->values[n.outputs[0]];
       vals[n.outputs[0]] = in[0]->reshaped(o.shape);
     } else {
       for (int o : n.outputs) {
-        const Value& v = g_.values[o];
+        const Value& v = g_->values[o];
         Tensor t;
         t.dtype = v.dtype;
         t.shape = v.shape;
-        t.storage = pool.get(t.nbytes());
-        live_bytes += t.storage->nbytes;
+        if (offset_[o] >= 0) {
+          t.storage = arena_;
+          t.offset = (size_t)offset_[o];
+        } else {  // a graph output: the caller keeps it
+          t.storage = std::make_shared<Storage>(t.nbytes());
+          peak_bytes_ += t.nbytes();
+        }
         vals[o] = std::move(t);
         out.push_back(&vals[o]);
       }
-      peak_bytes_ = std::max(peak_bytes_, live_bytes);
       try {
         kernels_[k](n, in, out);
       } catch (const Error& e) {
-        throw Error(g_.source + ": node " + n.name + " (" + n.op + "): " + e.what());
+        throw Error(g_->source + ": node " + n.name + " (" + n.op + "): " + e.what());
       }
     }
     if (opt_.profile) {
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (node_ms_.size() != g_->nodes.size()) node_ms_.assign(g_->nodes.size(), 0.0);
+      node_ms_[k] += ms;
       auto& p = profile_[n.op];
       p.ms += ms;
       ++p.calls;
     }
-    for (int v : frees_[k]) {
-      std::shared_ptr<Storage> s = std::move(vals[v].storage);
-      vals[v] = Tensor();
-      // the last tensor on a storage gives it back (views share storage with their source)
-      if (s && s.use_count() == 1 && !std::count(g_.inputs.begin(), g_.inputs.end(), v)) {
-        live_bytes -= s->nbytes;
-        pool.put(std::move(s));
-      }
-    }
   }
   std::vector<Tensor> result;
-  for (int o : g_.outputs) result.push_back(vals[o]);
+  for (int o : g_->outputs) result.push_back(vals[o]);
   return result;
 }
 

@@ -1,10 +1,19 @@
-// Runs a simplified graph: nodes in their (topological) order, buffers freed after their last
-// reader and reused by later values, view ops (Reshape, Squeeze, ...) as aliases.
+// Runs a simplified graph: nodes in their (topological) order, view ops (Reshape, Squeeze,
+// ...) as aliases of their input. With the fast kernels it first applies the CPU fusion
+// passes (engine/fuse.h) to its own copy of the graph, made at construction; the caller's
+// graph is left as it is (the copy shares its constants).
+// Memory plan (shapes are static): every activation but the graph outputs gets an offset in
+// one arena, chosen at construction so that values alive at the same time never share bytes
+// (greedy: largest first, lowest offset that fits; an alias keeps its source alive). The
+// arena is allocated at the first run and kept, so run() is not reentrant: one run at a time
+// per executor. Graph outputs get new storage every run, since the caller keeps them.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/fuse.h"
 #include "engine/graph.h"
 #include "engine/ops.h"
 
@@ -14,6 +23,8 @@ struct ExecOptions {
   int threads = 0;                       // 0: leave the OpenMP default
   KernelKind kernels = KernelKind::Fast;  // Reference runs the oracle kernels only
   bool profile = false;                  // accumulate time per op type
+  bool optimize = true;                  // with Fast kernels: run optimize_for_cpu() first
+  Precision precision = Precision::F32;  // with optimize: BF16 convs and Linear (engine/fuse.h)
 };
 
 struct OpProfile {
@@ -24,20 +35,30 @@ struct OpProfile {
 class Executor {
  public:
   Executor(const Graph& g, ExecOptions opt = {});
+  ~Executor();
   // inputs by graph-input name; returns the graph outputs in order.
   std::vector<Tensor> run(const std::map<std::string, Tensor>& inputs);
   const std::map<std::string, OpProfile>& profile() const { return profile_; }
-  // Bytes of activation buffers held at the peak of the last run (excludes constants).
+  // With opt.profile: milliseconds per node (index into graph().nodes), summed over runs.
+  const std::vector<double>& node_profile() const { return node_ms_; }
+  // The graph the executor runs (after the fusion passes, if they ran).
+  const Graph& graph() const { return *g_; }
+  // Bytes of activation buffers of the last run: the arena plus the outputs (no constants).
   size_t peak_activation_bytes() const { return peak_bytes_; }
 
  private:
-  const Graph& g_;
+  Graph own_;        // the optimized copy, when the passes ran
+  const Graph* g_;   // &own_ or the caller's graph
   ExecOptions opt_;
   std::vector<KernelFn> kernels_;
-  std::vector<std::vector<int>> frees_;  // per node: values whose last reader it is
   std::vector<bool> is_view_;
   std::map<std::string, OpProfile> profile_;
+  std::vector<double> node_ms_;
   size_t peak_bytes_ = 0;
+  std::vector<int64_t> offset_;       // per value: byte offset in the arena, -1 if not in it
+  size_t arena_bytes_ = 0;
+  std::shared_ptr<Storage> arena_;    // allocated at the first run, kept
+  void plan_memory();
 };
 
 // Sets the OpenMP thread count used by kernels (and oneDNN).

@@ -236,6 +236,7 @@ struct InferArgs {
   int threads = 0, tp = 1;
   bool reference = false;
   std::string weights, plan;
+  std::string precision = "fp32";
 };
 
 // This dp group's share of dim 0 of every input.
@@ -277,6 +278,7 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   ExecOptions opt;
   opt.threads = a.threads;
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
+  opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
   Executor ex(g, opt);
   auto t2 = std::chrono::steady_clock::now();
   std::vector<Tensor> outs = ex.run(inputs);
@@ -343,6 +345,7 @@ struct BenchArgs {
   int threads = 0, runs = 5;
   bool json = false;
   std::string weights;
+  std::string precision = "fp32";
 };
 
 struct ConvertArgs {
@@ -405,6 +408,7 @@ int cmd_bench(const BenchArgs& a) {
   ExecOptions opt;
   opt.threads = a.threads;
   opt.profile = true;
+  opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
   Executor ex(g, opt);
   ex.run(inputs);  // warm-up: primitive creation, weight reorders, page faults
   std::map<std::string, OpProfile> warm = ex.profile();
@@ -471,6 +475,8 @@ int main(int argc, char** argv) {
   infer->add_option("--tp", ia.tp, "tensor-parallel ranks (world = dp x tp; run under mpirun)");
   infer->add_option("--plan", ia.plan, "plan file (JSON: weight-name pattern -> colwise|rowwise|replicate)");
   infer->add_option("--weights,-w", ia.weights, "load parameters by name: .safetensors, or a legacy CREDIT .pt (converted on the fly)");
+  infer->add_option("--precision", ia.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
 
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "time the forward pass: min/median/max, peak memory, time per op type");
@@ -480,6 +486,8 @@ int main(int argc, char** argv) {
   bench->add_option("--runs,-r", ba.runs, "timed runs after one warm-up (default 5)");
   bench->add_flag("--json", ba.json, "print one JSON object as the last line");
   bench->add_option("--weights,-w", ba.weights, "load parameters by name (.safetensors or legacy .pt)");
+  bench->add_option("--precision", ba.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
 
   ConvertArgs ca;
   auto* convert = app.add_subcommand("convert", "convert a legacy CREDIT checkpoint to the Linear layout (safetensors)");

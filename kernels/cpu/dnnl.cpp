@@ -1,4 +1,5 @@
-// oneDNN (2.6) fast path for MatMul, Gemm, Einsum, Linear, Conv, ConvTranspose.
+// oneDNN (2.6) fast path for MatMul, Gemm, Einsum, Linear, Conv, ConvTranspose, Gelu, Softmax,
+// WindowAttention.
 //
 // - One static dnnl::engine (CPU) and one static in-order stream. The CPU runtime is OpenMP,
 //   so oneDNN uses omp_get_max_threads() threads. Every execution waits on the stream before
@@ -12,13 +13,17 @@
 //   whose index groups cannot be described by strides (those are copied) and for
 //   convolutions, see below.
 // - Convolutions let oneDNN pick its weights layout ("any") and reorder the plain weights
-//   into it on every call. The reordered weights are deliberately NOT cached by data
-//   pointer: in fine-tuning the optimizer updates weights in place, and a memory plan may
-//   reuse an address for a different tensor of the same shape, so a pointer-keyed cache
-//   could silently serve stale weights. The reorder costs O(|W|) against the O(|W| * output
-//   pixels) convolution, which is noise for every conv in these models. Conv (not 1x1)
-//   also runs on blocked activations, reordered in and out through per-thread scratch
-//   buffers (see make_conv for the measurements behind that).
+//   into it. By default that happens on every call: in fine-tuning the optimizer updates
+//   weights in place, and a memory plan may reuse an address for a different tensor of the
+//   same shape, so a cache keyed by data pointer alone could serve stale weights. A node
+//   with the attribute `constant_weights` (set by optimize_for_cpu on the inference
+//   executor's own graph, whose weights nothing writes) keeps its reordered weights in
+//   WeightCache, which holds a reference to the weights' storage so the address stays
+//   theirs. Conv (not 1x1) also runs on channels-last activations, reordered in and out
+//   through per-thread scratch buffers (see make_conv for the measurements behind that).
+// - A Conv or Linear node with the attribute precision = "bf16" (optimize_for_cpu with
+//   Precision::BF16) multiplies bfloat16 activations and weights with float32 accumulation
+//   and output (avx512_bf16: half the time of float32); the reference kernels stay float32.
 // - Anything the fast path does not handle (non-float32 inputs, equations it cannot map,
 //   shapes oneDNN rejects) runs the reference kernel of the op.
 #include <oneapi/dnnl/dnnl.hpp>
@@ -34,6 +39,8 @@
 #include "engine/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/transpose.h"
+#include "kernels/cpu/window_attention.h"
 
 namespace wxe::cpu {
 
@@ -285,8 +292,58 @@ void gemm_fast(const Node& n, const std::vector<const Tensor*>& in,
                        {DNNL_ARG_DST, mem(p->dst, Y)}});
 }
 
+// Reordered weights of graph constants, kept between calls when the node carries
+// `constant_weights` (set by optimize_for_cpu on the executor's private copy of an inference
+// graph: nothing writes those weights while it runs). Keyed by the weights' storage and
+// offset and the primitive's layout; each entry holds a reference to the storage, so its
+// address cannot be reused by other data while the entry exists. Entries whose storage only
+// the cache still holds (their graph is gone) are dropped whenever a new entry is added.
+struct PackedWeights {
+  std::shared_ptr<Storage> source;
+  std::shared_ptr<void> data;
+};
+
+class WeightCache {
+ public:
+  const void* get(const std::string& layout_key, const Tensor& w, const memory::desc& user,
+                  const memory::desc& packed, const dnnl::reorder& reorder) {
+    const std::string key = str(layout_key, "@", (const void*)w.storage.get(), "+", w.offset);
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second.data.get();
+    for (auto e = map_.begin(); e != map_.end();)
+      e = e->second.source.use_count() == 1 ? map_.erase(e) : std::next(e);
+    void* q = nullptr;
+    WXE_ASSERT(posix_memalign(&q, 64, std::max<size_t>(packed.get_size(), 64)) == 0);
+    PackedWeights pw{w.storage, std::shared_ptr<void>(q, [](void* p) { std::free(p); })};
+    memory from = mem(user, w.raw()), to = mem(packed, q);
+    reorder.execute(strm(), from, to);
+    strm().wait();
+    return map_.emplace(key, std::move(pw)).first->second.data.get();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, PackedWeights> map_;
+};
+
+WeightCache weight_cache;
+
 // ---------------------------------------------------------------- Linear
-PrimCache<MatMulPrim> linear_cache;
+// With precision = "bf16": X and W converted to bfloat16 by oneDNN reorders (X into scratch
+// on every call, W into WeightCache when the node has constant_weights), float32
+// accumulation, bias and output.
+struct LinearPrim {
+  bool use_ref = false;
+  bool bf16 = false;
+  MatMulPrim mm;
+  memory::desc x_f32, w_f32;             // X and W as stored
+  memory::desc x_bf16, w_bf16;           // as the matmul reads them (bf16)
+  dnnl::reorder x_to_bf16, w_to_bf16;
+};
+
+PrimCache<LinearPrim> linear_cache;
+thread_local Scratch linear_scratch[2];  // X, W in bf16
 
 void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
                  const std::vector<Tensor*>& out) {
@@ -303,23 +360,49 @@ void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
   for (size_t i = axis + 1; i < x.size(); ++i) Q *= x[i];
   if (P == 0 || Q == 0 || N == 0) return;
   if (K == 0) return reference(n, in, out);
-  const std::string key = str("Linear", P, "x", K, "x", Q, ">", N, bias ? "b" : "");
+  const bool gelu = n.s("activation", "") == "gelu";
+  if (!gelu && !n.s("activation", "").empty()) return reference(n, in, out);  // it reports it
+  const bool bf16 = n.s("precision", "") == "bf16";
+  const std::string key =
+      str("Linear", P, "x", K, "x", Q, ">", N, bias ? "b" : "", gelu ? "gelu" : "", bf16 ? "bf16" : "");
   auto p = linear_cache.get(key, [&] {
-    if (Q == 1) {  // features last: (P, K) x W^T -> (P, N)
-      memory::desc mb = plain_md({1, N});
-      return make_matmul(plain_md({P, K}), memory::desc({K, N}, dt::f32, Dims{1, K}),
-                         bias ? &mb : nullptr, plain_md({P, N}));
-    }
-    // features on an inner axis (NCHW): W (N, K) x X_p (K, Q) -> Y_p (N, Q) for each p,
-    // W broadcast over the batch. A per-row bias makes oneDNN 2.6 take its slow reference
-    // matmul, so the bias is written into Y first and added by a sum post-op.
+    LinearPrim r;
+    r.bf16 = bf16;
+    const dt cdt = bf16 ? dt::bf16 : dt::f32;
+    dnnl::post_ops po;
     dnnl::primitive_attr attr;
-    if (bias) {
-      dnnl::post_ops po;
-      po.append_sum(1.f);
-      attr.set_post_ops(po);
+    memory::desc mb = plain_md({1, N});
+    if (Q == 1) {  // features last: (P, K) x W^T -> (P, N)
+      r.x_f32 = plain_md({P, K});
+      r.w_f32 = memory::desc({K, N}, dt::f32, Dims{1, K});
+      r.x_bf16 = memory::desc({P, K}, cdt, Dims{K, 1});
+      r.w_bf16 = memory::desc({K, N}, cdt, Dims{1, K});
+      if (gelu) po.append_eltwise(1.f, dnnl::algorithm::eltwise_gelu_erf, 0.f, 0.f);
+      if (gelu) attr.set_post_ops(po);
+      r.mm = make_matmul(r.x_bf16, r.w_bf16, bias ? &mb : nullptr, plain_md({P, N}), attr);
+    } else {
+      // features on an inner axis (NCHW): W (N, K) x X_p (K, Q) -> Y_p (N, Q) for each p,
+      // W broadcast over the batch. A per-row bias makes oneDNN 2.6 take its slow reference
+      // matmul, so the bias is written into Y first and added by a sum post-op.
+      r.x_f32 = plain_md({P, K, Q});
+      r.w_f32 = plain_md({1, N, K});
+      r.x_bf16 = memory::desc({P, K, Q}, cdt, Dims{K * Q, Q, 1});
+      r.w_bf16 = memory::desc({1, N, K}, cdt, Dims{N * K, K, 1});
+      if (bias) po.append_sum(1.f);
+      if (gelu) po.append_eltwise(1.f, dnnl::algorithm::eltwise_gelu_erf, 0.f, 0.f);
+      if (bias || gelu) attr.set_post_ops(po);
+      r.mm = make_matmul(r.w_bf16, r.x_bf16, nullptr, plain_md({P, N, Q}), attr);
     }
-    return make_matmul(plain_md({1, N, K}), plain_md({P, K, Q}), nullptr, plain_md({P, N, Q}), attr);
+    r.use_ref = r.mm.use_ref;
+    if (bf16 && !r.use_ref) {
+      try {
+        r.x_to_bf16 = dnnl::reorder(dnnl::reorder::primitive_desc(eng(), r.x_f32, eng(), r.x_bf16));
+        r.w_to_bf16 = dnnl::reorder(dnnl::reorder::primitive_desc(eng(), r.w_f32, eng(), r.w_bf16));
+      } catch (const dnnl::error&) {
+        r.use_ref = true;
+      }
+    }
+    return r;
   });
   if (p->use_ref) return reference(n, in, out);
   if (bias && Q > 1) {
@@ -328,14 +411,28 @@ void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < P * N; ++t) std::fill(y + t * Q, y + (t + 1) * Q, b[t % N]);
   }
+  const void* xp = in[0]->raw();
+  const void* wp = in[1]->raw();
+  if (p->bf16) {
+    memory xb = mem(p->x_bf16, linear_scratch[0].get(p->x_bf16.get_size()));
+    memory xf = mem(p->x_f32, xp);
+    p->x_to_bf16.execute(strm(), xf, xb);
+    xp = xb.get_data_handle();
+    if (n.i("constant_weights", 0)) {
+      wp = weight_cache.get(key, *in[1], p->w_f32, p->w_bf16, p->w_to_bf16);
+    } else {
+      memory wb = mem(p->w_bf16, linear_scratch[1].get(p->w_bf16.get_size()));
+      memory wf = mem(p->w_f32, wp);
+      p->w_to_bf16.execute(strm(), wf, wb);
+      wp = wb.get_data_handle();
+    }
+  }
   // for Q > 1 the primitive's "src" is W and its "weights" is X
-  const void* src = Q == 1 ? in[0]->raw() : in[1]->raw();
-  const void* wei = Q == 1 ? in[1]->raw() : in[0]->raw();
-  Args args{{DNNL_ARG_SRC, mem(p->src, src)},
-            {DNNL_ARG_WEIGHTS, mem(p->wei, wei)},
-            {DNNL_ARG_DST, mem(p->dst, out[0]->raw())}};
-  if (bias && Q == 1) args.emplace(DNNL_ARG_BIAS, mem(p->bias, bias->raw()));
-  execute(n, p->prim, args);
+  Args args{{DNNL_ARG_SRC, mem(p->mm.src, Q == 1 ? xp : wp)},
+            {DNNL_ARG_WEIGHTS, mem(p->mm.wei, Q == 1 ? wp : xp)},
+            {DNNL_ARG_DST, mem(p->mm.dst, out[0]->raw())}};
+  if (bias && Q == 1) args.emplace(DNNL_ARG_BIAS, mem(p->mm.bias, bias->raw()));
+  execute(n, p->mm.prim, args);
 }
 
 // ---------------------------------------------------------------- Einsum
@@ -555,6 +652,9 @@ struct ConvPrim {
   memory::desc src_user, wei_user, dst_user;    // the tensors' own plain layouts
   dnnl::reorder src_reorder, wei_reorder, dst_reorder;  // set when the layouts differ
   bool r_src = false, r_wei = false, r_dst = false;
+  bool t_src = false, t_dst = false;  // the reorder is NCHW <-> NHWC: transpose_planes does it
+                                      // (oneDNN 2.6's reorder takes 18.9 ms for 84 channels of
+                                      // 256 x 384, 4x its time for 80)
   std::string impl;
 };
 
@@ -575,8 +675,12 @@ std::string geom_key(const ConvGeom& g) {
 //   convs: ~100 ms vs ~385 ms), reorders included. Pointwise convs (1x1, stride 1, no
 //   padding) are the exception: gemm on plain nchw beats the reorders.
 // - ConvTranspose: plain activations; the blocked jit kernel is no faster.
-// - Weights always "any" and reordered on every call (see the top of this file).
-ConvPrim make_conv(const ConvGeom& g, bool has_bias) {
+// - Weights always "any"; reordered on every call unless the node has constant_weights (see
+//   the top of this file).
+// - Spatial convs run channels-last (oneDNN picks nhwc): NCHW inputs and outputs are
+//   transposed around them (transpose_planes), ConvChannelsLast reads and writes nhwc.
+ConvPrim make_conv(const ConvGeom& g, bool has_bias, bool src_nhwc = false, bool dst_nhwc = false,
+                   bool bf16 = false) {
   ConvPrim r;
   const int f = g.first();
   const int64_t G = g.group, Cig = g.C_in / G, Cog = g.C_out / G;
@@ -612,14 +716,18 @@ ConvPrim make_conv(const ConvGeom& g, bool has_bias) {
   wd.insert(wd.end(), ks.begin(), ks.end());
   ws.insert(ws.end(), kst.begin(), kst.end());
   const bool blocked = !g.transpose && !pointwise;
+  if ((src_nhwc || dst_nhwc) && (g.nsp != 2 || !blocked)) return ref_only<ConvPrim>();
   try {
-    r.src_user = plain_md(src);
-    r.dst_user = plain_md(dst);
+    r.src_user = src_nhwc ? memory::desc(src, dt::f32, memory::format_tag::nhwc) : plain_md(src);
+    r.dst_user = dst_nhwc ? memory::desc(dst, dt::f32, memory::format_tag::nhwc) : plain_md(dst);
     r.wei_user = memory::desc(wd, dt::f32, ws);
     const auto any = memory::format_tag::any;
-    memory::desc s_md = blocked ? memory::desc(src, dt::f32, any) : r.src_user;
+    // bf16 (blocked convs only): activations and weights converted by their reorders,
+    // float32 accumulation, bias and output
+    const dt cdt = bf16 && blocked ? dt::bf16 : dt::f32;
+    memory::desc s_md = blocked ? memory::desc(src, cdt, any) : r.src_user;
     memory::desc d_md = blocked ? memory::desc(dst, dt::f32, any) : r.dst_user;
-    memory::desc w_md(wd, dt::f32, any);
+    memory::desc w_md(wd, cdt, any);
     r.bias = has_bias ? plain_md({g.C_out}) : memory::desc();
     const auto pk = dnnl::prop_kind::forward_inference;
     if (!g.transpose) {
@@ -647,6 +755,10 @@ ConvPrim make_conv(const ConvGeom& g, bool has_bias) {
     r.r_src = !(r.src == r.src_user);
     r.r_wei = !(r.wei == r.wei_user);
     r.r_dst = !(r.dst == r.dst_user);
+    if (g.nsp == 2) {
+      r.t_src = !src_nhwc && r.src == memory::desc(src, dt::f32, memory::format_tag::nhwc);
+      r.t_dst = !dst_nhwc && r.dst == memory::desc(dst, dt::f32, memory::format_tag::nhwc);
+    }
     if (r.r_src) r.src_reorder = make_reorder(r.src_user, r.src);
     if (r.r_wei) r.wei_reorder = make_reorder(r.wei_user, r.wei);
     if (r.r_dst) r.dst_reorder = make_reorder(r.dst, r.dst_user);
@@ -656,37 +768,58 @@ ConvPrim make_conv(const ConvGeom& g, bool has_bias) {
   return r;
 }
 
+// Conv, ConvTranspose, and ConvChannelsLast (channels_last: x is (N, H, W, C), and so is the
+// output with the attribute channels_last_output).
 void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
-                   const std::vector<Tensor*>& out, bool transpose) {
+                   const std::vector<Tensor*>& out, bool transpose, bool channels_last = false) {
+  const bool src_nhwc = channels_last, dst_nhwc = channels_last && n.i("channels_last_output", 0);
   if (!all_f32(in, out) || in.size() < 2 || !in[0] || !in[1]) return reference(n, in, out);
+  if (src_nhwc && in[0]->rank() != 4) return reference(n, in, out);
   const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
-  ConvGeom g = conv_geometry(n, in[0]->shape, in[1]->shape, transpose);
-  if (out[0]->shape != g.out_shape()) return reference(n, in, out);
+  const Shape xs = src_nhwc ? Shape{in[0]->shape[0], in[0]->shape[3], in[0]->shape[1], in[0]->shape[2]} : in[0]->shape;
+  ConvGeom g = conv_geometry(n, xs, in[1]->shape, transpose);
+  Shape os = g.out_shape();
+  if (dst_nhwc) os = {os[0], os[2], os[3], os[1]};
+  if (out[0]->shape != os) return reference(n, in, out);
   if (bias && bias->shape != Shape{g.C_out}) return reference(n, in, out);
   if (out[0]->numel() == 0 || in[0]->numel() == 0) return reference(n, in, out);
-  auto p = conv_cache.get(geom_key(g) + (bias ? "b" : ""), [&] { return make_conv(g, bias != nullptr); });
+  const bool bf16 = n.s("precision", "") == "bf16";
+  const std::string key = geom_key(g) + (bias ? "b" : "") + (src_nhwc ? "<nhwc" : "") + (dst_nhwc ? ">nhwc" : "") +
+                          (bf16 ? "bf16" : "");
+  auto p = conv_cache.get(key, [&] { return make_conv(g, bias != nullptr, src_nhwc, dst_nhwc, bf16); });
   if (p->use_ref) return reference(n, in, out);
+  const int64_t HW = numel(Shape(xs.begin() + 2, xs.end()));
+  const int64_t OHW = numel(Shape(os.begin() + 2, os.end()));
   memory x_user = mem(p->src_user, in[0]->raw()), x = x_user;
   memory w_user = mem(p->wei_user, in[1]->raw()), w = w_user;
   memory y_user = mem(p->dst_user, out[0]->raw()), y = y_user;
   if (p->r_src) x = mem(p->src, conv_scratch[kSrc].get(p->src.get_size()));
-  if (p->r_wei) w = mem(p->wei, conv_scratch[kWei].get(p->wei.get_size()));
+  if (p->r_wei && n.i("constant_weights", 0))
+    w = mem(p->wei, weight_cache.get(key, *in[1], p->wei_user, p->wei, p->wei_reorder));
+  else if (p->r_wei)
+    w = mem(p->wei, conv_scratch[kWei].get(p->wei.get_size()));
   if (p->r_dst) y = mem(p->dst, conv_scratch[kDst].get(p->dst.get_size()));
   try {
-    if (p->r_src) p->src_reorder.execute(strm(), x_user, x);
-    if (p->r_wei) p->wei_reorder.execute(strm(), w_user, w);
+    if (p->t_src)
+      transpose_planes(in[0]->data<float>(), static_cast<float*>(x.get_data_handle()), g.N, g.C_in, HW);
+    else if (p->r_src)
+      p->src_reorder.execute(strm(), x_user, x);
+    if (p->r_wei && !n.i("constant_weights", 0)) p->wei_reorder.execute(strm(), w_user, w);
   } catch (const dnnl::error& e) {
     fail("node ", n.name, " (", n.op, "): oneDNN reorder failed: ", e.what());
   }
   Args args{{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, y}};
   if (bias) args.emplace(DNNL_ARG_BIAS, mem(p->bias, bias->raw()));
-  if (!p->r_dst) return execute(n, p->prim, args);
-  try {
-    p->prim.execute(strm(), args);
-    p->dst_reorder.execute(strm(), y, y_user);
-    strm().wait();
-  } catch (const dnnl::error& e) {
-    fail("node ", n.name, " (", n.op, "): oneDNN execution failed: ", e.what());
+  execute(n, p->prim, args);
+  if (p->t_dst) {
+    transpose_planes(static_cast<const float*>(y.get_data_handle()), out[0]->data<float>(), g.N, OHW, g.C_out);
+  } else if (p->r_dst) {
+    try {
+      p->dst_reorder.execute(strm(), y, y_user);
+      strm().wait();
+    } catch (const dnnl::error& e) {
+      fail("node ", n.name, " (", n.op, "): oneDNN reorder failed: ", e.what());
+    }
   }
 }
 
@@ -700,15 +833,239 @@ void conv_transpose_fast(const Node& n, const std::vector<const Tensor*>& in,
   conv_any_fast(n, in, out, true);
 }
 
+void conv_channels_last_fast(const Node& n, const std::vector<const Tensor*>& in,
+                             const std::vector<Tensor*>& out) {
+  conv_any_fast(n, in, out, false, true);
+}
+
+// ---------------------------------------------------------------- Gelu
+// oneDNN's eltwise gelu_erf: max abs error 4e-7 against the exact function on [-6, 6],
+// as small as the float rounding of the exported Div/Erf/Add/Mul/Mul subgraph.
+PrimCache<dnnl::eltwise_forward> eltwise_cache;
+
+void gelu_fast(const Node& n, const std::vector<const Tensor*>& in,
+               const std::vector<Tensor*>& out) {
+  if (!all_f32(in, out) || n.s("approximate", "none") != "none" || in[0]->numel() == 0)
+    return reference(n, in, out);
+  const int64_t N = in[0]->numel();
+  memory::desc md = plain_md({N});
+  auto p = eltwise_cache.get(str("gelu_erf", N), [&] {
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_gelu_erf,
+                                  md, 0.f, 0.f);
+    return dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(d, eng()));
+  });
+  execute(n, *p, {{DNNL_ARG_SRC, mem(md, in[0]->raw())}, {DNNL_ARG_DST, mem(md, out[0]->raw())}});
+}
+
+// ---------------------------------------------------------------- Softmax
+// oneDNN softmax over the (outer, len, inner) view of the tensor around the axis.
+PrimCache<dnnl::softmax_forward> softmax_cache;
+
+void softmax_fast(const Node& n, const std::vector<const Tensor*>& in,
+                  const std::vector<Tensor*>& out) {
+  const Tensor& x = *in[0];
+  if (!all_f32(in, out) || x.numel() == 0) return reference(n, in, out);
+  int64_t axis = n.i("axis", -1);
+  if (axis < 0) axis += x.rank();
+  if (axis < 0 || axis >= x.rank()) return reference(n, in, out);  // it reports it
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x.shape[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
+  memory::desc md = plain_md({outer, x.shape[axis], inner});
+  auto p = softmax_cache.get(str("softmax", outer, "x", x.shape[axis], "x", inner), [&] {
+    dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
+    return dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(d, eng()));
+  });
+  execute(n, *p, {{DNNL_ARG_SRC, mem(md, x.raw())}, {DNNL_ARG_DST, mem(md, out[0]->raw())}});
+}
+
+// ---------------------------------------------------------------- WindowAttention
+// In chunks of whole windows (about 8192 tokens, so the buffers stay small): the chunk's
+// tokens gathered to a token-major (tokens, D) buffer; q, k, v by three matmuls into one
+// (tokens, 3I) buffer; the scores of every (window, head) by one batched matmul on strided
+// views of it (scale as output scale; the position bias written first and added by a sum
+// post-op, as a binary post-op sends oneDNN 2.6 to its slow reference matmul); softmax in
+// place; o = P v by a batched matmul into (tokens, I); y = o Wo^T + bo; y scattered back to
+// the tokens' pixels, plus the residual. Windows of fewer than 8 tokens do the scores and
+// P v in plain loops instead: there oneDNN's per-(window, head) cost dominates (measured:
+// 3x slower at 4 tokens, 2-4x faster from 8 tokens on).
+struct AttnPrims {
+  bool use_ref = false;
+  bool loops = false;  // scores and P v in plain loops
+  MatMulPrim proj, scores, pv, out;
+  dnnl::softmax_forward softmax;
+  memory::desc scores_md;
+};
+
+AttnPrims make_attention(const WindowGeom& g, int64_t cw, bool has_bo, float scale) {
+  const int64_t T = g.T, D = g.D, I = g.I, H = g.heads, dh = I / H, M = cw * T;
+  AttnPrims r;
+  r.loops = T < 8;
+  r.proj = make_matmul(plain_md({M, D}), memory::desc({D, I}, dt::f32, Dims{1, D}), nullptr,
+                       memory::desc({M, I}, dt::f32, Dims{3 * I, 1}));
+  memory::desc mb = plain_md({1, D});
+  r.out = make_matmul(plain_md({M, I}), memory::desc({I, D}, dt::f32, Dims{1, I}), has_bo ? &mb : nullptr,
+                      plain_md({M, D}));
+  r.use_ref = r.proj.use_ref || r.out.use_ref;
+  if (!r.loops) {
+    dnnl::primitive_attr sa;
+    sa.set_output_scales(0, {scale});
+    dnnl::post_ops po;
+    po.append_sum(1.f);
+    sa.set_post_ops(po);
+    const memory::desc q_md({cw, H, T, dh}, dt::f32, Dims{T * 3 * I, dh, 3 * I, 1});
+    r.scores = make_matmul(q_md, memory::desc({cw, H, dh, T}, dt::f32, Dims{T * 3 * I, dh, 1, 3 * I}), nullptr,
+                           plain_md({cw, H, T, T}), sa);
+    r.pv = make_matmul(plain_md({cw, H, T, T}), q_md, nullptr,
+                       memory::desc({cw, H, T, dh}, dt::f32, Dims{T * I, dh, I, 1}));
+    r.use_ref = r.use_ref || r.scores.use_ref || r.pv.use_ref;
+  }
+  try {
+    r.scores_md = plain_md({cw * H * T, T});
+    dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, r.scores_md, 1);
+    r.softmax = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(d, eng()));
+  } catch (const dnnl::error&) {
+    r.use_ref = true;
+  }
+  return r;
+}
+
+PrimCache<AttnPrims> attention_cache;
+thread_local Scratch attention_scratch[4];  // tokens (then o), qkv, scores, y
+
+// scores[h][i][j] = scale q_i . k_j + bias[h][i][j] for one window; qkv rows of 3I floats.
+void window_scores(const float* qkv, int64_t T, int64_t I, int64_t heads, float scale, const float* bias,
+                   float* scores) {
+  const int64_t dh = I / heads;
+  std::vector<float> kt(dh * T), acc(T);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < T; ++j)
+      for (int64_t d = 0; d < dh; ++d) kt[d * T + j] = qkv[j * 3 * I + I + h * dh + d];
+    for (int64_t i = 0; i < T; ++i) {
+      const float* q = qkv + i * 3 * I + h * dh;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t d = 0; d < dh; ++d) {
+        const float qd = q[d];
+        const float* kd = kt.data() + d * T;
+#pragma omp simd
+        for (int64_t j = 0; j < T; ++j) acc[j] += qd * kd[j];
+      }
+      const float* b = bias + (h * T + i) * T;
+      float* s = scores + (h * T + i) * T;
+#pragma omp simd
+      for (int64_t j = 0; j < T; ++j) s[j] = acc[j] * scale + b[j];
+    }
+  }
+}
+
+// o_i = sum_j P[h][i][j] v_j for one window; o rows of I floats.
+void window_pv(const float* probs, const float* qkv, int64_t T, int64_t I, int64_t heads, float* o) {
+  const int64_t dh = I / heads;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < T; ++i) {
+      float* oi = o + i * I + h * dh;
+      std::fill(oi, oi + dh, 0.f);
+      const float* p = probs + (h * T + i) * T;
+      for (int64_t j = 0; j < T; ++j) {
+        const float pj = p[j];
+        const float* v = qkv + j * 3 * I + 2 * I + h * dh;
+#pragma omp simd
+        for (int64_t d = 0; d < dh; ++d) oi[d] += pj * v[d];
+      }
+    }
+}
+
+void window_attention_fast(const Node& n, const std::vector<const Tensor*>& in,
+                           const std::vector<Tensor*>& out) {
+  if (!all_f32(in, out)) return reference(n, in, out);
+  const WindowGeom g = window_geometry(n, in[0]->shape, in[1]->shape);
+  const int64_t T = g.T, D = g.D, I = g.I, H = g.heads, HW = g.H * g.W;
+  const int64_t windows = g.B * g.nW, cw = std::min(windows, std::max<int64_t>(1, 8192 / T));
+  const float scale = n.f("scale", 1.f);
+  const float* x = in[0]->data<float>();
+  const float* bias = in[6]->data<float>();
+  const float* res = in[7] ? in[7]->data<float>() : nullptr;
+  float* y = out[0]->data<float>();
+  // pixel of token t of window w: base(w) + off[t]
+  std::vector<int64_t> off(T);
+  for (int64_t t = 0; t < T; ++t) off[t] = g.pixel(0, 0, t);
+  auto base = [&](int64_t w) {
+    const int64_t wy = w % g.nW / g.nwx, wx = w % g.nW % g.nwx;
+    return (w / g.nW) * D * HW + (g.strided ? wy * g.W + wx : wy * g.th * g.W + wx * g.tw);
+  };
+  float* tok = static_cast<float*>(attention_scratch[0].get(cw * T * std::max(D, I) * sizeof(float)));
+  float* qkv = static_cast<float*>(attention_scratch[1].get(cw * T * 3 * I * sizeof(float)));
+  float* sc = static_cast<float*>(attention_scratch[2].get(cw * H * T * T * sizeof(float)));
+  float* yt = static_cast<float*>(attention_scratch[3].get(cw * T * D * sizeof(float)));
+  for (int64_t w0 = 0; w0 < windows; w0 += cw) {
+    const int64_t cnt = std::min(cw, windows - w0);
+    auto p = attention_cache.get(str("WindowAttention", cnt, "x", T, "x", D, ">", I, "h", H, in[5] ? "b" : "",
+                                     float_bits(scale)),
+                                 [&] { return make_attention(g, cnt, in[5] != nullptr, scale); });
+    if (p->use_ref) return reference(n, in, out);
+#pragma omp parallel for schedule(static)
+    for (int64_t wi = 0; wi < cnt; ++wi) {
+      const float* xb = x + base(w0 + wi);
+      float* tw = tok + wi * T * D;
+      for (int64_t c = 0; c < D; ++c)
+        for (int64_t t = 0; t < T; ++t) tw[t * D + c] = xb[c * HW + off[t]];
+    }
+    for (int m = 0; m < 3; ++m)
+      execute(n, p->proj.prim, {{DNNL_ARG_SRC, mem(p->proj.src, tok)},
+                                {DNNL_ARG_WEIGHTS, mem(p->proj.wei, in[1 + m]->raw())},
+                                {DNNL_ARG_DST, mem(p->proj.dst, qkv + m * I)}});
+    if (p->loops) {
+#pragma omp parallel for schedule(static)
+      for (int64_t wi = 0; wi < cnt; ++wi)
+        window_scores(qkv + wi * T * 3 * I, T, I, H, scale, bias, sc + wi * H * T * T);
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t wi = 0; wi < cnt; ++wi) std::copy(bias, bias + H * T * T, sc + wi * H * T * T);
+      execute(n, p->scores.prim, {{DNNL_ARG_SRC, mem(p->scores.src, qkv)},
+                                  {DNNL_ARG_WEIGHTS, mem(p->scores.wei, qkv + I)},
+                                  {DNNL_ARG_DST, mem(p->scores.dst, sc)}});
+    }
+    execute(n, p->softmax, {{DNNL_ARG_SRC, mem(p->scores_md, sc)}, {DNNL_ARG_DST, mem(p->scores_md, sc)}});
+    if (p->loops) {
+#pragma omp parallel for schedule(static)
+      for (int64_t wi = 0; wi < cnt; ++wi)
+        window_pv(sc + wi * H * T * T, qkv + wi * T * 3 * I, T, I, H, tok + wi * T * I);
+    } else {
+      execute(n, p->pv.prim, {{DNNL_ARG_SRC, mem(p->pv.src, sc)},
+                              {DNNL_ARG_WEIGHTS, mem(p->pv.wei, qkv + 2 * I)},
+                              {DNNL_ARG_DST, mem(p->pv.dst, tok)}});
+    }
+    Args args{{DNNL_ARG_SRC, mem(p->out.src, tok)},
+              {DNNL_ARG_WEIGHTS, mem(p->out.wei, in[4]->raw())},
+              {DNNL_ARG_DST, mem(p->out.dst, yt)}};
+    if (in[5]) args.emplace(DNNL_ARG_BIAS, mem(p->out.bias, in[5]->raw()));
+    execute(n, p->out.prim, args);
+#pragma omp parallel for schedule(static)
+    for (int64_t wi = 0; wi < cnt; ++wi) {
+      const int64_t at = base(w0 + wi);
+      const float* tw = yt + wi * T * D;
+      for (int64_t c = 0; c < D; ++c)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t o = at + c * HW + off[t];
+          y[o] = res ? tw[t * D + c] + res[o] : tw[t * D + c];
+        }
+    }
+  }
+}
+
 }  // namespace
 
 void register_dnnl_kernels() {
+  register_fast_kernel("WindowAttention", window_attention_fast);
+  register_fast_kernel("Gelu", gelu_fast);
+  register_fast_kernel("Softmax", softmax_fast);
   register_fast_kernel("MatMul", matmul_fast);
   register_fast_kernel("Gemm", gemm_fast);
   register_fast_kernel("Einsum", einsum_fast);
   register_fast_kernel("Linear", linear_fast);
   register_fast_kernel("Conv", conv_fast);
   register_fast_kernel("ConvTranspose", conv_transpose_fast);
+  register_fast_kernel("ConvChannelsLast", conv_channels_last_fast);
 }
 
 }  // namespace wxe::cpu

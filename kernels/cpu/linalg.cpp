@@ -3,6 +3,7 @@
 // parallel over independent output rows only, so results do not depend on the thread count.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -207,7 +208,16 @@ LinearDims linear_dims(const Node& n, const Shape& x, const Shape& w, const Shap
   return d;
 }
 
+// Attribute `activation`: absent or "" (none), or "gelu" (erf form, applied after the bias;
+// set by the fusion pass engine/fuse.h).
+bool linear_gelu(const Node& n) {
+  const std::string a = n.s("activation", "");
+  WXE_CHECK(a.empty() || a == "gelu", "node ", n.name, " (Linear): unknown activation '", a, "'");
+  return a == "gelu";
+}
+
 std::vector<TypeShape> linear_shape(const Node& n, const std::vector<const Value*>& in) {
+  linear_gelu(n);
   const Value& x = input(n, in, 0);
   const Value& w = input(n, in, 1);
   WXE_CHECK(x.dtype == w.dtype, "node ", n.name, " (Linear): X and W dtypes differ");
@@ -221,6 +231,7 @@ void linear_ref(const Node& n, const std::vector<const Tensor*>& in,
   const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
   LinearDims d = linear_dims(n, in[0]->shape, in[1]->shape, bias ? &bias->shape : nullptr);
   const int64_t P = d.P, K = d.K, Q = d.Q, N = d.N;
+  const bool gelu = linear_gelu(n);
   const float* X = in[0]->data<float>();
   const float* W = in[1]->data<float>();
   float* Y = out[0]->data<float>();
@@ -237,7 +248,13 @@ void linear_ref(const Node& n, const std::vector<const Tensor*>& in,
         for (int64_t q = 0; q < Q; ++q) acc[q] += wv * x[q];
       }
       float* y = Y + (p * N + j) * Q;
-      for (int64_t q = 0; q < Q; ++q) y[q] = (float)acc[q];
+      if (gelu)  // Gelu of the float result, as the Gelu op computes it
+        for (int64_t q = 0; q < Q; ++q) {
+          const double v = (float)acc[q];
+          y[q] = (float)(0.5 * v * (1 + std::erf(v * M_SQRT1_2)));
+        }
+      else
+        for (int64_t q = 0; q < Q; ++q) y[q] = (float)acc[q];
     }
   }
 }

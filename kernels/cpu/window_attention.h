@@ -1,0 +1,58 @@
+// WindowAttention, the fused attention block of CREDIT's CrossFormer (engine/fuse.h makes it):
+// geometry shared by the reference kernel (fused.cpp) and the oneDNN kernel (dnnl.cpp).
+//
+//   WindowAttention(x, Wq, Wk, Wv, Wo, bo?, bias, residual?)
+//     x (B, D, H, W); Wq, Wk, Wv (I, D); Wo (D, I); bo (D); bias (heads, T, T);
+//     residual (B, D, H, W); attributes heads, scale, window = [th, tw], strided (0 or 1).
+//
+// The image is cut into windows of T = th * tw tokens. Contiguous windows (strided 0) are
+// th x tw blocks: token (ty, tx) of window (wy, wx) is pixel (wy th + ty, wx tw + tx).
+// Strided windows (1, CREDIT's long-range attention) take every (H/th)-th row and (W/tw)-th
+// column: token (ty, tx) of window (wy, wx) is pixel (ty H/th + wy, tx W/tw + wx).
+// Windows are numbered (b, wy, wx) row-major, tokens (ty, tx). Per window, with the I
+// channels of q, k, v split into `heads` consecutive groups of I/heads:
+//   q, k, v = tokens x W^T;  per head: P = softmax(scale q k^T + bias[head]);  o = P v
+//   y = o Wo^T + bo (+ residual), written back to the tokens' pixels.
+#pragma once
+#include "engine/ops.h"
+
+namespace wxe::cpu {
+
+struct WindowGeom {
+  int64_t B = 0, D = 0, H = 0, W = 0, I = 0, heads = 1;
+  int64_t th = 1, tw = 1, T = 1;  // tokens per window
+  int64_t nwy = 1, nwx = 1, nW = 1;  // windows per image: H/th x W/tw
+  bool strided = false;
+  // offset of token t of window (wy, wx) in an (H, W) plane
+  int64_t pixel(int64_t wy, int64_t wx, int64_t t) const {
+    const int64_t ty = t / tw, tx = t % tw;
+    return strided ? (ty * nwy + wy) * W + tx * nwx + wx : (wy * th + ty) * W + wx * tw + tx;
+  }
+};
+
+inline WindowGeom window_geometry(const Node& n, const Shape& x, const Shape& wq) {
+  WindowGeom g;
+  WXE_CHECK(x.size() == 4, "node ", n.name, " (", n.op, "): x must be (B, D, H, W), got ", shape_str(x));
+  WXE_CHECK(wq.size() == 2, "node ", n.name, " (", n.op, "): Wq must be 2-D, got ", shape_str(wq));
+  g.B = x[0];
+  g.D = x[1];
+  g.H = x[2];
+  g.W = x[3];
+  g.I = wq[0];
+  g.heads = n.i("heads", 1);
+  const std::vector<int64_t> win = n.ints("window");
+  g.strided = n.i("strided", 0) != 0;
+  WXE_CHECK(win.size() == 2 && win[0] >= 1 && win[1] >= 1 && g.H % win[0] == 0 && g.W % win[1] == 0, "node ",
+            n.name, " (", n.op, "): window ", shape_str(win), " does not tile ", g.H, " x ", g.W);
+  WXE_CHECK(g.heads >= 1 && g.I % g.heads == 0, "node ", n.name, " (", n.op, "): ", g.I,
+            " channels do not split into ", g.heads, " heads");
+  g.th = win[0];
+  g.tw = win[1];
+  g.T = g.th * g.tw;
+  g.nwy = g.H / g.th;
+  g.nwx = g.W / g.tw;
+  g.nW = g.nwy * g.nwx;
+  return g;
+}
+
+}  // namespace wxe::cpu
