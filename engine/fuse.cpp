@@ -41,44 +41,6 @@ bool const_f32_scalar(const Graph& g, int v, float* out) {
 
 bool near(float a, double b, double rel = 1e-6) { return std::fabs(a - b) <= rel * std::fabs(b); }
 
-Attr ints_attr(std::vector<int64_t> v) {
-  Attr a;
-  a.kind = Attr::Ints;
-  a.ints = std::move(v);
-  return a;
-}
-
-Attr int_attr(int64_t v) {
-  Attr a;
-  a.kind = Attr::Int;
-  a.i = v;
-  return a;
-}
-
-Attr float_attr(float v) {
-  Attr a;
-  a.kind = Attr::Float;
-  a.f = v;
-  return a;
-}
-
-Attr string_attr(const std::string& v) {
-  Attr a;
-  a.kind = Attr::String;
-  a.s = v;
-  return a;
-}
-
-int add_const(Graph& g, const std::string& name, Tensor t) {
-  Value v;
-  v.name = name;
-  v.dtype = t.dtype;
-  v.shape = t.shape;
-  v.shape_known = true;
-  v.constant = std::make_shared<Tensor>(std::move(t));
-  return g.add_value(std::move(v));
-}
-
 // A new intermediate value whose shape the shape rule of its producer sets (set_shapes).
 int add_value(Graph& g, const std::string& name) {
   Value v;
@@ -178,7 +140,7 @@ void fold_pad_into_conv(Graph& g) {
       cp[i] += pads[2 + i];
       cp[ns + i] += pads[r + 2 + i];
     }
-    n.attrs["pads"] = ints_attr(cp);
+    n.attrs["pads"] = attr_ints(cp);
     n.inputs[0] = p.inputs[0];
     changed = true;
   }
@@ -232,22 +194,22 @@ void split_conv_output_phases(Graph& g) {
     Node conv;
     conv.op = "Conv";
     conv.name = n.name + "/phases";
-    conv.attrs["strides"] = ints_attr({4, 4});
-    conv.attrs["pads"] = ints_attr({pads[0], pads[1], pe_h, pe_w});
-    conv.inputs = {n.inputs[0], add_const(g, w.name + ".phases", std::move(w2))};
+    conv.attrs["strides"] = attr_ints({4, 4});
+    conv.attrs["pads"] = attr_ints({pads[0], pads[1], pe_h, pe_w});
+    conv.inputs = {n.inputs[0], g.add_constant(w.name + ".phases", std::move(w2))};
     if (bias >= 0) {
       const Tensor& bt = *g.values[bias].constant;
       Tensor b2(DType::F32, {4 * OC});
       for (int64_t o = 0; o < 4 * OC; ++o) b2.data<float>()[o] = bt.data<float>()[o / 4];
-      conv.inputs.push_back(add_const(g, g.values[bias].name + ".phases", std::move(b2)));
+      conv.inputs.push_back(g.add_constant(g.values[bias].name + ".phases", std::move(b2)));
     }
     conv.outputs = {add_value(g, conv.name + "_output_0")};
     set_shapes(g, conv);
     Node d2s;
     d2s.op = "DepthToSpace";
     d2s.name = n.name + "/phases_to_space";
-    d2s.attrs["blocksize"] = int_attr(2);
-    d2s.attrs["mode"] = string_attr("CRD");
+    d2s.attrs["blocksize"] = attr_i(2);
+    d2s.attrs["mode"] = attr_s("CRD");
     d2s.inputs = conv.outputs;
     d2s.outputs = n.outputs;
     out.push_back(std::move(conv));
@@ -401,7 +363,7 @@ void fuse_channel_layernorm(Graph& g) {
     n.op = "ChannelLayerNorm";
     n.inputs = {x, gain, b};
     n.attrs.clear();
-    n.attrs["epsilon"] = float_attr(eps);
+    n.attrs["epsilon"] = attr_f(eps);
     changed = true;
   }
   if (changed) eliminate_dead_nodes(g);
@@ -416,7 +378,7 @@ void fuse_linear_gelu(Graph& g) {
     const int lk = u.only_for(n.inputs[0], 1);
     if (lk < 0 || g.nodes[lk].op != "Linear" || g.nodes[lk].has("activation")) continue;
     Node& l = g.nodes[lk];
-    l.attrs["activation"] = string_attr("gelu");
+    l.attrs["activation"] = attr_s("gelu");
     l.outputs[0] = n.outputs[0];  // the Linear comes first, so the order stays topological
     drop[k] = true;
   }
@@ -612,12 +574,12 @@ void fuse_window_attention(Graph& g) {
     n.op = "WindowAttention";
     n.name = g.nodes[m.out_node].name + "/WindowAttention";
     n.inputs = {m.x, m.wq, m.wk, m.wv, m.wo, m.bo,
-                add_const(g, g.nodes[k].name + "/position_bias", std::move(m.bias)), m.residual};
+                g.add_constant(g.nodes[k].name + "/position_bias", std::move(m.bias)), m.residual};
     n.outputs = g.nodes[m.out_node].outputs;
-    n.attrs["heads"] = int_attr(m.heads);
-    n.attrs["scale"] = float_attr(m.scale);
-    n.attrs["window"] = ints_attr({m.th, m.tw});
-    n.attrs["strided"] = int_attr(m.strided ? 1 : 0);
+    n.attrs["heads"] = attr_i(m.heads);
+    n.attrs["scale"] = attr_f(m.scale);
+    n.attrs["window"] = attr_ints({m.th, m.tw});
+    n.attrs["strided"] = attr_i(m.strided ? 1 : 0);
     fused.push_back({m.out_node, std::move(n)});
   }
   if (fused.empty()) return;
@@ -652,7 +614,7 @@ void conv_channels_last(Graph& g) {
       Node t;
       t.op = "Transpose";
       t.name = n.name + "/to_channels_last";
-      t.attrs["perm"] = ints_attr({0, 2, 3, 1});
+      t.attrs["perm"] = attr_ints({0, 2, 3, 1});
       t.inputs = {x};
       t.outputs = {add_value(g, g.values[x].name + "/channels_last")};
       set_shapes(g, t);
@@ -662,10 +624,10 @@ void conv_channels_last(Graph& g) {
     Node back;
     back.op = "Transpose";
     back.name = n.name + "/to_channels_first";
-    back.attrs["perm"] = ints_attr({0, 3, 1, 2});
+    back.attrs["perm"] = attr_ints({0, 3, 1, 2});
     back.outputs = n.outputs;
     n.op = "ConvChannelsLast";
-    n.attrs["channels_last_output"] = int_attr(1);
+    n.attrs["channels_last_output"] = attr_i(1);
     n.inputs[0] = nhwc_of[x];
     n.outputs = {add_value(g, n.name + "_output_channels_last")};
     set_shapes(g, n);
@@ -708,12 +670,12 @@ void mark_constant_weights(Graph& g) {
         n.inputs.size() > 1 &&
         n.inputs[1] >= 0 &&
         g.values[n.inputs[1]].is_const())
-      n.attrs["constant_weights"] = int_attr(1);
+      n.attrs["constant_weights"] = attr_i(1);
 }
 
 void use_bf16(Graph& g) {
   for (Node& n : g.nodes)
-    if (n.op == "Conv" || n.op == "ConvChannelsLast" || n.op == "Linear") n.attrs["precision"] = string_attr("bf16");
+    if (n.op == "Conv" || n.op == "ConvChannelsLast" || n.op == "Linear") n.attrs["precision"] = attr_s("bf16");
 }
 
 void optimize_for_cpu(Graph& g, Precision precision) {

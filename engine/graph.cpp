@@ -22,6 +22,42 @@ std::vector<int64_t> Node::ints(const std::string& a, std::vector<int64_t> def) 
   return it == attrs.end() ? def : it->second.ints;
 }
 
+Attr attr_i(int64_t v) {
+  Attr a;
+  a.kind = Attr::Int;
+  a.i = v;
+  return a;
+}
+Attr attr_f(float v) {
+  Attr a;
+  a.kind = Attr::Float;
+  a.f = v;
+  return a;
+}
+Attr attr_s(const std::string& v) {
+  Attr a;
+  a.kind = Attr::String;
+  a.s = v;
+  return a;
+}
+Attr attr_ints(std::vector<int64_t> v) {
+  Attr a;
+  a.kind = Attr::Ints;
+  a.ints = std::move(v);
+  return a;
+}
+
+int Graph::add_constant(const std::string& name, Tensor t, bool is_param) {
+  Value v;
+  v.name = name;
+  v.dtype = t.dtype;
+  v.shape = t.shape;
+  v.shape_known = true;
+  v.is_param = is_param;
+  v.constant = std::make_shared<Tensor>(std::move(t));
+  return add_value(std::move(v));
+}
+
 int Graph::add_value(Value v) {
   values.push_back(std::move(v));
   return (int)values.size() - 1;

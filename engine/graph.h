@@ -20,6 +20,12 @@ struct Attr {
   std::shared_ptr<Tensor> t;
 };
 
+// Attribute makers.
+Attr attr_i(int64_t v);
+Attr attr_f(float v);
+Attr attr_s(const std::string& v);
+Attr attr_ints(std::vector<int64_t> v);
+
 struct Node {
   std::string op;      // ONNX op type, e.g. "Conv"; or a wxe op, e.g. "Linear"
   std::string name;    // debug name, e.g. "/layers.0.1/layers.0.0/to_qkv/Conv"
@@ -54,6 +60,8 @@ struct Graph {
   std::string source;        // file it came from, for error messages
 
   int add_value(Value v);
+  // A value known at build time (a parameter when is_param).
+  int add_constant(const std::string& name, Tensor t, bool is_param = false);
   int find_value(const std::string& name) const;  // -1 if absent
   // producer[v] = node index or -1; built on demand by passes
   std::vector<int> producers() const;

@@ -226,24 +226,6 @@ void eliminate_dead_nodes(Graph& g) {
 
 namespace {
 
-Attr int_attr(int64_t v) {
-  Attr a;
-  a.kind = Attr::Int;
-  a.i = v;
-  return a;
-}
-
-int add_param(Graph& g, const std::string& name, Tensor t) {
-  Value v;
-  v.name = name;
-  v.dtype = t.dtype;
-  v.shape = t.shape;
-  v.shape_known = true;
-  v.is_param = true;
-  v.constant = std::make_shared<Tensor>(std::move(t));
-  return g.add_value(std::move(v));
-}
-
 bool is_pointwise_conv(const Graph& g, const Node& n) {
   if (n.op != "Conv" || n.inputs.size() < 2 || !g.values[n.inputs[1]].is_const()) return false;
   const Shape& w = g.values[n.inputs[1]].shape;
@@ -283,8 +265,8 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   Node l;
   l.op = "Linear";
   l.name = node_name_of(module);
-  l.attrs["axis"] = int_attr(-1);
-  l.inputs = {n.inputs[0], add_param(g, module + ".weight", std::move(w))};
+  l.attrs["axis"] = attr_i(-1);
+  l.inputs = {n.inputs[0], g.add_constant(module + ".weight", std::move(w), true)};
   l.outputs = n.outputs;
   out.push_back(std::move(l));
   return true;
@@ -309,8 +291,8 @@ void rewrite_linear_layout(Graph& g) {
       Node l;
       l.op = "Linear";
       l.name = node_name_of(module);
-      l.attrs["axis"] = int_attr(1);
-      l.inputs = {n.inputs[0], add_param(g, wname, layout::conv1x1_to_linear(w, wname))};
+      l.attrs["axis"] = attr_i(1);
+      l.inputs = {n.inputs[0], g.add_constant(wname, layout::conv1x1_to_linear(w, wname), true)};
       if (bias >= 0) l.inputs.push_back(bias);
       l.outputs = n.outputs;
       out.push_back(std::move(l));
@@ -324,16 +306,16 @@ void rewrite_linear_layout(Graph& g) {
     Node cat;
     cat.op = "Concat";
     cat.name = node_name_of(module) + "/Concat";
-    cat.attrs["axis"] = int_attr(1);
+    cat.attrs["axis"] = attr_i(1);
     cat.outputs = n.outputs;
-    const Value& fused = g.values[n.outputs[0]];
+    const Value fused = g.values[n.outputs[0]];  // a copy: adding values below may move g.values
     for (int k = 0; k < 3; ++k) {
       Node l;
       l.op = "Linear";
       l.name = node_name_of(mods[k]);
-      l.attrs["axis"] = int_attr(1);
-      l.inputs = {n.inputs[0], add_param(g, mods[k] + ".weight", ws[k])};
-      if (bias >= 0) l.inputs.push_back(add_param(g, mods[k] + ".bias", bs[k]));
+      l.attrs["axis"] = attr_i(1);
+      l.inputs = {n.inputs[0], g.add_constant(mods[k] + ".weight", ws[k], true)};
+      if (bias >= 0) l.inputs.push_back(g.add_constant(mods[k] + ".bias", bs[k], true));
       Value o;
       o.name = l.name + "_output_0";
       o.dtype = fused.dtype;

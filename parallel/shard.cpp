@@ -235,10 +235,10 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
     }
     int src = *std::find_if(n.inputs.begin(), n.inputs.end(), sharded);
     int a = axis[src];
-    const Shape& in_shape = g.values[src].shape;  // full (unsharded) shapes until infer_shapes
+    const Shape in_shape = g.values[src].shape;  // full (unsharded) shapes until infer_shapes; a copy: new_const moves g.values
     if (n.op == "Reshape" || n.op == "Squeeze" || n.op == "Unsqueeze" || n.op == "Flatten") {
       WXE_CHECK(n.op == "Reshape", where, ": cannot shard through ", n.op);
-      const Shape& os = g.values[n.outputs[0]].shape;
+      const Shape os = g.values[n.outputs[0]].shape;
       int64_t P = prod(in_shape, 0, a);
       int b = -1;
       for (size_t k = 0; k < os.size(); ++k)
@@ -284,7 +284,7 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
                 "' (fewer heads than --tp ", tp, "?)", replicate_hint);
       set_axis(n.outputs[0], (int)opos);
     } else if (elementwise(n.op)) {
-      const Shape& os = g.values[n.outputs[0]].shape;
+      const Shape os = g.values[n.outputs[0]].shape;
       int oa = a + (int)(os.size() - in_shape.size());  // broadcasting aligns from the right
       for (int& i : n.inputs) {
         if (i < 0) continue;

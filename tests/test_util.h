@@ -60,10 +60,6 @@ std::string error_of(F&& f) {
   return "<no error>";
 }
 
-inline Attr attr_i(int64_t v) { Attr a; a.kind = Attr::Int; a.i = v; return a; }
-inline Attr attr_f(float v) { Attr a; a.kind = Attr::Float; a.f = v; return a; }
-inline Attr attr_s(const std::string& v) { Attr a; a.kind = Attr::String; a.s = v; return a; }
-inline Attr attr_ints(std::vector<int64_t> v) { Attr a; a.kind = Attr::Ints; a.ints = std::move(v); return a; }
 
 // A node with inputs 0..nin-1 and outputs nin..nin+nout-1 (indices are unused by kernels).
 inline Node make_node(const std::string& op, int nin, int nout = 1,
