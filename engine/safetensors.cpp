@@ -79,7 +79,8 @@ struct Pending {
 };
 
 std::vector<std::pair<std::string, Tensor>> read_impl(const std::string& path,
-                                                      std::map<std::string, std::string>* metadata) {
+                                                      std::map<std::string, std::string>* metadata,
+                                                      const std::map<std::string, TensorSlice>* slices) {
   File f(path);
   WXE_CHECK(f.size() >= 8, path, ": not a safetensors file (", f.size(), " bytes)");
   uint8_t hb[8];
@@ -168,8 +169,27 @@ std::vector<std::pair<std::string, Tensor>> read_impl(const std::string& path,
   std::vector<std::pair<std::string, Tensor>> out;
   out.reserve(pend.size());
   for (Pending& p : pend) {
-    Tensor t(p.dtype, p.shape);
-    f.read(8 + n + p.begin, t.raw(), p.end - p.begin);
+    auto sl = slices ? slices->find(p.name) : std::map<std::string, TensorSlice>::const_iterator();
+    if (!slices || sl == slices->end()) {
+      Tensor t(p.dtype, p.shape);
+      f.read(8 + n + p.begin, t.raw(), p.end - p.begin);
+      out.emplace_back(std::move(p.name), std::move(t));
+      continue;
+    }
+    // only block `index` of `parts` along `axis`; the rest stays zero
+    const TensorSlice& s = sl->second;
+    WXE_CHECK(s.axis >= 0 && s.axis < (int)p.shape.size() && s.parts > 0 && p.shape[s.axis] % s.parts == 0, path,
+              ": tensor '", printable(p.name), "' ", shape_str(p.shape), " cannot be split in ", s.parts,
+              " along dim ", s.axis);
+    Tensor t = Tensor::zeros(p.dtype, p.shape);
+    uint64_t es = dtype_size(p.dtype), inner = es, outer = 1;
+    for (int d = 0; d < s.axis; ++d) outer *= (uint64_t)p.shape[d];
+    for (size_t d = s.axis + 1; d < p.shape.size(); ++d) inner *= (uint64_t)p.shape[d];
+    uint64_t dim = (uint64_t)p.shape[s.axis], part = dim / s.parts;
+    for (uint64_t o = 0; o < outer; ++o) {
+      uint64_t off = (o * dim + (uint64_t)s.index * part) * inner;
+      f.read(8 + n + p.begin + off, (uint8_t*)t.raw() + off, part * inner);
+    }
     out.emplace_back(std::move(p.name), std::move(t));
   }
   return out;
@@ -229,9 +249,10 @@ void write_safetensors(const std::string& path,
 }
 
 std::vector<std::pair<std::string, Tensor>> read_safetensors(
-    const std::string& path, std::map<std::string, std::string>* metadata) {
+    const std::string& path, std::map<std::string, std::string>* metadata,
+    const std::map<std::string, TensorSlice>* slices) {
   try {
-    return read_impl(path, metadata);
+    return read_impl(path, metadata, slices);
   } catch (const Error&) {
     throw;
   } catch (const std::bad_alloc&) {

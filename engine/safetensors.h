@@ -23,7 +23,15 @@ void write_safetensors(const std::string& path,
 // parser; offsets must lie within the data, be contiguous and non-overlapping and cover it
 // exactly, and each tensor's byte size must equal numel * dtype size. Errors are wxe::Error
 // naming the file (and the tensor).
+//
+// With `slices`, a listed tensor is read only in part: block `index` of `parts` equal blocks
+// along `axis`; it comes back at full shape with the other blocks zero (a tensor-parallel
+// rank reads only the rows or columns it keeps).
+struct TensorSlice {
+  int axis = 0, parts = 1, index = 0;
+};
 std::vector<std::pair<std::string, Tensor>> read_safetensors(
-    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr,
+    const std::map<std::string, TensorSlice>* slices = nullptr);
 
 }  // namespace wxe

@@ -230,3 +230,30 @@ TEST(Safetensors, MutationFuzzNeverCrashes) {
 
 }  // namespace
 }  // namespace wxe
+
+namespace wxe {
+namespace {
+
+// A tensor-parallel rank reads only its block of a sharded tensor; the rest stays zero.
+TEST(Safetensors, SlicedReadTakesOnlyTheBlock) {
+  Tensor w = test::randn({4, 6}, 3);
+  std::string path = tmp_path("st_sliced.safetensors");
+  write_safetensors(path, {{"w", w}, {"b", test::randn({4}, 4)}});
+  for (int axis : {0, 1})
+    for (int index : {0, 1}) {
+      std::map<std::string, TensorSlice> slices = {{"w", {axis, 2, index}}};
+      auto got = read_safetensors(path, nullptr, &slices);
+      const Tensor& t = got[0].first == "w" ? got[0].second : got[1].second;
+      ASSERT_EQ(t.shape, w.shape);
+      for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < 6; ++c) {
+          bool mine = (axis == 0 ? r / 2 : c / 3) == index;
+          EXPECT_EQ(t.data<float>()[r * 6 + c], mine ? w.data<float>()[r * 6 + c] : 0.f) << axis << index;
+        }
+    }
+  std::map<std::string, TensorSlice> bad = {{"w", {1, 4, 0}}};  // 6 columns do not split in 4
+  EXPECT_NE(error_of([&] { read_safetensors(path, nullptr, &bad); }).find("cannot be split"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace wxe

@@ -79,8 +79,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // A checkpoint in the Linear layout: safetensors as is, a legacy .pt through the rule table.
-NamedTensors read_weights(const std::string& path, layout::ConvertReport* report = nullptr) {
-  NamedTensors raw = ends_with(path, ".safetensors") ? read_safetensors(path) : read_torch_state_dict(path).tensors;
+// With `slices`, a .safetensors is read only in the parts this rank keeps (a legacy .pt needs
+// the whole tensors for the conversion).
+NamedTensors read_weights(const std::string& path, layout::ConvertReport* report = nullptr,
+                          const std::map<std::string, TensorSlice>* slices = nullptr) {
+  NamedTensors raw = ends_with(path, ".safetensors") ? read_safetensors(path, nullptr, slices)
+                                                     : read_torch_state_dict(path).tensors;
   try {
     return layout::convert_state_dict(raw, report);
   } catch (const Error& e) {
@@ -90,7 +94,7 @@ NamedTensors read_weights(const std::string& path, layout::ConvertReport* report
 
 // Imports, binds the inputs and runs the passes, loading `weights_path` if given.
 Graph load_model(const std::string& model, const std::map<std::string, Tensor>& inputs,
-                 const std::string& weights_path) {
+                 const std::string& weights_path, const std::map<std::string, TensorSlice>* slices = nullptr) {
   auto t0 = std::chrono::steady_clock::now();
   Graph g = import_onnx(model);
   note("wxe: imported %s: %zu nodes (%.2f s)\n", model.c_str(), g.nodes.size(), seconds_since(t0));
@@ -98,7 +102,7 @@ Graph load_model(const std::string& model, const std::map<std::string, Tensor>& 
   if (weights_path.empty()) {
     simplify(g, specs_of(inputs));
   } else {
-    NamedTensors w = read_weights(weights_path);
+    NamedTensors w = read_weights(weights_path, nullptr, slices);
     std::vector<std::string> unused;
     simplify(g, specs_of(inputs), &w, &unused);
     note("wxe: loaded %zu tensors from %s\n", w.size() - unused.size(), weights_path.c_str());
@@ -257,7 +261,20 @@ std::map<std::string, Tensor> batch_slice(const std::map<std::string, Tensor>& i
 int cmd_infer(const InferArgs& a, Mesh& mesh) {
   std::map<std::string, Tensor> all_inputs = read_inputs(import_onnx(a.model), a.inputs);
   std::map<std::string, Tensor> inputs = mesh.dp > 1 ? batch_slice(all_inputs, mesh.dp, mesh.dp_rank) : all_inputs;
-  Graph g = load_model(a.model, inputs, a.weights);
+  std::map<std::string, TensorSlice> slices;  // what this rank reads of a sharded weight
+  if (mesh.tp > 1 && ends_with(a.weights, ".safetensors")) {
+    Graph pg = import_onnx(a.model);
+    prepare_graph(pg, specs_of(inputs));
+    std::set<std::string> params;
+    for (auto& kv : graph_parameters(pg)) params.insert(kv.first);
+    for (auto& [w, split] : plan_for(pg, a.plan).by_weight) {
+      if (split == TpSplit::Replicate) continue;
+      slices[w] = {split == TpSplit::Column ? 0 : 1, mesh.tp, mesh.tp_rank};
+      std::string bias = layout::module_of(w) + ".bias";  // a row-parallel bias is added whole
+      if (split == TpSplit::Column && params.count(bias)) slices[bias] = {0, mesh.tp, mesh.tp_rank};
+    }
+  }
+  Graph g = load_model(a.model, inputs, a.weights, slices.empty() ? nullptr : &slices);
   if (mesh.tp > 1) {
     ShardStats st = shard_graph(g, plan_for(g, a.plan), mesh.tp, mesh.tp_rank);
     set_tp_communicator(mesh.tp_comm.get());

@@ -41,6 +41,16 @@ else
   echo "FAIL nextgen-np4-tp4"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
 
+# --weights from safetensors: each rank reads only its slices; a graph from another
+# initialization gives the checkpoint's outputs
+"$wxe" convert "$d/crossformer_tiny_checkpoint.pt" -o "$tmp/ct.safetensors" >/dev/null 2>&1
+if run -n 2 "$wxe" infer "$d/crossformer_tiny_seed1_snbaked.onnx" -i "$d/crossformer_tiny_x.npy" --tp 2 --threads 1 \
+     --weights "$tmp/ct.safetensors" --compare "$d/crossformer_tiny_y.npy" --tolerance 1e-4 >"$tmp/out" 2>"$tmp/err"; then
+  echo "ok   refit-np2-tp2-sliced-safetensors"
+else
+  echo "FAIL refit-np2-tp2-sliced-safetensors"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+
 # expect_fail NAME PATTERN N ARGS...: non-zero exit within the timeout, PATTERN on stderr
 expect_fail() {
   local name=$1 pattern=$2 n=$3
