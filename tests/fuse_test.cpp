@@ -12,38 +12,7 @@ using namespace wxe::test;
 
 namespace {
 
-struct Builder {
-  Graph g;
-  int input(const std::string& name, Shape s) {
-    Value v;
-    v.name = name;
-    v.shape = s;
-    int id = g.add_value(v);
-    g.inputs.push_back(id);
-    return id;
-  }
-  int constant(const std::string& name, Tensor t) {
-    Value v;
-    v.name = name;
-    v.dtype = t.dtype;
-    v.shape = t.shape;
-    v.shape_known = true;
-    v.constant = std::make_shared<Tensor>(std::move(t));
-    return g.add_value(v);
-  }
-  int scalar(float f) { return constant("c" + std::to_string(g.values.size()), Tensor::scalar_f32(f)); }
-  int node(const std::string& op, std::vector<int> in, std::map<std::string, Attr> attrs = {}) {
-    Node n;
-    n.op = op;
-    n.name = "/" + op + "_" + std::to_string(g.nodes.size());
-    n.inputs = std::move(in);
-    n.attrs = std::move(attrs);
-    Value v;
-    v.name = n.name + "_output_0";
-    n.outputs.push_back(g.add_value(v));
-    g.nodes.push_back(n);
-    return n.outputs[0];
-  }
+struct Builder : GraphBuilder {
   // Shapes bound and inferred, as after simplify().
   Graph done(int output, const Shape& x_shape) {
     register_cpu_kernels();

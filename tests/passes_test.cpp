@@ -8,39 +8,7 @@ using namespace wxe::test;
 
 namespace {
 
-struct Builder {
-  Graph g;
-  int input(const std::string& name, Shape s) {
-    Value v;
-    v.name = name;
-    v.shape = s;
-    int id = g.add_value(v);
-    g.inputs.push_back(id);
-    return id;
-  }
-  int constant(const std::string& name, Tensor t, bool param = false) {
-    Value v;
-    v.name = name;
-    v.dtype = t.dtype;
-    v.shape = t.shape;
-    v.shape_known = true;
-    v.is_param = param;
-    v.constant = std::make_shared<Tensor>(std::move(t));
-    return g.add_value(v);
-  }
-  int node(const std::string& op, std::vector<int> in, std::map<std::string, Attr> attrs = {}) {
-    Node n;
-    n.op = op;
-    n.name = "/" + op + "_" + std::to_string(g.nodes.size());
-    n.inputs = std::move(in);
-    n.attrs = std::move(attrs);
-    Value v;
-    v.name = n.name + "_output_0";
-    n.outputs.push_back(g.add_value(v));
-    g.nodes.push_back(n);
-    return n.outputs[0];
-  }
-};
+using Builder = GraphBuilder;
 
 // Runs g (shapes inferred on a copy) with the reference kernels.
 Tensor run_graph(Graph g, const Tensor& x) {

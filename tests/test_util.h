@@ -61,6 +61,33 @@ std::string error_of(F&& f) {
 }
 
 
+// Builds small graphs for pass tests: inputs, constants, single-output nodes.
+struct GraphBuilder {
+  Graph g;
+  int input(const std::string& name, Shape s) {
+    Value v;
+    v.name = name;
+    v.shape = s;
+    int id = g.add_value(v);
+    g.inputs.push_back(id);
+    return id;
+  }
+  int constant(const std::string& name, Tensor t, bool param = false) { return g.add_constant(name, std::move(t), param); }
+  int scalar(float f) { return constant("c" + std::to_string(g.values.size()), Tensor::scalar_f32(f)); }
+  int node(const std::string& op, std::vector<int> in, std::map<std::string, Attr> attrs = {}) {
+    Node n;
+    n.op = op;
+    n.name = "/" + op + "_" + std::to_string(g.nodes.size());
+    n.inputs = std::move(in);
+    n.attrs = std::move(attrs);
+    Value v;
+    v.name = n.name + "_output_0";
+    n.outputs.push_back(g.add_value(v));
+    g.nodes.push_back(n);
+    return n.outputs[0];
+  }
+};
+
 // A node with inputs 0..nin-1 and outputs nin..nin+nout-1 (indices are unused by kernels).
 inline Node make_node(const std::string& op, int nin, int nout = 1,
                       std::map<std::string, Attr> attrs = {}) {
