@@ -1,7 +1,20 @@
 // Registration entry points of the CPU op groups; register_cpu_kernels() calls them all.
 #pragma once
+#include <vector>
+
+#include "engine/ops.h"
+
+// Bad-input check in a shape rule or kernel, naming the node and its op.
+#define NCHECK(cond, ...) WXE_CHECK(cond, "node ", n.name, " (", n.op, "): ", __VA_ARGS__)
 
 namespace wxe::cpu {
+
+using Values = std::vector<const Value*>;
+using Ins = std::vector<const Tensor*>;
+using Outs = std::vector<Tensor*>;
+
+// Output = input bytes (Identity, Reshape, Squeeze, Unsqueeze, Flatten); shape_ops.cpp.
+void copy_kernel(const Node& n, const Ins& in, const Outs& out);
 void register_elementwise();  // elementwise.cpp: arithmetic, activations, Cast, Where, compare
 void register_shape_ops();    // shape_ops.cpp: Shape, Reshape, (Un)Squeeze, Concat, Expand, ...
 void register_data_ops();     // data_ops.cpp: Slice, Gather, Transpose, Pad, DepthToSpace, Resize, Split

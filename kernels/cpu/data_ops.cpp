@@ -16,12 +16,6 @@ namespace wxe::cpu {
 
 namespace {
 
-// Bad-input check naming the node and its op.
-#define NCHECK(cond, ...) WXE_CHECK(cond, "node ", n.name, " (", n.op, "): ", __VA_ARGS__)
-
-using Values = std::vector<const Value*>;
-using Ins = std::vector<const Tensor*>;
-using Outs = std::vector<Tensor*>;
 
 const Value* opt_v(const Values& in, size_t i) { return i < in.size() ? in[i] : nullptr; }
 const Tensor* opt_t(const Ins& in, size_t i) { return i < in.size() ? in[i] : nullptr; }
@@ -964,11 +958,6 @@ std::vector<TypeShape> flatten_shape(const Node& n, const Values& in) {
   return {{x.dtype, {a, b}}};
 }
 
-void copy_kernel(const Node& n, const Ins& in, const Outs& out) {
-  WXE_ASSERT(in[0]->nbytes() == out[0]->nbytes());
-  if (out[0]->raw() != in[0]->raw() && in[0]->nbytes())
-    std::memcpy(out[0]->raw(), in[0]->raw(), in[0]->nbytes());
-}
 
 }  // namespace
 

@@ -13,11 +13,6 @@ namespace wxe::cpu {
 
 namespace {
 
-#define NCHECK(cond, ...) WXE_CHECK(cond, "node ", n.name, " (", n.op, "): ", __VA_ARGS__)
-
-using Values = std::vector<const Value*>;
-using Ins = std::vector<const Tensor*>;
-using Outs = std::vector<Tensor*>;
 
 // ---------------------------------------------------------------------------------------
 // ChannelLayerNorm(x, g, b; epsilon): x (N, C, spatial...), g and b with C elements;

@@ -16,11 +16,6 @@ namespace wxe::cpu {
 
 namespace {
 
-#define NCHECK(cond, ...) WXE_CHECK(cond, "node ", n.name, " (", n.op, "): ", __VA_ARGS__)
-
-using Values = std::vector<const Value*>;
-using Ins = std::vector<const Tensor*>;
-using Outs = std::vector<Tensor*>;
 
 constexpr int64_t kParallelMin = 1 << 15;  // elements
 

@@ -10,12 +10,6 @@ namespace wxe::cpu {
 
 namespace {
 
-void copy_kernel(const Node& n, const std::vector<const Tensor*>& in,
-                 const std::vector<Tensor*>& out) {
-  WXE_ASSERT(in[0]->nbytes() == out[0]->nbytes());
-  if (out[0]->raw() != in[0]->raw() && in[0]->nbytes())
-    std::memcpy(out[0]->raw(), in[0]->raw(), in[0]->nbytes());
-}
 
 std::vector<TypeShape> identity_shape(const Node& n, const std::vector<const Value*>& in) {
   return {{in[0]->dtype, in[0]->shape}};
@@ -253,6 +247,13 @@ void constant_kernel(const Node& n, const std::vector<const Tensor*>& in,
 }
 
 }  // namespace
+
+void copy_kernel(const Node& n, const std::vector<const Tensor*>& in,
+                 const std::vector<Tensor*>& out) {
+  WXE_ASSERT(in[0]->nbytes() == out[0]->nbytes());
+  if (out[0]->raw() != in[0]->raw() && in[0]->nbytes())
+    std::memcpy(out[0]->raw(), in[0]->raw(), in[0]->nbytes());
+}
 
 void register_shape_ops() {
   register_op("Constant", constant_shape, constant_kernel);
