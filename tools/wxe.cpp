@@ -1,6 +1,7 @@
 // wxe command line: inspect and run CREDIT wxformer-style ONNX models.
 #include <CLI/CLI.hpp>
 #include <cstring>
+#include <functional>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -92,26 +93,33 @@ NamedTensors read_weights(const std::string& path, layout::ConvertReport* report
   }
 }
 
-// Imports, binds the inputs and runs the passes, loading `weights_path` if given.
-Graph load_model(const std::string& model, const std::map<std::string, Tensor>& inputs,
-                 const std::string& weights_path, const std::map<std::string, TensorSlice>* slices = nullptr) {
+Graph import_model(const std::string& model) {
   auto t0 = std::chrono::steady_clock::now();
   Graph g = import_onnx(model);
   note("wxe: imported %s: %zu nodes (%.2f s)\n", model.c_str(), g.nodes.size(), seconds_since(t0));
+  return g;
+}
+
+using SlicesOf = std::function<std::map<std::string, TensorSlice>(const Graph&)>;
+
+// Binds the inputs and runs the passes, loading `weights_path` if given; `slices_of`, given
+// the prepared graph, says which parts of each weight this rank reads.
+void simplify_model(Graph& g, const std::map<std::string, Tensor>& inputs, const std::string& weights_path,
+                    const SlicesOf& slices_of = nullptr) {
   auto t1 = std::chrono::steady_clock::now();
-  if (weights_path.empty()) {
-    simplify(g, specs_of(inputs));
-  } else {
-    NamedTensors w = read_weights(weights_path, nullptr, slices);
-    std::vector<std::string> unused;
-    simplify(g, specs_of(inputs), &w, &unused);
+  prepare_graph(g, specs_of(inputs));
+  if (!weights_path.empty()) {
+    std::map<std::string, TensorSlice> slices;
+    if (slices_of) slices = slices_of(g);
+    NamedTensors w = read_weights(weights_path, nullptr, slices.empty() ? nullptr : &slices);
+    std::vector<std::string> unused = load_weights(g, w, weights_path);
     note("wxe: loaded %zu tensors from %s\n", w.size() - unused.size(), weights_path.c_str());
     if (!unused.empty())
-      note("wxe: warning: %zu tensors of %s are not used by the model (first: %s)\n",
-                   unused.size(), weights_path.c_str(), unused[0].c_str());
+      note("wxe: warning: %zu tensors of %s are not used by the model (first: %s)\n", unused.size(),
+           weights_path.c_str(), unused[0].c_str());
   }
+  finalize_graph(g);
   note("wxe: simplified to %zu nodes (%.2f s)\n", g.nodes.size(), seconds_since(t1));
-  return g;
 }
 
 struct Stats {
@@ -259,22 +267,24 @@ std::map<std::string, Tensor> batch_slice(const std::map<std::string, Tensor>& i
 }
 
 int cmd_infer(const InferArgs& a, Mesh& mesh) {
-  std::map<std::string, Tensor> all_inputs = read_inputs(import_onnx(a.model), a.inputs);
+  Graph g = import_model(a.model);
+  std::map<std::string, Tensor> all_inputs = read_inputs(g, a.inputs);
   std::map<std::string, Tensor> inputs = mesh.dp > 1 ? batch_slice(all_inputs, mesh.dp, mesh.dp_rank) : all_inputs;
-  std::map<std::string, TensorSlice> slices;  // what this rank reads of a sharded weight
-  if (mesh.tp > 1 && ends_with(a.weights, ".safetensors")) {
-    Graph pg = import_onnx(a.model);
-    prepare_graph(pg, specs_of(inputs));
-    std::set<std::string> params;
-    for (auto& kv : graph_parameters(pg)) params.insert(kv.first);
-    for (auto& [w, split] : plan_for(pg, a.plan).by_weight) {
-      if (split == TpSplit::Replicate) continue;
-      slices[w] = {split == TpSplit::Column ? 0 : 1, mesh.tp, mesh.tp_rank};
-      std::string bias = layout::module_of(w) + ".bias";  // a row-parallel bias is added whole
-      if (split == TpSplit::Column && params.count(bias)) slices[bias] = {0, mesh.tp, mesh.tp_rank};
-    }
-  }
-  Graph g = load_model(a.model, inputs, a.weights, slices.empty() ? nullptr : &slices);
+  SlicesOf slices_of;  // what this rank reads of each sharded weight
+  if (mesh.tp > 1 && ends_with(a.weights, ".safetensors"))
+    slices_of = [&](const Graph& pg) {
+      std::map<std::string, TensorSlice> slices;
+      std::set<std::string> params;
+      for (auto& kv : graph_parameters(pg)) params.insert(kv.first);
+      for (auto& [w, split] : plan_for(pg, a.plan).by_weight) {
+        if (split == TpSplit::Replicate) continue;
+        slices[w] = {split == TpSplit::Column ? 0 : 1, mesh.tp, mesh.tp_rank};
+        std::string bias = layout::module_of(w) + ".bias";  // a row-parallel bias is added whole
+        if (split == TpSplit::Column && params.count(bias)) slices[bias] = {0, mesh.tp, mesh.tp_rank};
+      }
+      return slices;
+    };
+  simplify_model(g, inputs, a.weights, slices_of);
   if (mesh.tp > 1) {
     ShardStats st = shard_graph(g, plan_for(g, a.plan), mesh.tp, mesh.tp_rank);
     set_tp_communicator(mesh.tp_comm.get());
@@ -420,8 +430,9 @@ double peak_rss_mb() {
 
 int cmd_bench(const BenchArgs& a) {
   WXE_CHECK(a.runs >= 1, "--runs must be at least 1");
-  std::map<std::string, Tensor> inputs = read_inputs(import_onnx(a.model), a.inputs);
-  Graph g = load_model(a.model, inputs, a.weights);
+  Graph g = import_model(a.model);
+  std::map<std::string, Tensor> inputs = read_inputs(g, a.inputs);
+  simplify_model(g, inputs, a.weights);
   ExecOptions opt;
   opt.threads = a.threads;
   opt.profile = true;
