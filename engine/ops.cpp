@@ -9,6 +9,7 @@ struct OpEntry {
   ShapeFn shape = nullptr;
   KernelFn reference = nullptr;
   KernelFn fast = nullptr;
+  BackwardFn backward = nullptr;
 };
 std::map<std::string, OpEntry>& table() {
   static std::map<std::string, OpEntry> t;
@@ -23,6 +24,13 @@ void register_op(const std::string& op, ShapeFn shape, KernelFn reference) {
 }
 
 void register_fast_kernel(const std::string& op, KernelFn fast) { table()[op].fast = fast; }
+
+void register_backward(const std::string& op, BackwardFn backward) { table()[op].backward = backward; }
+
+BackwardFn backward_kernel(const std::string& op) {
+  auto it = table().find(op);
+  return it == table().end() ? nullptr : it->second.backward;
+}
 
 bool op_known(const std::string& op) {
   auto it = table().find(op);

@@ -26,8 +26,21 @@ using KernelFn = void (*)(const Node& n, const std::vector<const Tensor*>& in,
 
 enum class KernelKind { Reference, Fast };
 
+// Backward kernel: the gradients of a node's inputs from the gradients of its outputs.
+// `in` and `out` are the forward pass's tensors; gout[k] is the gradient of output k
+// (nullptr: nothing reads that output, its gradient is zero). gin[i] is nullptr when input i
+// needs no gradient (constants, integer inputs, omitted optionals), otherwise a float32 tensor
+// shaped like input i, uninitialized, that the kernel overwrites (it does not accumulate).
+// Broadcast inputs get the gradient summed over the broadcast dims.
+using BackwardFn = void (*)(const Node& n, const std::vector<const Tensor*>& in,
+                            const std::vector<const Tensor*>& out,
+                            const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin);
+
 void register_op(const std::string& op, ShapeFn shape, KernelFn reference);
 void register_fast_kernel(const std::string& op, KernelFn fast);
+void register_backward(const std::string& op, BackwardFn backward);
+// The op's backward kernel, or nullptr when it has none.
+BackwardFn backward_kernel(const std::string& op);
 
 bool op_known(const std::string& op);
 ShapeFn shape_rule(const std::string& op);

@@ -24,4 +24,8 @@ void register_conv_ops();     // conv.cpp: Conv, ConvTranspose
 void register_fused_ops();    // fused.cpp: ops made by the fusion passes (engine/fuse.h): ChannelLayerNorm, ...
 void register_fast_kernels(); // fast.cpp: fast kernels without oneDNN: DepthToSpace, Transpose, Add, ...
 void register_dnnl_kernels(); // dnnl.cpp: oneDNN fast path for MatMul, Gemm, Einsum, Linear, Conv, ConvTranspose, Gelu, Softmax
+// Backward kernels (engine/ops.h BackwardFn), checked by tests/grad_test.cpp:
+void register_pointwise_backward();  // backward_pointwise.cpp: elementwise, shape and data ops
+void register_layer_backward();      // backward_layers.cpp: norms, reductions, linalg, SpectralNorm
+void register_conv_backward();       // backward_conv.cpp: Conv, ConvTranspose
 }  // namespace wxe::cpu

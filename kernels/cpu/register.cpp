@@ -16,6 +16,9 @@ void register_cpu_kernels() {
   cpu::register_fused_ops();
   cpu::register_fast_kernels();
   cpu::register_dnnl_kernels();
+  cpu::register_pointwise_backward();
+  cpu::register_layer_backward();
+  cpu::register_conv_backward();
 }
 
 }  // namespace wxe

@@ -1,0 +1,9 @@
+// Backward kernels (layers). See engine/ops.h (BackwardFn) for the contract.
+#include "engine/ops.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace wxe::cpu {
+
+void register_layer_backward() {}
+
+}  // namespace wxe::cpu
