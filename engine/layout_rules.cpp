@@ -132,7 +132,7 @@ Tensor conv1x1_to_linear(const Tensor& w, const std::string& name) {
   return w.reshaped({w.shape[0], w.shape[1]});
 }
 
-NamedTensors convert_state_dict(const NamedTensors& in, ConvertReport* report) {
+NamedTensors convert_state_dict(const NamedTensors& in, ConvertReport* report, bool keep_spectral_norm) {
   ConvertReport rep;
   rep.tensors_in = (int)in.size();
   std::map<std::string, const Tensor*> by_name;
@@ -152,6 +152,10 @@ NamedTensors convert_state_dict(const NamedTensors& in, ConvertReport* report) {
   for (auto& [name, t] : in) {
     std::string module = module_of(name), leaf = name.substr(module.empty() ? 0 : module.size() + 1);
     std::string pre = module.empty() ? "" : module + ".";
+    if (keep_spectral_norm && get(pre + "weight_orig")) {
+      emit(name, t);
+      continue;
+    }
     if (leaf == "weight_u" || leaf == "weight_v") {
       WXE_CHECK(get(pre + "weight_orig"), "'", name, "' without '", pre, "weight_orig'");
       continue;  // consumed by the fold

@@ -48,7 +48,11 @@ struct ConvertReport {
 };
 
 // Applies the table to a state dict. Idempotent: a converted dict comes back unchanged.
-NamedTensors convert_state_dict(const NamedTensors& in, ConvertReport* report = nullptr);
+// With keep_spectral_norm (training), modules with spectral norm keep their legacy tensors
+// (weight_orig, weight_u, weight_v and their bias, unsplit and unreshaped): the training graph
+// keeps them as SpectralNorm + Conv; the other modules take the Linear layout.
+NamedTensors convert_state_dict(const NamedTensors& in, ConvertReport* report = nullptr,
+                                bool keep_spectral_norm = false);
 
 }  // namespace layout
 }  // namespace wxe

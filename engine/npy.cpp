@@ -38,10 +38,8 @@ std::string dict_field(const std::string& h, const std::string& key, const std::
   return h.substr(p, e - p);
 }
 
-}  // namespace
-
-Tensor read_npy(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
+// Reads the magic and header of an open .npy stream, leaving it at the first data byte.
+NpyHeader read_header(std::ifstream& f, const std::string& path) {
   WXE_CHECK(f.good(), path, ": cannot open file");
   char magic[8];
   f.read(magic, 8);
@@ -84,10 +82,23 @@ Tensor read_npy(const std::string& path) {
     }
     p = e;
   }
-  Tensor t(type->dtype, shape);
+  return {type->dtype, shape};
+}
+
+}  // namespace
+
+NpyHeader read_npy_header(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return read_header(f, path);
+}
+
+Tensor read_npy(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  NpyHeader h = read_header(f, path);
+  Tensor t(h.dtype, h.shape);
   f.read((char*)t.raw(), (std::streamsize)t.nbytes());
   WXE_CHECK((size_t)f.gcount() == t.nbytes(), path, ": truncated .npy data (expected ",
-            t.nbytes(), " bytes for ", descr, " ", shape_str(shape), ", found ", f.gcount(), ")");
+            t.nbytes(), " bytes for ", dtype_name(h.dtype), " ", shape_str(h.shape), ", found ", f.gcount(), ")");
   return t;
 }
 

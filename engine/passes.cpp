@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include "engine/layout_rules.h"
@@ -176,6 +177,42 @@ void fold_spectral_norm(Graph& g) {
     }
   }
   propagate(g, true, [&](size_t k, const Node&) { return (bool)chain[k]; }, true);
+}
+
+void spectral_norm_to_op(Graph& g, int power_iterations) {
+  std::vector<int> uses = g.use_counts();
+  // consumers, to find a ConvTranspose that reads the weight (through Identity nodes)
+  std::vector<std::vector<const Node*>> readers(g.values.size());
+  for (const Node& n : g.nodes)
+    for (int i : n.inputs)
+      if (i >= 0) readers[i].push_back(&n);
+  std::function<bool(int)> feeds_conv_transpose = [&](int v) {
+    for (const Node* r : readers[v]) {
+      if (r->op == "ConvTranspose" && r->inputs.size() > 1 && r->inputs[1] == v) return true;
+      if (r->op == "Identity" && feeds_conv_transpose(r->outputs[0])) return true;
+    }
+    return false;
+  };
+  for (Node& n : g.nodes) {
+    if (n.op != "Div" || n.inputs.size() != 2 || n.inputs[0] < 0) continue;
+    const Value& w = g.values[n.inputs[0]];
+    if (!w.is_param || !ends_with(w.name, kOrig)) continue;
+    const std::string prefix = w.name.substr(0, w.name.size() - kOrig.size());
+    int u = g.find_value(prefix + ".weight_u"), v = g.find_value(prefix + ".weight_v");
+    WXE_CHECK(u >= 0 && v >= 0 && g.values[u].is_const() && g.values[v].is_const(), g.source, ": node ", n.name,
+              ": spectral norm of '", w.name, "' without its ", prefix, ".weight_u / .weight_v initializers");
+    const int64_t rows = g.values[u].constant->numel();
+    const Shape& ws = w.shape;
+    int dim = ws.size() > 1 && ws[1] == rows && (ws[0] != rows || feeds_conv_transpose(n.outputs[0])) ? 1 : 0;
+    n.op = "SpectralNorm";
+    n.domain = "wxe";
+    n.inputs = {n.inputs[0], u, v};
+    n.attrs.clear();
+    n.attrs["dim"] = attr_i(dim);
+    n.attrs["power_iterations"] = attr_i(power_iterations);
+    n.attrs["eps"] = attr_f(1e-12f);
+  }
+  eliminate_dead_nodes(g);  // the sigma subgraphs
 }
 
 void remove_identities(Graph& g) {
@@ -500,6 +537,32 @@ void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
   remove_identities(g);
   eliminate_dead_nodes(g);
   rewrite_linear_layout(g);
+}
+
+void prepare_training_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
+  bind_inputs(g, given);
+  spectral_norm_to_op(g);
+  name_params_by_scope(g);
+  fold_constants(g, /*keep_params=*/true);
+  remove_identities(g);
+  eliminate_dead_nodes(g);
+  rewrite_linear_layout(g);
+  // name_params_by_scope's copies share their source's storage; a trained leaf needs its own
+  std::set<const Storage*> seen;
+  for (Value& v : g.values)
+    if (v.is_param && v.is_const() && !seen.insert(v.constant->storage.get()).second)
+      v.constant = std::make_shared<Tensor>(v.constant->clone());
+}
+
+std::vector<int> trainable_parameters(const Graph& g) {
+  std::vector<int> uses = g.use_counts(), r;
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const Value& x = g.values[v];
+    if (x.is_param && x.is_const() && uses[v] && x.dtype == DType::F32 && !ends_with(x.name, ".weight_u") &&
+        !ends_with(x.name, ".weight_v"))
+      r.push_back((int)v);
+  }
+  return r;
 }
 
 void finalize_graph(Graph& g) {

@@ -32,6 +32,12 @@ void fold_constants(Graph& g, bool keep_params = false);
 // dividend is the `X.weight_orig` parameter, is evaluated into one parameter `X.weight`.
 void fold_spectral_norm(Graph& g);
 
+// Training: each `X.weight_orig / sigma(u, v)` subgraph (as fold_spectral_norm recognises it)
+// becomes one SpectralNorm node (weight_orig, X.weight_u, X.weight_v) -> X's weight, with
+// `power_iterations` = 1 (PyTorch's train mode: one power iteration per forward, u and v
+// updated in place) and `dim` 1 where the weight feeds a ConvTranspose, else 0.
+void spectral_norm_to_op(Graph& g, int power_iterations = 1);
+
 // Identity nodes removed, readers rewired to the Identity's input.
 void remove_identities(Graph& g);
 
@@ -73,6 +79,17 @@ bool shapes_fit(const Shape& checkpoint, const Shape& graph);
 void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given = {});
 // The rest: fold_constants (now through parameters too), remove_identities, eliminate_dead_nodes.
 void finalize_graph(Graph& g);
+// The training graph: like prepare_graph, but spectral norm stays an op
+// (spectral_norm_to_op) and parameters stay named leaves, each with its own storage. Layers
+// with spectral norm keep CREDIT's legacy parameters (X.weight_orig, X.weight_u, X.weight_v,
+// 1x1 convolutions stay Conv); the others take the Linear layout. The position-bias MLP stays
+// live. Nothing is folded that a parameter feeds.
+void prepare_training_graph(Graph& g, const std::map<std::string, InputSpec>& given = {});
+
+// The parameters an optimizer updates: every float32 parameter the graph reads except the
+// spectral-norm buffers (names ending in weight_u / weight_v). Value ids.
+std::vector<int> trainable_parameters(const Graph& g);
+
 // prepare_graph, load_weights when `weights` is given, finalize_graph.
 void simplify(Graph& g, const std::map<std::string, InputSpec>& given = {},
               const NamedTensors* weights = nullptr, std::vector<std::string>* unused_weights = nullptr);

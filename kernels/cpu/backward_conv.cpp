@@ -1,9 +1,531 @@
-// Backward kernels of Conv and ConvTranspose. See engine/ops.h (BackwardFn) for the contract.
+// Backward kernels of Conv and ConvTranspose (1-D, 2-D, 3-D; strides, pads, dilations, group,
+// auto_pad, output_padding / output_shape, optional bias). See engine/ops.h (BackwardFn) for
+// the contract. Geometry comes from conv_geometry (conv.cpp), as in the forward kernels.
+//
+// Reference loops (the oracle). Both ops relate a "wide" tensor (Conv: the input;
+// ConvTranspose: the output) to a "narrow" one (Conv: the output; ConvTranspose: the input):
+// wide position p and narrow position q meet through kernel tap k when
+// p = q * s - pad_begin + k * d on every spatial axis, and the weight is
+// (C_narrow, C_wide / group, k...) in both ops. Conv computes narrow from wide, ConvTranspose
+// wide from narrow, so three loop nests over that relation give every gradient:
+//   narrow_from_wide  narrow[n, cn, q] = sum_{cwg, k} wide[n, cw, q*s - pb + k*d] W[cn, cwg, k]
+//                     (ConvTranspose dx from dy)
+//   wide_from_narrow  wide[n, cw, p] = sum_{cng, k, q: p = q*s - pb + k*d} narrow[n, cn, q] W[cn, cwg, k]
+//                     (Conv dx from dy)
+//   weight_grad       dW[cn, cwg, k] = sum_{n, q} narrow[n, cn, q] wide[n, cw, q*s - pb + k*d]
+//                     (Conv: narrow = dy, wide = x; ConvTranspose: narrow = x, wide = dy)
+// with cw = group(cn) * C_wide / group + cwg; and db[c] = sum_{n, spatial} dy[n, c, ...].
+// Accumulation in double; each loop nest is parallel over the elements it writes.
+//
+// Fast path: oneDNN (2.6) convolution / deconvolution backward-data and backward-weights
+// primitives for float32, created once per geometry (cached like the forward primitives in
+// dnnl.cpp) with the same translation of the ONNX attributes as make_conv there. Anything it
+// does not take (negative pads of a ConvTranspose with output_shape, empty tensors, a
+// geometry oneDNN rejects) runs the loops.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
 #include "engine/ops.h"
+#include "kernels/cpu/backward_conv.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/transpose.h"
 
 namespace wxe::cpu {
 
-void register_conv_backward() {}
+namespace {
+
+// ---------------------------------------------------------------- reference loops
+struct Sides {
+  int64_t N = 0, G = 1, Cw = 0, Cn = 0;  // batch, group, wide and narrow channels
+  int64_t wide[3], narrow[3], k[3], s[3], d[3], pb[3];
+  int64_t wide_plane() const { return wide[0] * wide[1] * wide[2]; }
+  int64_t narrow_plane() const { return narrow[0] * narrow[1] * narrow[2]; }
+  int64_t kvol() const { return k[0] * k[1] * k[2]; }
+};
+
+Sides sides_of(const ConvGeom& g) {
+  Sides r;
+  r.N = g.N;
+  r.G = g.group;
+  r.Cw = g.transpose ? g.C_out : g.C_in;
+  r.Cn = g.transpose ? g.C_in : g.C_out;
+  for (int a = 0; a < 3; ++a) {
+    r.wide[a] = g.transpose ? g.out[a] : g.in[a];
+    r.narrow[a] = g.transpose ? g.in[a] : g.out[a];
+    r.k[a] = g.k[a];
+    r.s[a] = g.s[a];
+    r.d[a] = g.d[a];
+    r.pb[a] = g.pb[a];
+  }
+  return r;
+}
+
+// narrow (N, Cn, narrow...) from wide (N, Cw, wide...) and W (Cn, Cw/G, k...).
+// Parallel over (batch, narrow channel) planes.
+void narrow_from_wide(const Sides& S, const float* wide, const float* W, float* narrow) {
+  const int64_t Cwg = S.Cw / S.G, Cng = S.Cn / S.G;
+  const int64_t PD = S.wide[0], PH = S.wide[1], PW = S.wide[2];
+  const int64_t QD = S.narrow[0], QH = S.narrow[1], QW = S.narrow[2];
+  const int64_t KD = S.k[0], KH = S.k[1], KW = S.k[2];
+  const int64_t plane = S.narrow_plane(), wplane = S.wide_plane(), kvol = S.kvol();
+#pragma omp parallel
+  {
+    std::vector<double> acc((size_t)plane);
+#pragma omp for schedule(dynamic)
+    for (int64_t t = 0; t < S.N * S.Cn; ++t) {
+      const int64_t nb = t / S.Cn, cn = t % S.Cn, grp = cn / Cng;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t cwg = 0; cwg < Cwg; ++cwg) {
+        const float* wc = wide + (nb * S.Cw + grp * Cwg + cwg) * wplane;
+        const float* Wc = W + (cn * Cwg + cwg) * kvol;
+        for (int64_t kd = 0; kd < KD; ++kd)
+          for (int64_t kh = 0; kh < KH; ++kh)
+            for (int64_t kw = 0; kw < KW; ++kw) {
+              const double wv = Wc[(kd * KH + kh) * KW + kw];
+              for (int64_t qd = 0; qd < QD; ++qd) {
+                const int64_t pd = qd * S.s[0] - S.pb[0] + kd * S.d[0];
+                if (pd < 0 || pd >= PD) continue;
+                for (int64_t qh = 0; qh < QH; ++qh) {
+                  const int64_t ph = qh * S.s[1] - S.pb[1] + kh * S.d[1];
+                  if (ph < 0 || ph >= PH) continue;
+                  const float* wr = wc + (pd * PH + ph) * PW;
+                  double* ar = acc.data() + (qd * QH + qh) * QW;
+                  for (int64_t qw = 0; qw < QW; ++qw) {
+                    const int64_t pw = qw * S.s[2] - S.pb[2] + kw * S.d[2];
+                    if (pw >= 0 && pw < PW) ar[qw] += wv * wr[pw];
+                  }
+                }
+              }
+            }
+      }
+      float* o = narrow + t * plane;
+      for (int64_t q = 0; q < plane; ++q) o[q] = (float)acc[q];
+    }
+  }
+}
+
+// wide (N, Cw, wide...) from narrow (N, Cn, narrow...) and W (Cn, Cw/G, k...), in gather
+// form (each wide position collects the narrow positions that reach it).
+// Parallel over (batch, wide channel) planes.
+void wide_from_narrow(const Sides& S, const float* narrow, const float* W, float* wide) {
+  const int64_t Cwg = S.Cw / S.G, Cng = S.Cn / S.G;
+  const int64_t PD = S.wide[0], PH = S.wide[1], PW = S.wide[2];
+  const int64_t QD = S.narrow[0], QH = S.narrow[1], QW = S.narrow[2];
+  const int64_t KD = S.k[0], KH = S.k[1], KW = S.k[2];
+  const int64_t plane = S.wide_plane(), nplane = S.narrow_plane(), kvol = S.kvol();
+  // narrow index for wide position p and tap k on axis a, or -1
+  auto src = [&](int a, int64_t p, int64_t k, int64_t size) -> int64_t {
+    const int64_t t = p + S.pb[a] - k * S.d[a];
+    if (t < 0 || t % S.s[a] != 0) return -1;
+    const int64_t q = t / S.s[a];
+    return q < size ? q : -1;
+  };
+#pragma omp parallel
+  {
+    std::vector<double> acc((size_t)plane);
+#pragma omp for schedule(dynamic)
+    for (int64_t t = 0; t < S.N * S.Cw; ++t) {
+      const int64_t nb = t / S.Cw, cw = t % S.Cw, grp = cw / Cwg, cwg = cw % Cwg;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t cng = 0; cng < Cng; ++cng) {
+        const int64_t cn = grp * Cng + cng;
+        const float* nc = narrow + (nb * S.Cn + cn) * nplane;
+        const float* Wc = W + (cn * Cwg + cwg) * kvol;
+        for (int64_t kd = 0; kd < KD; ++kd)
+          for (int64_t kh = 0; kh < KH; ++kh)
+            for (int64_t kw = 0; kw < KW; ++kw) {
+              const double wv = Wc[(kd * KH + kh) * KW + kw];
+              for (int64_t pd = 0; pd < PD; ++pd) {
+                const int64_t qd = src(0, pd, kd, QD);
+                if (qd < 0) continue;
+                for (int64_t ph = 0; ph < PH; ++ph) {
+                  const int64_t qh = src(1, ph, kh, QH);
+                  if (qh < 0) continue;
+                  const float* nr = nc + (qd * QH + qh) * QW;
+                  double* ar = acc.data() + (pd * PH + ph) * PW;
+                  for (int64_t pw = 0; pw < PW; ++pw) {
+                    const int64_t qw = src(2, pw, kw, QW);
+                    if (qw >= 0) ar[pw] += wv * nr[qw];
+                  }
+                }
+              }
+            }
+      }
+      float* o = wide + t * plane;
+      for (int64_t p = 0; p < plane; ++p) o[p] = (float)acc[p];
+    }
+  }
+}
+
+// dW (Cn, Cw/G, k...) from narrow (N, Cn, narrow...) and wide (N, Cw, wide...).
+// Parallel over narrow channels (Conv: output channels), each writing its own weight rows.
+void weight_grad(const Sides& S, const float* narrow, const float* wide, float* dW) {
+  const int64_t Cwg = S.Cw / S.G, Cng = S.Cn / S.G;
+  const int64_t PD = S.wide[0], PH = S.wide[1], PW = S.wide[2];
+  const int64_t QD = S.narrow[0], QH = S.narrow[1], QW = S.narrow[2];
+  const int64_t KD = S.k[0], KH = S.k[1], KW = S.k[2];
+  const int64_t nplane = S.narrow_plane(), wplane = S.wide_plane(), kvol = S.kvol();
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t cn = 0; cn < S.Cn; ++cn) {
+    const int64_t grp = cn / Cng;
+    for (int64_t cwg = 0; cwg < Cwg; ++cwg) {
+      const int64_t cw = grp * Cwg + cwg;
+      for (int64_t kd = 0; kd < KD; ++kd)
+        for (int64_t kh = 0; kh < KH; ++kh)
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            double acc = 0;
+            for (int64_t nb = 0; nb < S.N; ++nb) {
+              const float* nc = narrow + (nb * S.Cn + cn) * nplane;
+              const float* wc = wide + (nb * S.Cw + cw) * wplane;
+              for (int64_t qd = 0; qd < QD; ++qd) {
+                const int64_t pd = qd * S.s[0] - S.pb[0] + kd * S.d[0];
+                if (pd < 0 || pd >= PD) continue;
+                for (int64_t qh = 0; qh < QH; ++qh) {
+                  const int64_t ph = qh * S.s[1] - S.pb[1] + kh * S.d[1];
+                  if (ph < 0 || ph >= PH) continue;
+                  const float* nr = nc + (qd * QH + qh) * QW;
+                  const float* wr = wc + (pd * PH + ph) * PW;
+                  for (int64_t qw = 0; qw < QW; ++qw) {
+                    const int64_t pw = qw * S.s[2] - S.pb[2] + kw * S.d[2];
+                    if (pw >= 0 && pw < PW) acc += (double)nr[qw] * wr[pw];
+                  }
+                }
+              }
+            }
+            dW[(cn * Cwg + cwg) * kvol + (kd * KH + kh) * KW + kw] = (float)acc;
+          }
+    }
+  }
+}
+
+// db[c] = sum over batch and space of dy (N, C, plane).
+void bias_grad(const float* dy, int64_t N, int64_t C, int64_t plane, float* db) {
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    double acc = 0;
+    for (int64_t nb = 0; nb < N; ++nb) {
+      const float* p = dy + (nb * C + c) * plane;
+      for (int64_t i = 0; i < plane; ++i) acc += p[i];
+    }
+    db[c] = (float)acc;
+  }
+}
+
+// dx and dW by the loops (either pointer may be null: not wanted).
+void backward_loops(const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
+                    float* dW) {
+  const Sides S = sides_of(g);
+  if (!g.transpose) {  // x wide, y narrow
+    if (dx) wide_from_narrow(S, dy, W, dx);
+    if (dW) weight_grad(S, dy, x, dW);
+  } else {  // x narrow, y wide
+    if (dx) narrow_from_wide(S, dy, W, dx);
+    if (dW) weight_grad(S, x, dy, dW);
+  }
+}
+
+// ---------------------------------------------------------------- oneDNN fast path
+using dnnl::memory;
+using Dims = memory::dims;
+using dt = memory::data_type;
+
+dnnl::engine& eng() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& strm() {
+  static dnnl::stream s(eng());
+  return s;
+}
+
+memory mem(const memory::desc& md, const void* p) { return memory(md, eng(), const_cast<void*>(p)); }
+
+memory::desc plain_md(const Dims& dims) {
+  return memory::desc(dims, dt::f32, Dims(strides_of(Shape(dims.begin(), dims.end()))));
+}
+
+// Per-thread staging buffer for reordered operands, grown on demand and kept (as in dnnl.cpp).
+struct Scratch {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> p;
+  size_t cap = 0;
+  void* get(size_t bytes) {
+    if (bytes > cap) {
+      p.reset();
+      void* q = nullptr;
+      WXE_ASSERT(posix_memalign(&q, 64, std::max<size_t>(bytes, 64)) == 0);
+      p.reset(q);
+      cap = bytes;
+    }
+    return p.get();
+  }
+};
+
+// One tensor argument of a primitive: the tensor's own layout and the primitive's. When they
+// differ the tensor is copied: NCHW <-> NHWC (and the 1-D / 3-D analogues) by
+// transpose_planes, which beats oneDNN 2.6's reorder there (see dnnl.cpp), anything else
+// (blocked layouts, the weights) by a oneDNN reorder.
+struct Operand {
+  memory::desc user, prim;
+  bool copy = false;
+  bool transpose = false;
+  int64_t n = 0, c = 0, sp = 0;  // (N, C, spatial) planes for transpose_planes
+  dnnl::reorder reorder;         // input: user -> prim; output: prim -> user
+};
+
+Operand operand(const memory::desc& user, const memory::desc& prim, bool input, bool activation) {
+  Operand o;
+  o.user = user;
+  o.prim = prim;
+  o.copy = !(user == prim);
+  if (!o.copy) return o;
+  if (activation) {
+    const Dims dims = user.dims();
+    static const memory::format_tag channels_last[] = {memory::format_tag::nwc, memory::format_tag::nhwc,
+                                                       memory::format_tag::ndhwc};
+    o.n = dims[0];
+    o.c = dims[1];
+    o.sp = 1;
+    for (size_t i = 2; i < dims.size(); ++i) o.sp *= dims[i];
+    o.transpose = prim == memory::desc(dims, dt::f32, channels_last[dims.size() - 3]);
+  }
+  if (!o.transpose)
+    o.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(eng(), user, eng(), prim))
+                      : dnnl::reorder(dnnl::reorder::primitive_desc(eng(), prim, eng(), user));
+  return o;
+}
+
+void run(const Node& n, const dnnl::primitive& p, const std::unordered_map<int, memory>& args) {
+  try {
+    p.execute(strm(), args);
+    strm().wait();
+  } catch (const dnnl::error& e) {
+    fail("node ", n.name, " (", n.op, "): oneDNN backward failed: ", e.what());
+  }
+}
+
+// The primitive's view of an input tensor: the tensor itself, or its copy in buf.
+memory stage_in(const Node& n, const Operand& o, const float* data, Scratch& buf) {
+  memory user = mem(o.user, data);
+  if (!o.copy) return user;
+  memory m = mem(o.prim, buf.get(o.prim.get_size()));
+  if (o.transpose)
+    transpose_planes(data, static_cast<float*>(m.get_data_handle()), o.n, o.c, o.sp);
+  else
+    run(n, o.reorder, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, m}});
+  return m;
+}
+
+// Where the primitive writes an output: the tensor itself, or buf (then stage_out copies).
+memory out_mem(const Operand& o, float* data, Scratch& buf) {
+  return o.copy ? mem(o.prim, buf.get(o.prim.get_size())) : mem(o.user, data);
+}
+
+void stage_out(const Node& n, const Operand& o, const memory& m, float* data) {
+  if (!o.copy) return;
+  if (o.transpose)
+    transpose_planes(static_cast<const float*>(m.get_data_handle()), data, o.n, o.sp, o.c);
+  else
+    run(n, o.reorder, {{DNNL_ARG_FROM, m}, {DNNL_ARG_TO, mem(o.user, data)}});
+}
+
+// Backward-data (dy, W -> dx) and backward-weights (x, dy -> dW) primitives of one geometry,
+// in oneDNN's terms for both ops: src = x, dst = y.
+struct BackwardPrims {
+  bool use_ref = false;
+  dnnl::primitive data, weights;
+  Operand data_dy, data_w, data_dx;
+  Operand wts_x, wts_dy, wts_dw;
+};
+
+template <class Fwd, class BwdData, class BwdWeights>
+void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user, const memory::desc& w_user,
+               const memory::desc& y_user, bool blocked, const Dims& strides, const Dims& dil, const Dims& pl,
+               const Dims& pr) {
+  const auto any = memory::format_tag::any;
+  const memory::desc x_md = blocked ? memory::desc(x_user.dims(), dt::f32, any) : x_user;
+  const memory::desc y_md = blocked ? memory::desc(y_user.dims(), dt::f32, any) : y_user;
+  const memory::desc w_md(w_user.dims(), dt::f32, any);
+  // oneDNN requires the forward primitive desc as a hint for the backward ones
+  typename Fwd::desc fd(dnnl::prop_kind::forward_training, alg, x_md, w_md, y_md, strides, dil, pl, pr);
+  typename Fwd::primitive_desc fpd(fd, eng());
+  typename BwdData::desc dd(alg, x_md, w_md, y_md, strides, dil, pl, pr);
+  typename BwdData::primitive_desc dpd(dd, eng(), fpd);
+  typename BwdWeights::desc wd(alg, x_md, w_md, y_md, strides, dil, pl, pr);
+  typename BwdWeights::primitive_desc wpd(wd, eng(), fpd);
+  r.data = BwdData(dpd);
+  r.weights = BwdWeights(wpd);
+  r.data_dy = operand(y_user, dpd.diff_dst_desc(), true, true);
+  r.data_w = operand(w_user, dpd.weights_desc(), true, false);
+  r.data_dx = operand(x_user, dpd.diff_src_desc(), false, true);
+  r.wts_x = operand(x_user, wpd.src_desc(), true, true);
+  r.wts_dy = operand(y_user, wpd.diff_dst_desc(), true, true);
+  r.wts_dw = operand(w_user, wpd.diff_weights_desc(), false, false);
+}
+
+// Activation layouts (oneDNN's choice, "any", or the plain tensors): as the forward path in
+// dnnl.cpp, blocked for spatial Conv, plain for pointwise Conv and for ConvTranspose.
+BackwardPrims make_backward(const ConvGeom& g) {
+  BackwardPrims r;
+  const int f = g.first();
+  const int64_t G = g.group, Cig = g.C_in / G, Cog = g.C_out / G;
+  Dims src{g.N, g.C_in}, dst{g.N, g.C_out}, ks, strides, dil, pl, pr;
+  int64_t kvol = 1;
+  bool pointwise = true;
+  for (int a = f; a < 3; ++a) {
+    src.push_back(g.in[a]);
+    dst.push_back(g.out[a]);
+    ks.push_back(g.k[a]);
+    kvol *= g.k[a];
+    strides.push_back(g.s[a]);
+    dil.push_back(g.d[a] - 1);
+    pl.push_back(g.pb[a]);
+    // oneDNN: out = (in - 1) * s + ext - pl - pr (transpose), out = (in + pl + pr - ext) / s + 1
+    pr.push_back(g.transpose ? (g.in[a] - 1) * g.s[a] + (g.k[a] - 1) * g.d[a] + 1 - g.pb[a] - g.out[a]
+                             : g.pe[a]);
+    pointwise = pointwise && g.k[a] == 1 && g.s[a] == 1 && g.pb[a] == 0 && g.pe[a] == 0;
+  }
+  r.use_ref = true;  // until the primitives exist
+  for (size_t i = 0; i < pl.size(); ++i)
+    if (pl[i] < 0 || pr[i] < 0) return r;
+  // Weights as oneDNN dims ({G,} OC/G, IC/G, k...) with the strides of the ONNX layout:
+  // Conv (OC, IC/G, k...), ConvTranspose (IC, OC/G, k...).
+  Dims wd, ws;
+  std::vector<int64_t> kst = strides_of(Shape(ks.begin(), ks.end()));
+  if (G > 1) {
+    wd = {G, Cog, Cig};
+    ws = g.transpose ? Dims{Cig * Cog * kvol, kvol, Cog * kvol} : Dims{Cog * Cig * kvol, Cig * kvol, kvol};
+  } else {
+    wd = {Cog, Cig};
+    ws = g.transpose ? Dims{kvol, Cog * kvol} : Dims{Cig * kvol, kvol};
+  }
+  wd.insert(wd.end(), ks.begin(), ks.end());
+  ws.insert(ws.end(), kst.begin(), kst.end());
+  const bool blocked = !g.transpose && !pointwise;
+  try {
+    const memory::desc x_user = plain_md(src), y_user = plain_md(dst), w_user(wd, dt::f32, ws);
+    if (!g.transpose)
+      make_pair<dnnl::convolution_forward, dnnl::convolution_backward_data, dnnl::convolution_backward_weights>(
+          r, dnnl::algorithm::convolution_direct, x_user, w_user, y_user, blocked, strides, dil, pl, pr);
+    else
+      make_pair<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
+                dnnl::deconvolution_backward_weights>(r, dnnl::algorithm::deconvolution_direct, x_user, w_user,
+                                                      y_user, blocked, strides, dil, pl, pr);
+  } catch (const dnnl::error&) {
+    return r;
+  }
+  r.use_ref = false;
+  return r;
+}
+
+std::string geom_key(const ConvGeom& g) {
+  std::string k = str(g.transpose ? "ConvT" : "Conv", g.nsp, "N", g.N, "C", g.C_in, ">", g.C_out, "g", g.group);
+  for (int a = g.first(); a < 3; ++a)
+    k += str("|", g.in[a], ",", g.out[a], ",", g.k[a], ",", g.s[a], ",", g.d[a], ",", g.pb[a], ",", g.pe[a]);
+  return k;
+}
+
+// Geometry key -> primitives (bounded; creation outside the lock, first insertion wins).
+std::shared_ptr<const BackwardPrims> cached_backward(const ConvGeom& g) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<const BackwardPrims>> cache;
+  const std::string key = geom_key(g);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  auto p = std::make_shared<const BackwardPrims>(make_backward(g));
+  std::lock_guard<std::mutex> lk(mu);
+  if (cache.size() >= 4096) cache.clear();
+  return cache.emplace(key, std::move(p)).first->second;
+}
+
+// Staging buffers by role; dx's buffer is reused for x and W's for dW, as the data pass
+// finishes before the weights pass starts.
+enum { kDy, kW, kWide, kDy2 };
+thread_local Scratch bwd_scratch[4];
+
+// dx and dW by oneDNN (either pointer may be null); false when the geometry is not supported.
+bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
+                   float* dW) {
+  auto p = cached_backward(g);
+  if (p->use_ref) return false;
+  memory dy_m;
+  if (dx) {
+    dy_m = stage_in(n, p->data_dy, dy, bwd_scratch[kDy]);
+    memory w_m = stage_in(n, p->data_w, W, bwd_scratch[kW]);
+    memory dx_m = out_mem(p->data_dx, dx, bwd_scratch[kWide]);
+    run(n, p->data, {{DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DIFF_SRC, dx_m}});
+    stage_out(n, p->data_dx, dx_m, dx);
+  }
+  if (dW) {
+    memory x_m = stage_in(n, p->wts_x, x, bwd_scratch[kWide]);
+    if (!dx || !(p->wts_dy.prim == p->data_dy.prim)) dy_m = stage_in(n, p->wts_dy, dy, bwd_scratch[kDy2]);
+    memory dw_m = out_mem(p->wts_dw, dW, bwd_scratch[kW]);
+    run(n, p->weights, {{DNNL_ARG_SRC, x_m}, {DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_DIFF_WEIGHTS, dw_m}});
+    stage_out(n, p->wts_dw, dw_m, dW);
+  }
+  return true;
+}
+
+void fill_zero(Tensor* t) {
+  if (t) std::fill(t->data<float>(), t->data<float>() + t->numel(), 0.f);
+}
+
+void conv_backward_registered(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin) {
+  conv_backward(n, in, out, gout, gin, KernelKind::Fast);
+}
+
+}  // namespace
+
+bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin,
+                   KernelKind kind) {
+  const bool transpose = n.op == "ConvTranspose";
+  NCHECK(in.size() >= 2 && in[0] && in[1], "needs inputs X and W");
+  require_f32(n, in);
+  const ConvGeom g = conv_geometry(n, in[0]->shape, in[1]->shape, transpose);
+  Tensor* gx = gin.size() > 0 ? gin[0] : nullptr;
+  Tensor* gw = gin.size() > 1 ? gin[1] : nullptr;
+  Tensor* gb = gin.size() > 2 && in.size() > 2 && in[2] ? gin[2] : nullptr;
+  for (size_t i = 0; i < std::min<size_t>(3, gin.size()); ++i)
+    if (gin[i]) NCHECK(in.size() > i && in[i] && gin[i]->shape == in[i]->shape, "gradient of input ", i, " has shape ",
+                       shape_str(gin[i]->shape), ", expected that of the input");
+  const Tensor* dy = gout.empty() ? nullptr : gout[0];
+  if (!dy) {  // nothing reads the output: every gradient is zero
+    fill_zero(gx);
+    fill_zero(gw);
+    fill_zero(gb);
+    return false;
+  }
+  NCHECK(dy->dtype == DType::F32 && dy->shape == g.out_shape(), "output gradient ", shape_str(dy->shape),
+         " must be float32 ", shape_str(g.out_shape()));
+  const float* X = in[0]->data<float>();
+  const float* W = in[1]->data<float>();
+  const float* DY = dy->data<float>();
+  float* DX = gx ? gx->data<float>() : nullptr;
+  float* DW = gw ? gw->data<float>() : nullptr;
+  if (gb) bias_grad(DY, g.N, g.C_out, g.out[0] * g.out[1] * g.out[2], gb->data<float>());
+  if (!DX && !DW) return false;
+  const bool empty = in[0]->numel() == 0 || in[1]->numel() == 0 || dy->numel() == 0;
+  if (kind == KernelKind::Fast && !empty && backward_dnnl(n, g, X, W, DY, DX, DW)) return true;
+  backward_loops(g, X, W, DY, DX, DW);
+  return false;
+}
+
+void register_conv_backward() {
+  register_backward("Conv", conv_backward_registered);
+  register_backward("ConvTranspose", conv_backward_registered);
+}
 
 }  // namespace wxe::cpu

@@ -1,9 +1,711 @@
-// Backward kernels (layers). See engine/ops.h (BackwardFn) for the contract.
+// Backward kernels (layers): Softmax, LayerNormalization, InstanceNormalization,
+// GroupNormalization, Reduce*, Gelu (norm.cpp) and MatMul, Gemm, Einsum, Linear (linalg.cpp).
+// See engine/ops.h (BackwardFn) for the contract. Each kernel reads the node's attributes as
+// its forward kernel does and accumulates in double; statistics the forward computes
+// (mean, 1/std, the Reduce* aggregates) are recomputed from the inputs in double.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
 #include "engine/ops.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/dnnl_util.h"
 
 namespace wxe::cpu {
 
-void register_layer_backward() {}
+void register_spectral_norm();  // spectral_norm.cpp: the SpectralNorm op and its backward
+
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 15;  // elements
+
+const Tensor* opt_t(const Ins& in, size_t i) { return i < in.size() ? in[i] : nullptr; }
+const Tensor* opt_g(const Ins& gout, size_t k) { return k < gout.size() ? gout[k] : nullptr; }
+Tensor* opt_gin(const Outs& gin, size_t i) { return i < gin.size() ? gin[i] : nullptr; }
+
+void fill_zero(Tensor* t) {
+  if (t) std::fill(t->data<float>(), t->data<float>() + t->numel(), 0.f);
+}
+
+int64_t prod(const Shape& s, size_t a, size_t b) {
+  int64_t p = 1;
+  for (size_t d = a; d < b && d < s.size(); ++d) p *= s[d];
+  return p;
+}
+
+// Sums `full` (shaped `target`) into a parameter of shape p that broadcasts to target
+// (trailing alignment, size-1 dims repeated): the gradient of expand_to in norm.cpp.
+void sum_to(const std::vector<double>& full, const Shape& target, const Shape& p, float* dst) {
+  const int64_t np = numel(p);
+  std::vector<double> acc((size_t)np, 0.0);
+  const size_t off = target.size() - p.size();
+  const auto pst = strides_of(p);
+  for (int64_t e = 0; e < (int64_t)full.size(); ++e) {
+    int64_t rem = e, src = 0;
+    for (size_t d = target.size(); d-- > 0;) {
+      const int64_t i = rem % target[d];
+      rem /= target[d];
+      if (d >= off && p[d - off] != 1) src += i * pst[d - off];
+    }
+    acc[src] += full[e];
+  }
+  for (int64_t i = 0; i < np; ++i) dst[i] = (float)acc[i];
+}
+
+// Parameter broadcast to target as doubles (norm.cpp expand_to).
+std::vector<double> expand_to(const Tensor& t, const Shape& target) {
+  const Shape& p = t.shape;
+  const size_t off = target.size() - p.size();
+  const auto pst = strides_of(p);
+  std::vector<double> r((size_t)numel(target));
+  for (int64_t e = 0; e < (int64_t)r.size(); ++e) {
+    int64_t rem = e, src = 0;
+    for (size_t d = target.size(); d-- > 0;) {
+      const int64_t i = rem % target[d];
+      rem /= target[d];
+      if (d >= off && p[d - off] != 1) src += i * pst[d - off];
+    }
+    r[e] = t.data<float>()[src];
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Softmax: gx = y * (g - sum_axis(g * y)).
+
+void softmax_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin) {
+  if (!gin[0]) return;
+  if (!gout[0]) return fill_zero(gin[0]);
+  const Tensor& x = *in[0];
+  const int64_t axis = norm_axis(n.i("axis", -1), x.rank(), n);
+  const int64_t outer = prod(x.shape, 0, axis), len = x.rank() ? x.shape[axis] : 1,
+                inner = prod(x.shape, axis + 1, x.rank());
+  const float* y = out[0]->data<float>();
+  const float* g = gout[0]->data<float>();
+  float* gx = gin[0]->data<float>();
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
+  for (int64_t oi = 0; oi < outer * inner; ++oi) {
+    const int64_t base = (oi / inner) * len * inner + oi % inner;
+    double dot = 0;
+    for (int64_t k = 0; k < len; ++k) dot += (double)g[base + k * inner] * y[base + k * inner];
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t e = base + k * inner;
+      gx[e] = (float)(y[e] * (g[e] - dot));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Normalization of one block a[0..M): xhat = (a - mean) * inv. With gxhat the gradient of
+// xhat, dx = inv * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
+
+struct Stats {
+  double mean, inv;
+};
+
+Stats block_stats(const float* a, int64_t M, double eps) {
+  double s = 0;
+  for (int64_t k = 0; k < M; ++k) s += a[k];
+  const double mean = M ? s / M : 0;
+  double v = 0;
+  for (int64_t k = 0; k < M; ++k) v += (a[k] - mean) * (a[k] - mean);
+  return {mean, 1.0 / std::sqrt((M ? v / M : 0) + eps)};
+}
+
+// ---------------------------------------------------------------------------------------
+// LayerNormalization: X, Scale, B?; outputs Y, Mean?, InvStdDev? (any of whose gradients may
+// be absent). Mean and InvStdDev depend on X: d mean/dx = 1/D, d inv/dx = -inv^3 (x - mean)/D.
+
+void layernorm_backward(const Node& n, const Ins& in, const Ins& /*out*/, const Ins& gout,
+                        const Outs& gin) {
+  const Tensor& x = *in[0];
+  const int64_t axis = norm_axis(n.i("axis", -1), x.rank(), n);
+  const double eps = n.f("epsilon", 1e-5f);
+  const Shape norm_shape(x.shape.begin() + axis, x.shape.end());
+  const int64_t rows = prod(x.shape, 0, axis), D = numel(norm_shape);
+  const std::vector<double> gamma = expand_to(*in[1], norm_shape);
+  const float* gy = opt_g(gout, 0) ? gout[0]->data<float>() : nullptr;
+  const float* gmean = opt_g(gout, 1) ? gout[1]->data<float>() : nullptr;
+  const float* ginv = opt_g(gout, 2) ? gout[2]->data<float>() : nullptr;
+  const float* xp = x.data<float>();
+  std::vector<Stats> st((size_t)rows);
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
+  for (int64_t i = 0; i < rows; ++i) st[i] = block_stats(xp + i * D, D, eps);
+  if (Tensor* gx_t = gin[0]) {
+    float* gx = gx_t->data<float>();
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* a = xp + i * D;
+      const double mean = st[i].mean, inv = st[i].inv;
+      double sg = 0, sgx = 0;  // sum(gxhat), sum(gxhat * xhat)
+      if (gy)
+        for (int64_t k = 0; k < D; ++k) {
+          const double gh = (double)gy[i * D + k] * gamma[k];
+          sg += gh;
+          sgx += gh * (a[k] - mean) * inv;
+        }
+      const double gm = gmean ? gmean[i] : 0.0, gi = ginv ? ginv[i] : 0.0;
+      for (int64_t k = 0; k < D; ++k) {
+        const double xh = (a[k] - mean) * inv;
+        const double gh = gy ? (double)gy[i * D + k] * gamma[k] : 0.0;
+        gx[i * D + k] =
+            (float)(inv * (gh - sg / D - xh * sgx / D) + gm / D - gi * inv * inv * xh / D);
+      }
+    }
+  }
+  Tensor* gs = opt_gin(gin, 1);
+  Tensor* gb = opt_gin(gin, 2);
+  if (!gs && !gb) return;
+  // per normalized element k: sum over rows of gy * xhat and of gy
+  std::vector<double> sgs((size_t)D, 0.0), sgb((size_t)D, 0.0);
+  if (gy) {
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
+    for (int64_t k = 0; k < D; ++k)
+      for (int64_t i = 0; i < rows; ++i) {
+        const double g = gy[i * D + k];
+        sgs[k] += g * (xp[i * D + k] - st[i].mean) * st[i].inv;
+        sgb[k] += g;
+      }
+  }
+  if (gs) sum_to(sgs, norm_shape, in[1]->shape, gs->data<float>());
+  if (gb) sum_to(sgb, norm_shape, in[2]->shape, gb->data<float>());
+}
+
+// ---------------------------------------------------------------------------------------
+// InstanceNormalization / GroupNormalization (norm.cpp group_norm): x viewed as (N, G, M),
+// statistics per (n, g); channel c of group g covers S = M / cpg elements; scale and bias per
+// channel (C values) or per group (G values).
+
+void group_norm_backward(const Ins& in, const Ins& gout, const Outs& gin, int64_t G, double eps) {
+  const Tensor& x = *in[0];
+  const int64_t N = x.shape[0], C = x.shape[1], S = prod(x.shape, 2, x.rank());
+  const int64_t cpg = C / G, M = cpg * S;
+  const int64_t P = in[1]->numel();  // C or G
+  const bool per_channel = P == C;
+  const Tensor gamma_t = in[1]->to_f32();
+  const float* gamma = gamma_t.data<float>();
+  Tensor* gx_t = gin[0];
+  Tensor* gs_t = opt_gin(gin, 1);
+  Tensor* gb_t = opt_gin(gin, 2);
+  if (!gout[0]) {
+    for (Tensor* t : {gx_t, gs_t, gb_t}) fill_zero(t);
+    return;
+  }
+  const float* gy = gout[0]->data<float>();
+  const float* xp = x.data<float>();
+  // per (n, g, channel within the group): sums of gy * xhat and gy
+  std::vector<double> part_s((size_t)(N * G * cpg), 0.0), part_b((size_t)(N * G * cpg), 0.0);
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
+  for (int64_t ng = 0; ng < N * G; ++ng) {
+    const float* a = xp + ng * M;
+    const float* g = gy + ng * M;
+    const Stats s = block_stats(a, M, eps);
+    const int64_t grp = ng % G;
+    double sg = 0, sgx = 0;
+    for (int64_t c = 0; c < cpg; ++c) {
+      const double gs = gamma[per_channel ? grp * cpg + c : grp];
+      double ps = 0, pb = 0;
+      for (int64_t k = c * S; k < (c + 1) * S; ++k) {
+        const double xh = (a[k] - s.mean) * s.inv;
+        ps += g[k] * xh;
+        pb += g[k];
+      }
+      part_s[ng * cpg + c] = ps;
+      part_b[ng * cpg + c] = pb;
+      sg += gs * pb;
+      sgx += gs * ps;
+    }
+    if (!gx_t) continue;
+    float* gx = gx_t->data<float>() + ng * M;
+    for (int64_t c = 0; c < cpg; ++c) {
+      const double gs = gamma[per_channel ? grp * cpg + c : grp];
+      for (int64_t k = c * S; k < (c + 1) * S; ++k) {
+        const double xh = (a[k] - s.mean) * s.inv;
+        gx[k] = (float)(s.inv * (g[k] * gs - sg / M - xh * sgx / M));
+      }
+    }
+  }
+  std::vector<double> ss((size_t)P, 0.0), sb((size_t)P, 0.0);
+  for (int64_t ng = 0; ng < N * G; ++ng)
+    for (int64_t c = 0; c < cpg; ++c) {
+      const int64_t pi = per_channel ? (ng % G) * cpg + c : ng % G;
+      ss[pi] += part_s[ng * cpg + c];
+      sb[pi] += part_b[ng * cpg + c];
+    }
+  for (int64_t p = 0; p < P; ++p) {
+    if (gs_t) gs_t->data<float>()[p] = (float)ss[p];
+    if (gb_t) gb_t->data<float>()[p] = (float)sb[p];
+  }
+}
+
+void instnorm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+  group_norm_backward(in, gout, gin, in[0]->shape[1], n.f("epsilon", 1e-5f));
+}
+
+void groupnorm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+  group_norm_backward(in, gout, gin, n.i("num_groups", 0), n.f("epsilon", 1e-5f));
+}
+
+// ---------------------------------------------------------------------------------------
+// Reduce*: the axes plan of norm.cpp (axes attribute or input 1, keepdims, noop_with_empty_axes).
+// Each input element maps to one output element; keepdims does not change that map.
+
+struct ReducePlan {
+  bool noop = false;
+  std::vector<int64_t> out_index;  // per input element
+  int64_t nout = 0;
+  int64_t count = 0;               // input elements per output element
+};
+
+ReducePlan reduce_plan(const Node& n, const Tensor& x, const Tensor* axes_t) {
+  const int64_t r = x.rank();
+  std::vector<int64_t> axes = axes_t ? axes_t->to_i64() : n.ints("axes");
+  ReducePlan p;
+  std::vector<bool> reduced((size_t)r, axes.empty());
+  if (axes.empty() && n.i("noop_with_empty_axes", 0)) {
+    p.noop = true;
+    return p;
+  }
+  for (int64_t a : axes) reduced[norm_axis(a, r, n)] = true;
+  // output strides over the kept dims
+  std::vector<int64_t> ost((size_t)r, 0);
+  int64_t s = 1;
+  p.count = 1;
+  for (int64_t d = r; d-- > 0;)
+    if (!reduced[d]) {
+      ost[d] = s;
+      s *= x.shape[d];
+    } else {
+      p.count *= x.shape[d];
+    }
+  p.nout = s;
+  p.out_index.resize((size_t)x.numel());
+  for (int64_t e = 0; e < x.numel(); ++e) {
+    int64_t rem = e, o = 0;
+    for (int64_t d = r; d-- > 0;) {
+      o += (rem % x.shape[d]) * ost[d];
+      rem /= x.shape[d];
+    }
+    p.out_index[e] = o;
+  }
+  return p;
+}
+
+void reduce_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin) {
+  if (!gin[0]) return;
+  if (!gout[0]) return fill_zero(gin[0]);
+  const Tensor& x = *in[0];
+  const ReducePlan p = reduce_plan(n, x, opt_t(in, 1));
+  const float* g = gout[0]->data<float>();
+  float* gx = gin[0]->data<float>();
+  const int64_t total = x.numel();
+  if (p.noop) {
+    std::memcpy(gx, g, (size_t)total * sizeof(float));
+    return;
+  }
+  const float* xp = x.data<float>();
+  const float* y = out[0]->data<float>();
+  const std::vector<int64_t>& oi = p.out_index;
+  const std::string& op = n.op;
+  // per-output aggregates recomputed in double where the forward rounds them
+  std::vector<double> agg((size_t)p.nout, 0.0);
+  if (op == "ReduceSum" || op == "ReduceMean") {
+    const double scale = op == "ReduceMean" ? 1.0 / p.count : 1.0;
+    for (int64_t e = 0; e < total; ++e) gx[e] = (float)(g[oi[e]] * scale);
+  } else if (op == "ReduceSumSquare") {
+    for (int64_t e = 0; e < total; ++e) gx[e] = (float)(2.0 * xp[e] * g[oi[e]]);
+  } else if (op == "ReduceL1") {
+    for (int64_t e = 0; e < total; ++e)
+      gx[e] = xp[e] > 0 ? g[oi[e]] : xp[e] < 0 ? -g[oi[e]] : 0.f;
+  } else if (op == "ReduceL2") {  // x / ||x||
+    for (int64_t e = 0; e < total; ++e) agg[oi[e]] += (double)xp[e] * xp[e];
+    for (auto& a : agg) a = std::sqrt(a);
+    for (int64_t e = 0; e < total; ++e)
+      gx[e] = agg[oi[e]] > 0 ? (float)(g[oi[e]] * xp[e] / agg[oi[e]]) : 0.f;
+  } else if (op == "ReduceLogSum") {  // 1 / sum
+    for (int64_t e = 0; e < total; ++e) agg[oi[e]] += xp[e];
+    for (int64_t e = 0; e < total; ++e) gx[e] = (float)(g[oi[e]] / agg[oi[e]]);
+  } else if (op == "ReduceLogSumExp") {  // softmax over the reduced elements
+    std::vector<double> m((size_t)p.nout, -INFINITY);
+    for (int64_t e = 0; e < total; ++e) m[oi[e]] = std::max(m[oi[e]], (double)xp[e]);
+    for (int64_t e = 0; e < total; ++e) agg[oi[e]] += std::exp(xp[e] - m[oi[e]]);
+    for (int64_t e = 0; e < total; ++e)
+      gx[e] = (float)(g[oi[e]] * std::exp(xp[e] - m[oi[e]]) / agg[oi[e]]);
+  } else if (op == "ReduceMax" || op == "ReduceMin") {
+    // to the elements equal to the result, shared evenly between ties (as torch.amax/amin)
+    for (int64_t e = 0; e < total; ++e) agg[oi[e]] += xp[e] == y[oi[e]] ? 1.0 : 0.0;
+    for (int64_t e = 0; e < total; ++e)
+      gx[e] = xp[e] == y[oi[e]] ? (float)(g[oi[e]] / agg[oi[e]]) : 0.f;
+  } else if (op == "ReduceProd") {
+    // product of the other elements: nonzero product / x, or with exactly one zero, the
+    // product of the rest at that zero
+    std::vector<double> nz((size_t)p.nout, 1.0);
+    std::vector<int64_t> zeros((size_t)p.nout, 0);
+    for (int64_t e = 0; e < total; ++e) {
+      if (xp[e] == 0) ++zeros[oi[e]];
+      else nz[oi[e]] *= xp[e];
+    }
+    for (int64_t e = 0; e < total; ++e) {
+      const int64_t o = oi[e];
+      double d = 0;
+      if (zeros[o] == 0) d = nz[o] / xp[e];
+      else if (zeros[o] == 1 && xp[e] == 0) d = nz[o];
+      gx[e] = (float)(g[o] * d);
+    }
+  } else {
+    fail("node ", n.name, " (", n.op, "): no backward for this reduction");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Gelu: erf form d/dx = Phi(x) + x phi(x); tanh form from y = 0.5 x (1 + tanh(k (x + c x^3))).
+
+double gelu_grad(double v, bool tanh_form) {
+  if (tanh_form) {
+    const double k = std::sqrt(2.0 / M_PI), c = 0.044715;
+    const double t = std::tanh(k * (v + c * v * v * v));
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * c * v * v);
+  }
+  return 0.5 * (1 + std::erf(v * M_SQRT1_2)) + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+}
+
+void gelu_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+  if (!gin[0]) return;
+  if (!gout[0]) return fill_zero(gin[0]);
+  const std::string a = n.s("approximate", "none");
+  NCHECK(a == "none" || a == "tanh", "unsupported approximate '", a, "'");
+  const int64_t N = in[0]->numel();
+  const float* x = in[0]->data<float>();
+  const float* g = gout[0]->data<float>();
+  float* gx = gin[0]->data<float>();
+  const bool tanh_form = a == "tanh";
+#pragma omp parallel for schedule(static) if (N > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) gx[i] = (float)(g[i] * gelu_grad(x[i], tanh_form));
+}
+
+// ---------------------------------------------------------------------------------------
+// MatMul: A (..., M, K) x B (..., K, N) with broadcast batch dims; a 1-D A is (1, K), a 1-D B
+// is (K, 1) (the flat layouts of the operands and of Y agree with those views).
+// gA[ab] = sum over output batches b reading ab of gY[b] B[b]^T; gB likewise with A^T gY.
+
+// Flat index into src for every flat index of out when src broadcasts to out.
+std::vector<int64_t> broadcast_index(const Shape& src, const Shape& out) {
+  const size_t r = out.size();
+  Shape s(r, 1);
+  for (size_t i = 0; i < src.size(); ++i) s[r - src.size() + i] = src[i];
+  const std::vector<int64_t> sst = strides_of(s);
+  std::vector<int64_t> idx((size_t)numel(out));
+  for (int64_t f = 0; f < (int64_t)idx.size(); ++f) {
+    int64_t rem = f, off = 0;
+    for (size_t d = r; d-- > 0;) {
+      const int64_t c = rem % out[d];
+      rem /= out[d];
+      if (s[d] != 1) off += c * sst[d];
+    }
+    idx[f] = off;
+  }
+  return idx;
+}
+
+// For each operand batch, the output batches that read it.
+std::vector<std::vector<int64_t>> readers(const std::vector<int64_t>& idx, int64_t n_src) {
+  std::vector<std::vector<int64_t>> r((size_t)n_src);
+  for (int64_t b = 0; b < (int64_t)idx.size(); ++b) r[idx[b]].push_back(b);
+  return r;
+}
+
+void matmul_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+  const Shape& as = in[0]->shape;
+  const Shape& bs = in[1]->shape;
+  if (!gout[0]) {
+    fill_zero(gin[0]);
+    fill_zero(opt_gin(gin, 1));
+    return;
+  }
+  const Shape a2 = as.size() == 1 ? Shape{1, as[0]} : as;
+  const Shape b2 = bs.size() == 1 ? Shape{bs[0], 1} : bs;
+  const int64_t M = a2[a2.size() - 2], K = a2.back(), N = b2.back();
+  const Shape ab(a2.begin(), a2.end() - 2), bb(b2.begin(), b2.end() - 2);
+  const Shape batch = broadcast_shapes(ab, bb, n);
+  const std::vector<int64_t> ai = broadcast_index(ab, batch), bi = broadcast_index(bb, batch);
+  const float* A = in[0]->data<float>();
+  const float* B = in[1]->data<float>();
+  const float* G = gout[0]->data<float>();  // (batch, M, N)
+  if (Tensor* ga = gin[0]) {
+    const auto rd = readers(ai, numel(ab));
+    float* GA = ga->data<float>();
+    const int64_t na = (int64_t)rd.size();
+#pragma omp parallel
+    {
+      std::vector<double> acc((size_t)K);
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < na * M; ++t) {
+        const int64_t a = t / M, i = t % M;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t b : rd[a]) {
+          const float* g = G + (b * M + i) * N;
+          const float* bm = B + bi[b] * K * N;
+          for (int64_t k = 0; k < K; ++k) {
+            double s = 0;
+            for (int64_t j = 0; j < N; ++j) s += (double)g[j] * bm[k * N + j];
+            acc[k] += s;
+          }
+        }
+        for (int64_t k = 0; k < K; ++k) GA[(a * M + i) * K + k] = (float)acc[k];
+      }
+    }
+  }
+  if (Tensor* gb = opt_gin(gin, 1)) {
+    const auto rd = readers(bi, numel(bb));
+    float* GB = gb->data<float>();
+    const int64_t nbb = (int64_t)rd.size();
+#pragma omp parallel
+    {
+      std::vector<double> acc((size_t)N);
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < nbb * K; ++t) {
+        const int64_t bq = t / K, k = t % K;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t b : rd[bq]) {
+          const float* am = A + ai[b] * M * K;
+          const float* g = G + b * M * N;
+          for (int64_t i = 0; i < M; ++i) {
+            const double av = am[i * K + k];
+            for (int64_t j = 0; j < N; ++j) acc[j] += av * g[i * N + j];
+          }
+        }
+        for (int64_t j = 0; j < N; ++j) GB[(bq * K + k) * N + j] = (float)acc[j];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Gemm: Y = alpha op(A) op(B) + beta C. g_opA = alpha gY op(B)^T (M, K), g_opB = alpha op(A)^T gY
+// (K, N), transposed back where transA/transB; gC = beta gY summed over C's broadcast dims
+// (zero when beta is 0: the forward ignores C then).
+
+void gemm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+  const Tensor* C = opt_t(in, 2);
+  Tensor* gc = opt_gin(gin, 2);
+  if (!gout[0]) {
+    for (Tensor* t : {gin[0], opt_gin(gin, 1), gc}) fill_zero(t);
+    return;
+  }
+  const bool ta = n.i("transA", 0) != 0, tb = n.i("transB", 0) != 0;
+  const double alpha = n.f("alpha", 1.f), beta = n.f("beta", 1.f);
+  const Shape& as = in[0]->shape;
+  const Shape& bs = in[1]->shape;
+  const int64_t M = ta ? as[1] : as[0], K = ta ? as[0] : as[1], N = tb ? bs[0] : bs[1];
+  const float* A = in[0]->data<float>();
+  const float* B = in[1]->data<float>();
+  const float* G = gout[0]->data<float>();  // (M, N)
+  auto a_at = [&](int64_t i, int64_t k) { return (double)(ta ? A[k * M + i] : A[i * K + k]); };
+  auto b_at = [&](int64_t k, int64_t j) { return (double)(tb ? B[j * K + k] : B[k * N + j]); };
+  if (Tensor* ga = gin[0]) {
+    float* GA = ga->data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0;
+        for (int64_t j = 0; j < N; ++j) s += (double)G[i * N + j] * b_at(k, j);
+        GA[ta ? k * M + i : i * K + k] = (float)(alpha * s);
+      }
+  }
+  if (Tensor* gb = opt_gin(gin, 1)) {
+    float* GB = gb->data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t i = 0; i < M; ++i) s += a_at(i, k) * G[i * N + j];
+        GB[tb ? j * K + k : k * N + j] = (float)(alpha * s);
+      }
+  }
+  if (gc) {
+    int64_t cm = 1, cn = 1;
+    if (C->rank() == 2) cm = C->shape[0];
+    if (C->rank() >= 1) cn = C->shape.back();
+    std::vector<double> acc((size_t)(cm * cn), 0.0);
+    if (beta != 0)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) acc[(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)] += G[i * N + j];
+    for (int64_t e = 0; e < cm * cn; ++e) gc->data<float>()[e] = (float)(beta * acc[e]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Linear (linalg.cpp): X viewed as (P, K, Q), W (N, K), b (N), Y (P, N, Q); with activation
+// "gelu" the pre-activation Z (the float result before Gelu) is recomputed and gZ = gY Gelu'(Z).
+
+void linear_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+  const Tensor* bias = opt_t(in, 2);
+  Tensor* gw_t = opt_gin(gin, 1);
+  Tensor* gb_t = opt_gin(gin, 2);
+  if (!gout[0]) {
+    for (Tensor* t : {gin[0], gw_t, gb_t}) fill_zero(t);
+    return;
+  }
+  const Shape& xs = in[0]->shape;
+  const int64_t axis = norm_axis(n.i("axis", -1), (int64_t)xs.size(), n);
+  const int64_t K = xs[axis], N = in[1]->shape[0];
+  const int64_t P = prod(xs, 0, axis), Q = prod(xs, axis + 1, xs.size());
+  const std::string act = n.s("activation", "");
+  NCHECK(act.empty() || act == "gelu", "unknown activation '", act, "'");
+  const float* X = in[0]->data<float>();
+  const float* W = in[1]->data<float>();
+  const float* gy = gout[0]->data<float>();
+  std::vector<float> gz_store;
+  const float* gz = gy;  // (P, N, Q)
+  if (act == "gelu") {
+    gz_store.resize((size_t)(P * N * Q));
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < P * N; ++t) {
+      const int64_t p = t / N, j = t % N;
+      for (int64_t q = 0; q < Q; ++q) {
+        double z = bias ? (double)bias->data<float>()[j] : 0.0;
+        for (int64_t k = 0; k < K; ++k) z += (double)W[j * K + k] * X[(p * K + k) * Q + q];
+        const int64_t e = (p * N + j) * Q + q;
+        gz_store[e] = (float)(gy[e] * gelu_grad((float)z, false));
+      }
+    }
+    gz = gz_store.data();
+  }
+  if (Tensor* gx_t = gin[0]) {
+    float* GX = gx_t->data<float>();
+#pragma omp parallel
+    {
+      std::vector<double> acc((size_t)Q);
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < P * K; ++t) {
+        const int64_t p = t / K, k = t % K;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < N; ++j) {
+          const double wv = W[j * K + k];
+          const float* g = gz + (p * N + j) * Q;
+          for (int64_t q = 0; q < Q; ++q) acc[q] += wv * g[q];
+        }
+        for (int64_t q = 0; q < Q; ++q) GX[(p * K + k) * Q + q] = (float)acc[q];
+      }
+    }
+  }
+  if (gw_t || gb_t) {
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < N; ++j) {
+      double sb = 0;
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) sb += gz[(p * N + j) * Q + q];
+      if (gb_t) gb_t->data<float>()[j] = (float)sb;
+      if (!gw_t) continue;
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0;
+        for (int64_t p = 0; p < P; ++p) {
+          const float* g = gz + (p * N + j) * Q;
+          const float* x = X + (p * K + k) * Q;
+          for (int64_t q = 0; q < Q; ++q) s += (double)g[q] * x[q];
+        }
+        gw_t->data<float>()[j * K + k] = (float)s;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Einsum: the gradient of operand i is an einsum of gY with the other operands,
+// "out,others->t", run by the Einsum reference kernel, where t is operand i's distinct letters
+// that appear in the output or another operand. Letters only in operand i were summed by the
+// forward, so the gradient is constant along them (broadcast); a letter repeated in operand i
+// walked its diagonal, so only diagonal elements get the gradient (the rest are zero).
+
+void einsum_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+  const EinsumEq eq = parse_einsum(n, in.size());
+  std::map<char, int64_t> size;
+  for (size_t i = 0; i < in.size(); ++i)
+    for (size_t j = 0; j < eq.in[i].size(); ++j) size[eq.in[i][j]] = in[i]->shape[j];
+  for (size_t i = 0; i < in.size(); ++i) {
+    Tensor* gi = gin[i];
+    if (!gi) continue;
+    if (!gout[0]) {
+      fill_zero(gi);
+      continue;
+    }
+    const std::string& li = eq.in[i];
+    std::string elsewhere = eq.out;  // letters of the output and the other operands
+    for (size_t j = 0; j < in.size(); ++j)
+      if (j != i) elsewhere += eq.in[j];
+    std::string t;  // operand i's distinct letters that the gradient einsum produces
+    for (char c : li)
+      if (t.find(c) == std::string::npos && elsewhere.find(c) != std::string::npos) t.push_back(c);
+    // gradient einsum: gY, then the other operands
+    std::string spec = eq.out;
+    std::vector<const Tensor*> ops{gout[0]};
+    for (size_t j = 0; j < in.size(); ++j)
+      if (j != i) {
+        spec += "," + eq.in[j];
+        ops.push_back(in[j]);
+      }
+    spec += "->" + t;
+    Node g;
+    g.op = "Einsum";
+    g.name = n.name + "/grad" + std::to_string(i);
+    g.attrs["equation"] = attr_s(spec);
+    for (size_t k = 0; k < ops.size(); ++k) g.inputs.push_back((int)k);
+    g.outputs.push_back((int)ops.size());
+    Shape ts;
+    for (char c : t) ts.push_back(size.at(c));
+    Tensor tg(DType::F32, ts);
+    kernel_for("Einsum", KernelKind::Reference)(g, ops, {&tg});
+    // scatter tg into operand i's layout: every assignment of operand i's distinct letters
+    // is one (diagonal) element of gin[i]
+    std::string u;  // distinct letters of operand i
+    for (char c : li)
+      if (u.find(c) == std::string::npos) u.push_back(c);
+    const std::vector<int64_t> ist = strides_of(in[i]->shape), tst = strides_of(ts);
+    std::vector<int64_t> usize(u.size()), ustride(u.size(), 0), utstride(u.size(), 0);
+    for (size_t k = 0; k < u.size(); ++k) {
+      usize[k] = size.at(u[k]);
+      for (size_t j = 0; j < li.size(); ++j)
+        if (li[j] == u[k]) ustride[k] += ist[j];
+      const size_t pos = t.find(u[k]);
+      if (pos != std::string::npos) utstride[k] = tst[pos];
+    }
+    float* G = gi->data<float>();
+    if (u.size() < li.size()) fill_zero(gi);  // off-diagonal elements stay zero
+    int64_t count = 1;
+    for (int64_t s : usize) count *= s;
+    for (int64_t f = 0; f < count; ++f) {
+      int64_t rem = f, dst = 0, src = 0;
+      for (size_t k = u.size(); k-- > 0;) {
+        const int64_t c = rem % usize[k];
+        rem /= usize[k];
+        dst += c * ustride[k];
+        src += c * utstride[k];
+      }
+      G[dst] = tg.data<float>()[src];
+    }
+  }
+}
+
+}  // namespace
+
+void register_layer_backward() {
+  register_backward("Softmax", softmax_backward);
+  register_backward("LayerNormalization", layernorm_backward);
+  register_backward("InstanceNormalization", instnorm_backward);
+  register_backward("GroupNormalization", groupnorm_backward);
+  for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+                         "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+                         "ReduceLogSumExp"})
+    register_backward(op, reduce_backward);
+  register_backward("Gelu", gelu_backward);
+  register_backward("MatMul", matmul_backward);
+  register_backward("Gemm", gemm_backward);
+  register_backward("Einsum", einsum_backward);
+  register_backward("Linear", linear_backward);
+  register_spectral_norm();
+}
 
 }  // namespace wxe::cpu

@@ -24,6 +24,15 @@ void register_conv_ops();     // conv.cpp: Conv, ConvTranspose
 void register_fused_ops();    // fused.cpp: ops made by the fusion passes (engine/fuse.h): ChannelLayerNorm, ...
 void register_fast_kernels(); // fast.cpp: fast kernels without oneDNN: DepthToSpace, Transpose, Add, ...
 void register_dnnl_kernels(); // dnnl.cpp: oneDNN fast path for MatMul, Gemm, Einsum, Linear, Conv, ConvTranspose, Gelu, Softmax
+// Resize as a product of per-axis taps (data_ops.cpp): output coordinate o of an axis reads
+// input positions idx[o * k + j] with weights w[o * k + j], j < k. `in` are the node's inputs,
+// `out` its output shape. The forward kernel and the backward (its transpose) share them.
+struct ResizeAxisTaps {
+  int k = 1;                 // taps per output coordinate
+  std::vector<int64_t> idx;  // [out_len * k]
+  std::vector<float> w;      // [out_len * k]
+};
+std::vector<ResizeAxisTaps> resize_axis_taps(const Node& n, const Ins& in, const Shape& out);
 // Backward kernels (engine/ops.h BackwardFn), checked by tests/grad_test.cpp:
 void register_pointwise_backward();  // backward_pointwise.cpp: elementwise, shape and data ops
 void register_layer_backward();      // backward_layers.cpp: norms, reductions, linalg, SpectralNorm

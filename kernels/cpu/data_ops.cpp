@@ -677,11 +677,7 @@ float resize_coord(RCoord c, float x, float scale, int64_t in_len, int64_t out_l
   return 0;
 }
 
-struct AxisTaps {
-  int k = 1;                 // taps per output coordinate
-  std::vector<int64_t> idx;  // [out_len * k]
-  std::vector<float> w;      // [out_len * k]
-};
+using AxisTaps = ResizeAxisTaps;  // cpu_ops.h
 
 AxisTaps axis_taps(const ResizeCfg& c, float scale, int64_t in_len, int64_t out_len) {
   AxisTaps t;
@@ -960,6 +956,18 @@ std::vector<TypeShape> flatten_shape(const Node& n, const Values& in) {
 
 
 }  // namespace
+
+std::vector<ResizeAxisTaps> resize_axis_taps(const Node& n, const Ins& in, const Shape& out) {
+  const Tensor& x = *in[0];
+  const ResizeCfg c = resize_cfg(n);
+  std::vector<float> scales;
+  if (given_t(in, 2)) scales = floats_of(*in[2]);
+  const ResizePlan p = resize_plan(n, x.shape, scales, opt_ints(in, 3));
+  NCHECK(p.out == out, "output ", shape_str(out), " differs from the planned ", shape_str(p.out));
+  std::vector<ResizeAxisTaps> taps;
+  for (int d = 0; d < x.rank(); ++d) taps.push_back(axis_taps(c, p.scale[d], x.shape[d], p.out[d]));
+  return taps;
+}
 
 void register_data_ops() {
   register_op("Slice", slice_shape, slice_kernel);

@@ -1,0 +1,159 @@
+#include "engine/autograd.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace wxe {
+
+namespace {
+
+bool is_float(DType t) { return t == DType::F32; }
+
+// dst += src (same shape)
+void accumulate(Tensor& dst, const Tensor& src) {
+  float* d = dst.data<float>();
+  const float* s = src.data<float>();
+  const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptions opt)
+    : g_(g), trainable_(std::move(trainable)), opt_(opt) {
+  needs_grad_.assign(g.values.size(), false);
+  for (int p : trainable_) {
+    WXE_CHECK(p >= 0 && p < (int)g.values.size() && g.values[p].is_const() && is_float(g.values[p].dtype),
+              g.source, ": trainable value ", p, " is not a float32 parameter");
+    needs_grad_[p] = true;
+  }
+  for (const Node& n : g.nodes) {
+    kernels_.push_back(kernel_for(n.op, opt.kernels));
+    bool any = std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && needs_grad_[i]; });
+    backward_.push_back(any ? backward_kernel(n.op) : nullptr);
+    if (!any) continue;
+    WXE_CHECK(backward_.back(), g.source, ": node ", n.name, " (", n.op,
+              ") lies between trainable parameters and the loss, and op ", n.op, " has no backward kernel");
+    for (int o : n.outputs) needs_grad_[o] = is_float(g.values[o].dtype);
+    for (int o : n.outputs)
+      WXE_CHECK(g.values[o].shape_known, g.source, ": value '", g.values[o].name, "' has no static shape");
+  }
+  for (int p : trainable_) grads_.push_back(Tensor::zeros(DType::F32, g.values[p].shape));
+}
+
+void GradExecutor::zero_grad() {
+  for (Tensor& t : grads_) std::memset(t.raw(), 0, t.nbytes());
+}
+
+std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& inputs) {
+  set_threads(opt_.threads);
+  vals_.assign(g_.values.size(), Tensor());
+  for (size_t v = 0; v < g_.values.size(); ++v)
+    if (g_.values[v].is_const()) vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
+  for (int id : g_.inputs) {
+    const Value& v = g_.values[id];
+    auto it = inputs.find(v.name);
+    WXE_CHECK(it != inputs.end(), "no tensor given for input '", v.name, "'");
+    WXE_CHECK(it->second.dtype == v.dtype && it->second.shape == v.shape, "input '", v.name, "' expects ",
+              dtype_name(v.dtype), " ", shape_str(v.shape), ", got ", dtype_name(it->second.dtype), " ",
+              shape_str(it->second.shape));
+    vals_[id] = it->second;
+  }
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+  for (size_t k = 0; k < g_.nodes.size(); ++k) {
+    const Node& n = g_.nodes[k];
+    auto t0 = std::chrono::steady_clock::now();
+    in.clear();
+    out.clear();
+    for (int i : n.inputs) in.push_back(i < 0 ? nullptr : &vals_[i]);
+    for (int o : n.outputs) {
+      vals_[o] = Tensor(g_.values[o].dtype, g_.values[o].shape);
+      out.push_back(&vals_[o]);
+    }
+    try {
+      kernels_[k](n, in, out);
+    } catch (const Error& e) {
+      throw Error(g_.source + ": node " + n.name + " (" + n.op + "): " + e.what());
+    }
+    if (opt_.profile) {
+      auto& p = profile_[n.op];
+      p.ms += ms_since(t0);
+      ++p.calls;
+    }
+  }
+  std::vector<Tensor> result;
+  for (int o : g_.outputs) result.push_back(vals_[o]);
+  return result;
+}
+
+void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
+  WXE_CHECK(grad_outputs.size() == g_.outputs.size(), "backward: ", grad_outputs.size(), " output gradients for ",
+            g_.outputs.size(), " outputs");
+  WXE_CHECK(!vals_.empty(), "backward without a forward");
+  std::vector<Tensor> grad(g_.values.size());  // dL/dv, defined once something flowed into v
+  auto add_grad = [&](int v, Tensor t) {
+    if (!grad[v].defined()) {
+      grad[v] = std::move(t);
+    } else {
+      accumulate(grad[v], t);
+    }
+  };
+  for (size_t k = 0; k < g_.outputs.size(); ++k) {
+    const Tensor& go = grad_outputs[k];
+    if (!go.defined() || !needs_grad_[g_.outputs[k]]) continue;
+    const Value& v = g_.values[g_.outputs[k]];
+    WXE_CHECK(go.shape == v.shape && go.dtype == DType::F32, "backward: gradient of output '", v.name, "' is ",
+              shape_str(go.shape), ", expected float32 ", shape_str(v.shape));
+    add_grad(g_.outputs[k], go.clone());
+  }
+  std::vector<const Tensor*> in, out, gout;
+  std::vector<Tensor*> gin;
+  for (size_t k = g_.nodes.size(); k-- > 0;) {
+    if (!backward_[k]) continue;
+    const Node& n = g_.nodes[k];
+    bool any_out = std::any_of(n.outputs.begin(), n.outputs.end(), [&](int o) { return grad[o].defined(); });
+    if (!any_out) continue;
+    auto t0 = std::chrono::steady_clock::now();
+    in.clear();
+    out.clear();
+    gout.clear();
+    gin.clear();
+    std::vector<Tensor> gi(n.inputs.size());
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      int v = n.inputs[i];
+      in.push_back(v < 0 ? nullptr : &vals_[v]);
+      bool want = v >= 0 && needs_grad_[v];
+      if (want) gi[i] = Tensor(DType::F32, g_.values[v].shape);
+      gin.push_back(want ? &gi[i] : nullptr);
+    }
+    for (int o : n.outputs) {
+      out.push_back(&vals_[o]);
+      gout.push_back(grad[o].defined() ? &grad[o] : nullptr);
+    }
+    try {
+      backward_[k](n, in, out, gout, gin);
+    } catch (const Error& e) {
+      throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + e.what());
+    }
+    for (int o : n.outputs) grad[o] = Tensor();  // consumed
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (gin[i]) add_grad(n.inputs[i], std::move(gi[i]));
+    if (opt_.profile) {
+      auto& p = profile_[n.op + " (backward)"];
+      p.ms += ms_since(t0);
+      ++p.calls;
+    }
+  }
+  for (size_t p = 0; p < trainable_.size(); ++p)
+    if (grad[trainable_[p]].defined()) accumulate(grads_[p], grad[trainable_[p]]);
+  vals_.clear();
+}
+
+}  // namespace wxe

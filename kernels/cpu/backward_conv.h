@@ -1,0 +1,16 @@
+// Conv / ConvTranspose backward with an explicit choice of path, for tests that compare the
+// oneDNN fast path with the reference loops (backward_conv.cpp).
+#pragma once
+#include "engine/ops.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace wxe::cpu {
+
+// The backward kernel of a Conv or ConvTranspose node (engine/ops.h BackwardFn contract).
+// Reference: plain loops with double accumulation (the oracle). Fast: oneDNN's backward-data
+// and backward-weights primitives where they apply, the loops otherwise. Returns true when
+// oneDNN computed dx and dw (the bias gradient is always a plain sum).
+bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin,
+                   KernelKind kind);
+
+}  // namespace wxe::cpu

@@ -1,0 +1,516 @@
+#include "tools/finetune.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "engine/json.h"
+#include "engine/npy.h"
+#include "engine/safetensors.h"
+#include "importers/onnx/onnx_import.h"
+#include "tools/loss_plot.h"
+#include "tools/model.h"
+
+namespace fs = std::filesystem;
+
+namespace wxe {
+
+bool glob_match(const std::string& p, const std::string& s) {
+  // greedy two-pointer match, backtracking only to the last '*': O(|p| * |s|) at worst
+  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
+  while (j < s.size()) {
+    if (i < p.size() && (p[i] == '?' || p[i] == s[j])) {
+      ++i;
+      ++j;
+    } else if (i < p.size() && p[i] == '*') {
+      star = i++;
+      mark = j;
+    } else if (star != std::string::npos) {
+      i = star + 1;
+      j = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (i < p.size() && p[i] == '*') ++i;
+  return i == p.size();
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double peak_rss_mb() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;
+}
+
+std::string step_dir_name(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step_%06lld", (long long)step);
+  return b;
+}
+
+// x[:, :c] = pred[:, :c] over the trailing dims, which must agree
+void feed_back(Tensor& x, const Tensor& pred, int64_t c) {
+  WXE_CHECK(x.rank() == pred.rank() && x.shape[0] == pred.shape[0], "rollout: prediction ", shape_str(pred.shape),
+            " cannot be fed back into input ", shape_str(x.shape));
+  int64_t inner = 1;
+  for (int d = 2; d < x.rank(); ++d) {
+    WXE_CHECK(x.shape[d] == pred.shape[d], "rollout: prediction ", shape_str(pred.shape),
+              " cannot be fed back into input ", shape_str(x.shape), " (dim ", d, " differs)");
+    inner *= x.shape[d];
+  }
+  for (int64_t b = 0; b < x.shape[0]; ++b)
+    std::memcpy(x.data<float>() + b * x.shape[1] * inner, pred.data<float>() + b * pred.shape[1] * inner,
+                c * inner * sizeof(float));
+}
+
+std::string fmt_time(double s) {
+  char b[32];
+  int64_t t = (int64_t)std::llround(std::max(0.0, s));
+  if (t >= 3600)
+    std::snprintf(b, sizeof b, "%lld:%02lld:%02lld", (long long)(t / 3600), (long long)(t / 60 % 60), (long long)(t % 60));
+  else
+    std::snprintf(b, sizeof b, "%lld:%02lld", (long long)(t / 60), (long long)(t % 60));
+  return b;
+}
+
+// One fixed input and a zero target (wxe bench --train).
+class FixedSource : public SampleSource {
+ public:
+  FixedSource(Tensor x, Tensor y) : x_(std::move(x)), y_(std::move(y)) {}
+  int64_t size() const override { return 1; }
+  Sample get(int64_t) const override { return {x_, {y_}, {x_}}; }
+  std::string describe() const override { return "one fixed input, zero target"; }
+
+ private:
+  Tensor x_, y_;
+};
+
+}  // namespace
+
+Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data)
+    : cfg_(cfg), data_(std::move(data)), adam_(cfg.adam) {
+  WXE_CHECK(cfg.accum >= 1, "--accum must be at least 1");
+  WXE_CHECK(cfg.forecast_len >= 1, "--forecast-len must be at least 1");
+  WXE_CHECK(data_ && data_->size() > 0, "no training samples");
+  graph_ = import_onnx(cfg.model);
+  WXE_CHECK(graph_.inputs.size() == 1, cfg.model, ": fine-tuning needs a model with one input, it has ",
+            graph_.inputs.size());
+  input_name_ = graph_.values[graph_.inputs[0]].name;
+  Sample first = data_->get(0);
+  prepare_model(graph_, {{input_name_, {first.input.dtype, first.input.shape}}}, {cfg.weights, true, nullptr});
+  WXE_CHECK(graph_.outputs.size() >= 1, cfg.model, ": the model has no output");
+  const Shape out_shape = graph_.values[graph_.outputs[0]].shape;
+  WXE_CHECK(first.targets.size() == (size_t)cfg.forecast_len && first.targets[0].shape == out_shape,
+            cfg.data, ": targets are ", shape_str(first.targets.empty() ? Shape{} : first.targets[0].shape),
+            ", the model's output is ", shape_str(out_shape));
+  for (int v : trainable_parameters(graph_)) {
+    const std::string& name = graph_.values[v].name;
+    bool frozen = std::any_of(cfg.freeze.begin(), cfg.freeze.end(), [&](const std::string& p) { return glob_match(p, name); });
+    if (!frozen) trainable_.push_back(v);
+  }
+  for (const std::string& p : cfg.freeze) {
+    bool any = false;
+    for (int v : trainable_parameters(graph_)) any = any || glob_match(p, graph_.values[v].name);
+    WXE_CHECK(any, "--freeze '", p, "' matches no parameter of ", cfg.model);
+  }
+  WXE_CHECK(!trainable_.empty(), cfg.model, ": every parameter is frozen; nothing to train");
+  std::vector<int> uses = graph_.use_counts();
+  for (size_t v = 0; v < graph_.values.size(); ++v) {
+    const Value& x = graph_.values[v];
+    if (x.is_param && x.is_const() && uses[v] && (ends_with(x.name, ".weight_u") || ends_with(x.name, ".weight_v")))
+      buffers_.push_back((int)v);
+  }
+  ExecOptions opt;
+  opt.threads = cfg.threads;
+  opt.kernels = cfg.reference ? KernelKind::Reference : KernelKind::Fast;
+  opt.optimize = false;
+  opt.profile = true;
+  exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
+  if (!cfg.plain_mse) {
+    NpyDirInfo info;
+    if (!cfg.data.empty()) info = read_npy_dir_info(cfg.data);
+    const int64_t h = out_shape.size() >= 2 ? out_shape[out_shape.size() - 2] : 1;
+    if (info.lat.empty()) info.lat = regular_latitudes(h);
+    WXE_CHECK((int64_t)info.lat.size() == h, cfg.data, "/lat.npy: ", info.lat.size(), " latitudes, the output has ", h,
+              " rows");
+    loss_w_.lat_weights = latitude_weights(info.lat);
+    loss_w_.channel_weights = info.channel_weights;
+  }
+  if (cfg.ema) {
+    std::vector<const Tensor*> ps;
+    for (int v : trainable_) ps.push_back(graph_.values[v].constant.get());
+    ema_ = std::make_unique<Ema>(cfg.ema_decay, ps);
+  }
+  if (cfg.resume && !cfg.save.empty()) {
+    fs::path latest = fs::path(cfg.save) / "latest";
+    if (fs::exists(latest)) {
+      std::ifstream f(latest);
+      std::string name;
+      f >> name;
+      load_checkpoint((fs::path(cfg.save) / name).string());
+    } else {
+      note("wxe: --resume: no checkpoint in %s yet; starting at step 0\n", cfg.save.c_str());
+    }
+  }
+}
+
+int64_t Trainer::trainable_count() const {
+  int64_t n = 0;
+  for (int v : trainable_) n += graph_.values[v].constant->numel();
+  return n;
+}
+
+int64_t Trainer::sample_index(int64_t micro) {
+  const int64_t n = data_->size(), epoch = micro / n;
+  if (!cfg_.shuffle) return micro % n;
+  if (epoch != perm_epoch_) {
+    perm_.resize(n);
+    std::iota(perm_.begin(), perm_.end(), 0);
+    std::mt19937_64 rng(cfg_.seed * 1000003ull + (uint64_t)epoch);
+    for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates, defined here so every platform agrees
+      int64_t k = (int64_t)(rng() % (uint64_t)(i + 1));
+      std::swap(perm_[i], perm_[k]);
+    }
+    perm_epoch_ = epoch;
+  }
+  return perm_[micro % n];
+}
+
+StepLog Trainer::step() {
+  auto t0 = std::chrono::steady_clock::now();
+  StepLog log;
+  log.lr = cfg_.schedule.lr_at(step_);
+  const int64_t channels_in = graph_.values[graph_.inputs[0]].shape[1];
+  const int64_t channels_out = graph_.values[graph_.outputs[0]].shape[1];
+  const int64_t prognostic = cfg_.prognostic >= 0 ? cfg_.prognostic : std::min(channels_in, channels_out);
+  WXE_CHECK(prognostic <= std::min(channels_in, channels_out), "--prognostic ", prognostic, " exceeds the ",
+            std::min(channels_in, channels_out), " channels input and output share");
+  double loss_sum = 0;
+  int terms = 0;
+  for (int j = 0; j < cfg_.accum; ++j) {
+    Sample s = data_->get(sample_index(step_ * cfg_.accum + j));
+    Tensor x = s.input, pred;
+    for (int k = 0; k < cfg_.forecast_len; ++k) {
+      if (k > 0) {  // the prediction, detached, replaces the prognostic channels
+        x = s.forcing[k].clone();
+        feed_back(x, pred, prognostic);
+      }
+      std::vector<Tensor> outs = exec_->forward({{input_name_, x}});
+      pred = outs[0];
+      std::vector<Tensor> gout(outs.size());
+      gout[0] = Tensor(DType::F32, pred.shape);
+      double loss = weighted_mse(pred, s.targets[k], loss_w_, &gout[0], 1.0 / cfg_.accum);
+      exec_->backward(gout);
+      loss_sum += loss;
+      ++terms;
+    }
+    log.samples += (int)x.shape[0];
+  }
+  log.loss = loss_sum / terms;
+  std::vector<Tensor*> grads;
+  for (Tensor& g : exec_->grads()) grads.push_back(&g);
+  log.grad_norm = clip_grad_norm(grads, cfg_.grad_max_norm);
+  if (!std::isfinite(log.loss) || !std::isfinite(log.grad_norm)) {
+    exec_->zero_grad();
+    fail("step ", step_ + 1, ": the loss is ", log.loss, " and the gradient norm ", log.grad_norm,
+         "; stopped before updating the parameters");
+  }
+  std::vector<Tensor*> params;
+  std::vector<const Tensor*> cgrads, cparams;
+  for (int v : trainable_) {
+    params.push_back(graph_.values[v].constant.get());
+    cparams.push_back(graph_.values[v].constant.get());
+  }
+  for (Tensor* g : grads) cgrads.push_back(g);
+  adam_.step(params, cgrads, log.lr);
+  if (ema_) ema_->update(cparams);
+  exec_->zero_grad();
+  log.step = ++step_;
+  log.seconds = seconds_since(t0);
+  return log;
+}
+
+NamedTensors Trainer::parameters() const {
+  NamedTensors r;
+  std::vector<int> uses = graph_.use_counts();
+  for (size_t v = 0; v < graph_.values.size(); ++v) {
+    const Value& x = graph_.values[v];
+    if (x.is_param && x.is_const() && uses[v] && x.dtype == DType::F32) r.push_back({x.name, *x.constant});
+  }
+  return r;
+}
+
+std::string Trainer::save_checkpoint() {
+  WXE_CHECK(!cfg_.save.empty(), "no --save directory");
+  const fs::path root(cfg_.save), final_dir = root / step_dir_name(step_);
+  const fs::path tmp = root / (step_dir_name(step_) + ".tmp" + std::to_string(getpid()));
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  WXE_CHECK(!ec, cfg_.save, ": cannot create the directory: ", ec.message());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  WXE_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
+  const std::string step = std::to_string(step_);
+  write_safetensors((tmp / "model.safetensors").string(), parameters(),
+                    {{"format", "pt"}, {"step", step}, {"source", cfg_.model}, {"written_by", "wxe finetune"}});
+  NamedTensors opt;
+  for (size_t i = 0; i < trainable_.size() && i < adam_.exp_avg().size(); ++i) {
+    opt.push_back({"exp_avg." + graph_.values[trainable_[i]].name, adam_.exp_avg()[i]});
+    opt.push_back({"exp_avg_sq." + graph_.values[trainable_[i]].name, adam_.exp_avg_sq()[i]});
+  }
+  const AdamWConfig& c = adam_.config();
+  write_safetensors((tmp / "optimizer.safetensors").string(), opt,
+                    {{"step", std::to_string(adam_.steps())}, {"lr", str(cfg_.schedule.lr)}, {"beta1", str(c.beta1)},
+                     {"beta2", str(c.beta2)}, {"eps", str(c.eps)}, {"weight_decay", str(c.weight_decay)}});
+  if (ema_) {
+    NamedTensors e;
+    for (size_t i = 0; i < trainable_.size(); ++i) e.push_back({graph_.values[trainable_[i]].name, ema_->shadow()[i]});
+    write_safetensors((tmp / "ema.safetensors").string(), e, {{"format", "pt"}, {"step", step}});
+  }
+  std::string js = "{\"step\": " + step + ", \"seed\": " + std::to_string(cfg_.seed) + ", \"model\": ";
+  json_string(js, cfg_.model);
+  js += ", \"data\": ";
+  json_string(js, cfg_.data);
+  js += ", \"accum\": " + std::to_string(cfg_.accum) + ", \"forecast_len\": " + std::to_string(cfg_.forecast_len) + "}\n";
+  write_file_atomic((tmp / "trainer_state.json").string(), js);
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  WXE_CHECK(!ec, final_dir.string(), ": cannot move the checkpoint into place: ", ec.message());
+  write_file_atomic((root / "latest").string(), step_dir_name(step_) + "\n");
+  // keep the newest `keep` checkpoints
+  std::vector<std::string> dirs;
+  for (auto& e : fs::directory_iterator(root)) {
+    std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) dirs.push_back(n);
+  }
+  std::sort(dirs.begin(), dirs.end());
+  for (size_t i = 0; i + std::max(cfg_.keep, 1) < dirs.size(); ++i)
+    if (dirs[i] != step_dir_name(step_)) fs::remove_all(root / dirs[i], ec);
+  return final_dir.string();
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  std::map<std::string, Tensor> model;
+  for (auto& [n, t] : read_safetensors(dir + "/model.safetensors")) model[n] = t;
+  for (auto& [name, t] : parameters()) {
+    auto it = model.find(name);
+    WXE_CHECK(it != model.end(), dir, "/model.safetensors: no tensor '", name, "' (a checkpoint of another model?)");
+    WXE_CHECK(it->second.shape == t.shape && it->second.dtype == t.dtype, dir, "/model.safetensors: '", name, "' is ",
+              shape_str(it->second.shape), ", the model's is ", shape_str(t.shape));
+    std::memcpy(const_cast<Tensor&>(t).raw(), it->second.raw(), t.nbytes());  // in place: the executor shares it
+  }
+  std::map<std::string, std::string> meta;
+  std::map<std::string, Tensor> opt;
+  for (auto& [n, t] : read_safetensors(dir + "/optimizer.safetensors", &meta)) opt[n] = t;
+  std::vector<Tensor> m, v;
+  for (int p : trainable_) {
+    const std::string& name = graph_.values[p].name;
+    WXE_CHECK(opt.count("exp_avg." + name) && opt.count("exp_avg_sq." + name), dir,
+              "/optimizer.safetensors: no state for '", name, "' (was it frozen in the saved run?)");
+    m.push_back(opt["exp_avg." + name]);
+    v.push_back(opt["exp_avg_sq." + name]);
+  }
+  WXE_CHECK(meta.count("step"), dir, "/optimizer.safetensors: no step in the metadata");
+  adam_.set_state(std::stoll(meta["step"]), std::move(m), std::move(v));
+  if (ema_) {
+    WXE_CHECK(fs::exists(dir + "/ema.safetensors"), dir, ": no ema.safetensors (the saved run had no EMA)");
+    std::map<std::string, Tensor> e;
+    for (auto& [n, t] : read_safetensors(dir + "/ema.safetensors")) e[n] = t;
+    for (size_t i = 0; i < trainable_.size(); ++i) {
+      auto it = e.find(graph_.values[trainable_[i]].name);
+      WXE_CHECK(it != e.end(), dir, "/ema.safetensors: no '", graph_.values[trainable_[i]].name, "'");
+      ema_->shadow()[i] = it->second.clone();
+    }
+  }
+  std::ifstream f(dir + "/trainer_state.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  Json st = parse_json(ss.str(), dir + "/trainer_state.json");
+  const Json* step = st.get("step");
+  WXE_CHECK(step && checked_index(*step) >= 0, dir, "/trainer_state.json: no step");
+  step_ = checked_index(*step);
+  note("wxe: resumed from %s (step %lld)\n", dir.c_str(), (long long)step_);
+}
+
+namespace {
+
+struct LogRow {
+  int64_t step;
+  double loss, lr, grad_norm, samples_per_s, seconds;
+};
+
+const char* kCsvHeader = "step,loss,lr,grad_norm,samples_per_s,step_seconds";
+
+std::string csv_row(const LogRow& r) {
+  char b[256];
+  std::snprintf(b, sizeof b, "%lld,%.9g,%.9g,%.9g,%.4g,%.4g", (long long)r.step, r.loss, r.lr, r.grad_norm,
+                r.samples_per_s, r.seconds);
+  return b;
+}
+
+// Rows of an existing log up to `upto` (a resumed run rewrites what came after its checkpoint).
+std::vector<LogRow> read_log(const std::string& path, int64_t upto) {
+  std::vector<LogRow> rows;
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  while (std::getline(f, line)) {
+    LogRow r{};
+    if (std::sscanf(line.c_str(), "%lld,%lf,%lf,%lf,%lf,%lf", (long long*)&r.step, &r.loss, &r.lr, &r.grad_norm,
+                    &r.samples_per_s, &r.seconds) == 6 &&
+        r.step <= upto)
+      rows.push_back(r);
+  }
+  return rows;
+}
+
+void write_log(const std::string& path, const std::vector<LogRow>& rows) {
+  std::string s = std::string(kCsvHeader) + "\n";
+  for (auto& r : rows) s += csv_row(r) + "\n";
+  write_file_atomic(path, s);
+}
+
+void plot(const std::string& save, const std::vector<LogRow>& rows, const std::string& title) {
+  std::vector<double> steps, loss;
+  for (auto& r : rows) {
+    steps.push_back((double)r.step);
+    loss.push_back(r.loss);
+  }
+  try {
+    plot_loss_curve((fs::path(save) / "loss_curve.png").string(), title, steps, loss);
+  } catch (const Error& e) {
+    note("wxe: warning: loss curve not drawn: %s\n", e.what());
+  }
+}
+
+}  // namespace
+
+int run_finetune(const FinetuneConfig& cfg) {
+  WXE_CHECK(cfg.steps >= 1, "--steps must be at least 1");
+  WXE_CHECK(!cfg.save.empty(), "--save DIR is required");
+  auto t_start = std::chrono::steady_clock::now();
+  std::unique_ptr<SampleSource> data = open_npy_dir(cfg.data, cfg.forecast_len);
+  note("wxe: data: %s\n", data->describe().c_str());
+  Trainer t(cfg, std::move(data));
+  note("wxe: training %lld parameters (%zu tensors); %zu nodes; accum %d, forecast_len %d\n",
+       (long long)t.trainable_count(), t.executor().trainable().size(), t.graph().nodes.size(), cfg.accum,
+       cfg.forecast_len);
+  const std::string log_path = (fs::path(cfg.save) / "training_log.csv").string();
+  std::vector<LogRow> rows = cfg.resume ? read_log(log_path, t.steps_done()) : std::vector<LogRow>{};
+  fs::create_directories(cfg.save);
+  write_log(log_path, rows);
+  const bool tty = isatty(fileno(stderr));
+  const int64_t first = t.steps_done();
+  double run_s = 0;
+  std::string last_ckpt;
+  if (first >= cfg.steps) note("wxe: already at step %lld of %lld\n", (long long)first, (long long)cfg.steps);
+  while (t.steps_done() < cfg.steps) {
+    StepLog s;
+    try {
+      s = t.step();
+    } catch (const Error& e) {
+      if (tty && cfg.progress) std::fprintf(stderr, "\n");
+      std::fprintf(stderr, "wxe: error: %s\n", e.what());
+      fs::path latest = fs::path(cfg.save) / "latest";
+      if (fs::exists(latest)) {
+        std::ifstream f(latest);
+        std::string n;
+        f >> n;
+        std::fprintf(stderr, "wxe: the last good checkpoint is %s\n", (fs::path(cfg.save) / n).c_str());
+      } else {
+        std::fprintf(stderr, "wxe: no checkpoint was written\n");
+      }
+      return 4;
+    }
+    run_s += s.seconds;
+    rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds});
+    {
+      std::ofstream f(log_path, std::ios::app);
+      f << csv_row(rows.back()) << "\n";
+    }
+    const int64_t done = s.step - first, left = cfg.steps - s.step;
+    const double eta = run_s / done * left;
+    if (cfg.progress && !g_quiet) {
+      if (tty) {
+        const int width = 24, fill = (int)(width * s.step / cfg.steps);
+        std::fprintf(stderr, "\r[%s%s] step %lld/%lld  loss %.4e  lr %.2e  %.2f samples/s  ETA %s   ",
+                     std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), (long long)s.step,
+                     (long long)cfg.steps, s.loss, s.lr, s.samples / s.seconds, fmt_time(eta).c_str());
+        if (!left) std::fprintf(stderr, "\n");
+      } else {
+        std::fprintf(stderr, "wxe: step %lld/%lld loss %.6e lr %.3e grad_norm %.3e %.2f samples/s ETA %s\n",
+                     (long long)s.step, (long long)cfg.steps, s.loss, s.lr, s.grad_norm, s.samples / s.seconds,
+                     fmt_time(eta).c_str());
+      }
+    }
+    if (cfg.save_every > 0 && s.step % cfg.save_every == 0 && left > 0) {
+      last_ckpt = t.save_checkpoint();
+      plot(cfg.save, rows, cfg.model);
+    }
+  }
+  if (t.steps_done() > first || !fs::exists(fs::path(cfg.save) / "latest")) last_ckpt = t.save_checkpoint();
+  plot(cfg.save, rows, cfg.model);
+  std::printf("trained %lld steps in %.1f s; final loss %.6g; checkpoint %s; log %s; peak RSS %.0f MB\n",
+              (long long)(t.steps_done() - first), seconds_since(t_start), rows.empty() ? NAN : rows.back().loss,
+              last_ckpt.empty() ? "(unchanged)" : last_ckpt.c_str(), log_path.c_str(), peak_rss_mb());
+  return 0;
+}
+
+int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
+                    int runs, bool json) {
+  WXE_CHECK(runs >= 1, "--runs must be at least 1");
+  Tensor x = read_npy(input);
+  // the output shape comes from a throwaway import; the target is zeros of it
+  Graph probe = import_onnx(model);
+  WXE_CHECK(probe.inputs.size() == 1, model, ": bench --train needs a model with one input");
+  prepare_graph(probe, {{probe.values[probe.inputs[0]].name, {x.dtype, x.shape}}});
+  Tensor y = Tensor::zeros(DType::F32, probe.values[probe.outputs[0]].shape);
+  FinetuneConfig cfg;
+  cfg.model = model;
+  cfg.weights = weights;
+  cfg.threads = threads;
+  cfg.schedule.lr = 1e-4;
+  Trainer t(cfg, std::make_unique<FixedSource>(x, y));
+  t.step();  // warm-up
+  std::map<std::string, OpProfile> warm = t.executor().profile();
+  std::vector<double> ms;
+  for (int r = 0; r < runs; ++r) {
+    StepLog s = t.step();
+    ms.push_back(s.seconds * 1e3);
+    std::fprintf(stderr, "wxe: training step %d/%d: %.1f ms (loss %.4g)\n", r + 1, runs, ms.back(), s.loss);
+  }
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  std::vector<std::pair<double, std::string>> by_op;
+  for (auto& [op, p] : t.executor().profile()) by_op.push_back({(p.ms - warm[op].ms) / runs, op});
+  std::sort(by_op.rbegin(), by_op.rend());
+  std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");
+  for (size_t i = 0; i < by_op.size() && i < 20; ++i) std::printf("%-36s %10.2f\n", by_op[i].second.c_str(), by_op[i].first);
+  std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
+              "%lld trainable parameters\n",
+              runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, (long long)t.trainable_count());
+  if (json)
+    std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"threads\": %d, \"runs\": %d, \"median_ms\": %.3f, "
+                "\"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f}\n",
+                model.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb());
+  return 0;
+}
+
+}  // namespace wxe

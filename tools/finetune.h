@@ -1,0 +1,110 @@
+// Fine-tuning on one process: the training graph (engine/passes.h prepare_training_graph),
+// autograd (engine/autograd.h), CREDIT's latitude-weighted MSE, AdamW with a schedule,
+// gradient clipping and accumulation, optional EMA, multi-step rollouts, checkpoints that
+// resume bit for bit.
+//
+// One optimizer step: for each of `accum` micro-batches, for each of `forecast_len` rollout
+// steps: forward, loss against that step's target, backward of loss / accum (gradients sum
+// over rollout steps and average over micro-batches); the prediction's first `prognostic`
+// channels are fed back (detached) into the next step's input, the other input channels
+// (forcing, static) come from the data. Then clip by global norm, AdamW at the schedule's lr,
+// EMA. The logged loss is the mean over micro-batches and rollout steps.
+// Micro-batch j of step s reads sample (s * accum + j) of an endless sequence over the data:
+// in order, or with `shuffle` a permutation per epoch seeded by (seed, epoch), so a resumed
+// run reads what the uninterrupted one would have.
+//
+// Checkpoints: SAVE/step_NNNNNN/ holds model.safetensors (trained parameters and
+// spectral-norm buffers, loadable by safetensors.torch.load_file), optimizer.safetensors
+// (exp_avg.NAME, exp_avg_sq.NAME; metadata: step and hyper-parameters), ema.safetensors
+// when EMA is on, and trainer_state.json; SAVE/latest names the newest complete one and is
+// replaced last (atomic rename), so a killed save leaves the previous checkpoint in force.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/autograd.h"
+#include "engine/loss.h"
+#include "engine/optim.h"
+#include "engine/samples.h"
+
+namespace wxe {
+
+struct FinetuneConfig {
+  std::string model, weights, data, save;
+  bool resume = false;
+  int64_t steps = 100;             // optimizer steps in total (a resumed run continues to it)
+  int accum = 1;                   // micro-batches per optimizer step
+  int forecast_len = 1;            // rollout steps per sample
+  int prognostic = -1;             // channels fed back in rollouts; -1: min(C_in, C_out)
+  AdamWConfig adam;
+  Schedule schedule;               // its lr is the base lr
+  double grad_max_norm = 1.0;      // <= 0: no clipping
+  bool ema = false;
+  double ema_decay = 0.999;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  bool plain_mse = false;          // no latitude / channel weights
+  std::vector<std::string> freeze; // parameter-name globs
+  int threads = 0;
+  bool reference = false;          // reference kernels only
+  int64_t save_every = 0;          // 0: only at the end
+  int keep = 2;                    // checkpoints kept
+  bool progress = true;            // progress bar / log lines on stderr
+};
+
+struct StepLog {
+  int64_t step = 0;                // 1-based: optimizer steps done
+  double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
+  int samples = 0;
+};
+
+class Trainer {
+ public:
+  // Loads the model (training graph) and weights; with cfg.resume and a checkpoint in
+  // cfg.save, continues from it. `data` may be null for a benchmark (see set_batch).
+  Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data);
+  // One optimizer step. Fails with a message (and leaves parameters as they were before the
+  // step's update) if the loss or the gradient norm is not finite.
+  StepLog step();
+  // Writes SAVE/step_NNNNNN atomically and points SAVE/latest at it; returns its path.
+  std::string save_checkpoint();
+  int64_t steps_done() const { return step_; }
+  // Trained parameters by name (training names: SN layers legacy, others Linear layout).
+  NamedTensors parameters() const;
+  const Graph& graph() const { return graph_; }
+  const GradExecutor& executor() const { return *exec_; }
+  int64_t trainable_count() const;
+
+ private:
+  FinetuneConfig cfg_;
+  std::unique_ptr<SampleSource> data_;
+  Graph graph_;
+  std::unique_ptr<GradExecutor> exec_;
+  std::vector<int> trainable_;       // value ids
+  std::vector<int> buffers_;         // spectral-norm u/v value ids (saved, not trained)
+  AdamW adam_;
+  std::unique_ptr<Ema> ema_;
+  LossWeights loss_w_;
+  int64_t step_ = 0;
+  std::string input_name_;
+  std::vector<int64_t> perm_;        // shuffle permutation of the current epoch
+  int64_t perm_epoch_ = -1;
+  void load_checkpoint(const std::string& dir);
+  int64_t sample_index(int64_t micro);
+};
+
+// `wxe finetune`: the loop with progress, training_log.csv, loss_curve.png and checkpoints.
+// Returns the process exit code.
+int run_finetune(const FinetuneConfig& cfg);
+
+// `wxe bench --train`: time per training step (forward, backward, clip, AdamW) on one input
+// against a zero target, after one warm-up step. Prints a table and, with json, one JSON line.
+int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
+                    int runs, bool json);
+
+// Glob with * and ? over a whole name, linear time.
+bool glob_match(const std::string& pattern, const std::string& name);
+
+}  // namespace wxe

@@ -1,0 +1,58 @@
+#include "tools/model.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+
+#include "importers/torch/torch_checkpoint.h"
+
+namespace wxe {
+
+bool g_quiet = false;
+
+void note(const char* fmt, ...) {
+  if (g_quiet) return;
+  va_list ap;
+  va_start(ap, fmt);
+  std::vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+NamedTensors read_weights(const std::string& path, layout::ConvertReport* report,
+                          const std::map<std::string, TensorSlice>* slices, bool keep_spectral_norm) {
+  NamedTensors raw = ends_with(path, ".safetensors") ? read_safetensors(path, nullptr, slices)
+                                                     : read_torch_state_dict(path).tensors;
+  try {
+    return layout::convert_state_dict(raw, report, keep_spectral_norm);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, const LoadOptions& opt) {
+  if (opt.training)
+    prepare_training_graph(g, inputs);
+  else
+    prepare_graph(g, inputs);
+  if (!opt.weights.empty()) {
+    std::map<std::string, TensorSlice> slices;
+    if (opt.slices_of) slices = opt.slices_of(g);
+    // a training graph that kept spectral norm reads weight_orig/u/v; one exported without it
+    // (or inference) reads the folded weights
+    bool keep_sn = opt.training && std::any_of(g.nodes.begin(), g.nodes.end(),
+                                               [](const Node& n) { return n.op == "SpectralNorm"; });
+    NamedTensors w = read_weights(opt.weights, nullptr, slices.empty() ? nullptr : &slices, keep_sn);
+    std::vector<std::string> unused = load_weights(g, w, opt.weights);
+    note("wxe: loaded %zu tensors from %s\n", w.size() - unused.size(), opt.weights.c_str());
+    if (!unused.empty())
+      note("wxe: warning: %zu tensors of %s are not used by the model (first: %s)\n", unused.size(),
+           opt.weights.c_str(), unused[0].c_str());
+  }
+  if (!opt.training) finalize_graph(g);
+}
+
+}  // namespace wxe

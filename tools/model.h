@@ -1,0 +1,40 @@
+// Loading a model, shared by every command (infer, bench, finetune): import the ONNX file,
+// bind the input shapes, rewrite to the Linear layout, load weights, and (inference) fold.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/graph.h"
+#include "engine/layout_rules.h"
+#include "engine/passes.h"
+#include "engine/safetensors.h"
+
+namespace wxe {
+
+// Progress lines on stderr ("wxe: ..."); off on ranks other than 0.
+extern bool g_quiet;
+void note(const char* fmt, ...);
+
+// A checkpoint in the Linear layout: safetensors as is, a legacy .pt through the rule table.
+// With `slices`, a .safetensors is read only in the parts this rank keeps. With
+// keep_spectral_norm (training), spectral-norm layers keep weight_orig/u/v.
+NamedTensors read_weights(const std::string& path, layout::ConvertReport* report = nullptr,
+                          const std::map<std::string, TensorSlice>* slices = nullptr,
+                          bool keep_spectral_norm = false);
+
+using SlicesOf = std::function<std::map<std::string, TensorSlice>(const Graph&)>;
+
+struct LoadOptions {
+  std::string weights;      // checkpoint to load ("" keeps the ONNX initializers)
+  bool training = false;    // prepare_training_graph instead of prepare + finalize
+  SlicesOf slices_of;       // inference under tp: the parts of each weight this rank reads
+};
+
+// Runs the passes on an imported graph for the given input shapes, loading weights.
+void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, const LoadOptions& opt);
+
+bool ends_with(const std::string& s, const std::string& suffix);
+
+}  // namespace wxe
