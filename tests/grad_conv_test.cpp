@@ -112,7 +112,8 @@ TEST(ConvBackward, ReferenceLoopsMatchFiniteDifferences) {
     register_backward(op, reference_backward);
     auto range = grad_case_registry().equal_range(op);
     for (auto it = range.first; it != range.second; ++it)
-      for (const GradCase& c : it->second()) {
+      for (GradCase c : it->second()) {
+        c.max_probes = 24;  // fewer than the harness: the loops are also checked against oneDNN below
         failures += check_grad(c);
         ++cases;
       }

@@ -17,7 +17,6 @@
 #include "engine/npy.h"
 #include "engine/safetensors.h"
 #include "importers/onnx/onnx_import.h"
-#include "tools/loss_plot.h"
 #include "tools/model.h"
 
 namespace fs = std::filesystem;
@@ -385,14 +384,16 @@ void write_log(const std::string& path, const std::vector<LogRow>& rows) {
   write_file_atomic(path, s);
 }
 
-void plot(const std::string& save, const std::vector<LogRow>& rows, const std::string& title) {
+void plot(const FinetuneConfig& cfg, const std::vector<LogRow>& rows) {
+  if (!cfg.plot) return;
   std::vector<double> steps, loss;
   for (auto& r : rows) {
     steps.push_back((double)r.step);
     loss.push_back(r.loss);
   }
   try {
-    plot_loss_curve((fs::path(save) / "loss_curve.png").string(), title, steps, loss);
+    cfg.plot((fs::path(cfg.save) / "loss_curve.png").string(), "wxe finetune " + fs::path(cfg.model).filename().string(),
+             steps, loss);
   } catch (const Error& e) {
     note("wxe: warning: loss curve not drawn: %s\n", e.what());
   }
@@ -460,11 +461,11 @@ int run_finetune(const FinetuneConfig& cfg) {
     }
     if (cfg.save_every > 0 && s.step % cfg.save_every == 0 && left > 0) {
       last_ckpt = t.save_checkpoint();
-      plot(cfg.save, rows, cfg.model);
+      plot(cfg, rows);
     }
   }
   if (t.steps_done() > first || !fs::exists(fs::path(cfg.save) / "latest")) last_ckpt = t.save_checkpoint();
-  plot(cfg.save, rows, cfg.model);
+  plot(cfg, rows);
   std::printf("trained %lld steps in %.1f s; final loss %.6g; checkpoint %s; log %s; peak RSS %.0f MB\n",
               (long long)(t.steps_done() - first), seconds_since(t_start), rows.empty() ? NAN : rows.back().loss,
               last_ckpt.empty() ? "(unchanged)" : last_ckpt.c_str(), log_path.c_str(), peak_rss_mb());

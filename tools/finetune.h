@@ -20,11 +20,13 @@
 // replaced last (atomic rename), so a killed save leaves the previous checkpoint in force.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/autograd.h"
+#include "engine/layout_rules.h"
 #include "engine/loss.h"
 #include "engine/optim.h"
 #include "engine/samples.h"
@@ -52,6 +54,10 @@ struct FinetuneConfig {
   int64_t save_every = 0;          // 0: only at the end
   int keep = 2;                    // checkpoints kept
   bool progress = true;            // progress bar / log lines on stderr
+  // Draws SAVE/loss_curve.png (path, title, steps, losses); the command line passes PLplot's.
+  std::function<void(const std::string&, const std::string&, const std::vector<double>&,
+                     const std::vector<double>&)>
+      plot;
 };
 
 struct StepLog {

@@ -23,6 +23,7 @@
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/shard.h"
+#include "tools/finetune.h"
 
 using namespace wxe;
 
@@ -514,6 +515,8 @@ int main(int argc, char** argv) {
   bench->add_option("--runs,-r", ba.runs, "timed runs after one warm-up (default 5)");
   bench->add_flag("--json", ba.json, "print one JSON object as the last line");
   bench->add_option("--weights,-w", ba.weights, "load parameters by name (.safetensors or legacy .pt)");
+  bool bench_train = false;
+  bench->add_flag("--train", bench_train, "time a training step (forward, backward, clipping, AdamW) instead of the forward pass");
   bench->add_option("--precision", ba.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation")
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
@@ -524,7 +527,49 @@ int main(int argc, char** argv) {
   convert->add_option("--onnx", ca.onnx, "check every tensor against this model's rewritten parameters");
   convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)");
 
+  FinetuneConfig fc;
+  auto* finetune = app.add_subcommand("finetune", "fine-tune the model on .npy samples: AdamW, schedule, clipping, checkpoints");
+  finetune->add_option("model", fc.model, "model .onnx")->required();
+  finetune->add_option("--data", fc.data, "directory of x_NNNN.npy / y_NNNN.npy (consecutive times); optional lat.npy, channel_weights.npy")->required();
+  finetune->add_option("--save", fc.save, "checkpoint directory (step_NNNNNN/, latest, training_log.csv, loss_curve.png)")->required();
+  finetune->add_option("--weights,-w", fc.weights, "start from: a legacy CREDIT .pt, a .safetensors, or a finetune checkpoint's model.safetensors");
+  finetune->add_option("--steps", fc.steps, "optimizer steps in total (default 100)");
+  finetune->add_flag("--resume", fc.resume, "continue from SAVE/latest (bit for bit)");
+  std::string schedule = "constant";
+  finetune->add_option("--lr", fc.schedule.lr, "learning rate (default 1e-3; the schedule's peak)");
+  finetune->add_option("--schedule", schedule, "constant (default) or linear-warmup-cosine")
+      ->check(CLI::IsMember({"constant", "linear-warmup-cosine"}));
+  finetune->add_option("--warmup-steps", fc.schedule.warmup_steps, "linear warm-up from lr 0 (default 0)");
+  int64_t total_steps = -1;
+  finetune->add_option("--total-steps", total_steps, "length of the cosine (default: --steps)");
+  finetune->add_option("--min-lr", fc.schedule.min_lr, "learning rate at the end of the cosine (default 0)");
+  finetune->add_option("--weight-decay", fc.adam.weight_decay, "AdamW weight decay on every parameter (default 0.01)");
+  finetune->add_option("--beta1", fc.adam.beta1, "AdamW beta1 (default 0.9)");
+  finetune->add_option("--beta2", fc.adam.beta2, "AdamW beta2 (default 0.95, CREDIT's)");
+  finetune->add_option("--eps", fc.adam.eps, "AdamW epsilon (default 1e-8)");
+  finetune->add_option("--grad-max-norm", fc.grad_max_norm, "clip gradients to this global L2 norm (default 1; 0: off)");
+  finetune->add_option("--accum", fc.accum, "micro-batches per optimizer step (gradient accumulation; default 1)");
+  finetune->add_option("--forecast-len", fc.forecast_len, "rollout steps per sample, prediction fed back (default 1)");
+  finetune->add_option("--prognostic", fc.prognostic, "output channels fed back into the input in rollouts (default: min of input and output channels)");
+  finetune->add_flag("--ema", fc.ema, "keep an exponential moving average of the weights (saved as ema.safetensors)");
+  finetune->add_option("--ema-decay", fc.ema_decay, "EMA decay (default 0.999)");
+  finetune->add_flag("--shuffle", fc.shuffle, "a new sample order every epoch (seeded)");
+  finetune->add_option("--seed", fc.seed, "seed of the sample order (default 0)");
+  std::string loss = "lat-mse";
+  finetune->add_option("--loss", loss, "lat-mse (default: CREDIT's latitude- and channel-weighted MSE) or mse")
+      ->check(CLI::IsMember({"lat-mse", "mse"}));
+  finetune->add_option("--freeze", fc.freeze, "freeze parameters whose name matches this glob (repeatable)");
+  finetune->add_option("--threads,-t", fc.threads, "CPU threads (default: all cores)");
+  finetune->add_flag("--reference", fc.reference, "reference kernels only (slow; the oracle)");
+  finetune->add_option("--save-every", fc.save_every, "also write a checkpoint every N steps (default: only at the end)");
+  finetune->add_option("--keep", fc.keep, "checkpoints kept (default 2)");
+
   CLI11_PARSE(app, argc, argv);
+  if (*finetune) {
+    fc.schedule.kind = schedule == "constant" ? ScheduleKind::Constant : ScheduleKind::LinearWarmupCosine;
+    fc.schedule.total_steps = total_steps > 0 ? total_steps : fc.steps;
+    fc.plain_mse = loss == "mse";
+  }
   register_collective_ops();
   Mesh mesh;
   if (*infer) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
@@ -539,7 +584,9 @@ int main(int argc, char** argv) {
   try {
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan);
     if (*infer) return cmd_infer(ia, mesh);
+    if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json);
     if (*bench) return cmd_bench(ba);
+    if (*finetune) return run_finetune(fc);
     if (*convert) return cmd_convert(ca);
   } catch (const std::exception& e) {
     // with other ranks waiting in collectives, one rank's error ends the whole job

@@ -1,0 +1,309 @@
+// Fine-tuning: the training graph, autograd on whole CREDIT models against PyTorch, the
+// training loop (accumulation, rollouts, freezing, non-finite losses) and resume.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "engine/autograd.h"
+#include "engine/executor.h"
+#include "engine/npy.h"
+#include "engine/passes.h"
+#include "engine/safetensors.h"
+#include "importers/onnx/onnx_import.h"
+#include "importers/torch/torch_checkpoint.h"
+#include "tests/test_util.h"
+#include "tools/finetune.h"
+#include "tools/model.h"
+
+namespace fs = std::filesystem;
+
+namespace wxe::test {
+namespace {
+
+const std::string kCross = "crossformer_tiny";
+
+std::map<std::string, Tensor> by_name(const NamedTensors& v) {
+  std::map<std::string, Tensor> m;
+  for (auto& [n, t] : v) m[n] = t;
+  return m;
+}
+
+Graph training_graph(const std::string& onnx, const std::string& weights) {
+  register_cpu_kernels();
+  Graph g = import_onnx(data_path("tests/data/" + onnx));
+  LoadOptions opt;
+  opt.weights = weights.empty() ? "" : data_path("tests/data/" + weights);
+  opt.training = true;
+  prepare_model(g, {}, opt);
+  return g;
+}
+
+// The training graph with spectral norm in eval mode (no power iteration) computes the
+// model's output: it equals PyTorch's stored output.
+TEST(TrainingGraph, EvalModeReproducesPyTorch) {
+  Graph g = training_graph(kCross + "_opset17.onnx", kCross + "_checkpoint.pt");
+  int sn = 0;
+  for (Node& n : g.nodes)
+    if (n.op == "SpectralNorm") {
+      n.attrs["power_iterations"] = attr_i(0);
+      ++sn;
+    }
+  EXPECT_EQ(sn, 100);  // every Conv/Linear/ConvTranspose of the tiny config
+  GradExecutor ex(g, trainable_parameters(g));
+  std::vector<Tensor> y = ex.forward({{"x", read_npy(data_path("tests/data/" + kCross + "_x.npy"))}});
+  Tensor ref = read_npy(data_path("tests/data/" + kCross + "_y.npy"));
+  EXPECT_LT(max_abs_diff(y[0], ref), 1e-4);
+}
+
+// Parameters are named leaves with the checkpoint's names (every checkpoint parameter the
+// exported graph uses is trained; u and v are buffers); the position-bias MLP is live.
+TEST(TrainingGraph, ParametersAreCheckpointLeaves) {
+  Graph g = training_graph(kCross + "_opset17.onnx", "");
+  const std::string ckpt_path = data_path("tests/data/" + kCross + "_checkpoint.pt");
+  NamedTensors ckpt = read_weights(ckpt_path, nullptr, nullptr, /*keep_spectral_norm=*/true);
+  std::vector<std::string> unused = load_weights(g, ckpt, ckpt_path);  // CREDIT's cube_embedding
+  std::map<std::string, Tensor> by = by_name(ckpt);
+  std::set<std::string> trained;
+  for (int v : trainable_parameters(g)) {
+    const std::string& name = g.values[v].name;
+    ASSERT_TRUE(by.count(name)) << name << " is not a checkpoint tensor";
+    EXPECT_TRUE(shapes_fit(by[name].shape, g.values[v].shape)) << name;
+    trained.insert(name);
+  }
+  for (auto& [name, t] : ckpt) {
+    bool buffer = ends_with(name, "weight_u") || ends_with(name, "weight_v");
+    bool is_unused = std::count(unused.begin(), unused.end(), name) > 0;
+    EXPECT_EQ(trained.count(name) == 1, !buffer && !is_unused) << name;
+  }
+  EXPECT_EQ(unused.size(), 4u);
+  bool mlp_live = false;
+  for (const Node& nd : g.nodes)
+    for (int i : nd.inputs)
+      if (i >= 0 && g.values[i].name.find("dpb") != std::string::npos) mlp_live = true;
+  EXPECT_TRUE(mlp_live) << "the position-bias MLP was folded";
+}
+
+// Test data: a directory of x/y pairs drawn from the fixture input.
+std::string make_series(const std::string& name, int count, const Shape& xs, const Shape& ys, unsigned seed) {
+  std::string dir = tmp_path(name);
+  fs::create_directories(dir);
+  for (int i = 0; i < count; ++i) {
+    char b[16];
+    std::snprintf(b, sizeof b, "%04d", i);
+    write_npy(dir + "/x_" + b + ".npy", randn(xs, seed + 2 * i));
+    write_npy(dir + "/y_" + b + ".npy", randn(ys, seed + 2 * i + 1, 0.5f));
+  }
+  return dir;
+}
+
+FinetuneConfig tiny_config(const std::string& data, const std::string& save) {
+  FinetuneConfig c;
+  c.model = data_path("tests/data/" + kCross + "_snbaked_opset17.onnx");
+  c.data = data;
+  c.save = save;
+  c.steps = 6;
+  c.accum = 2;
+  c.schedule.kind = ScheduleKind::LinearWarmupCosine;
+  c.schedule.lr = 1e-3;
+  c.schedule.warmup_steps = 2;
+  c.schedule.total_steps = 6;
+  c.progress = false;
+  return c;
+}
+
+std::vector<double> run_steps(Trainer& t, int n) {
+  std::vector<double> losses;
+  for (int i = 0; i < n; ++i) losses.push_back(t.step().loss);
+  return losses;
+}
+
+// Stop after 3 steps, resume in a new trainer: the losses and parameters equal an
+// uninterrupted run's bit for bit.
+TEST(Finetune, ResumeIsBitExact) {
+  std::string data = make_series("resume_series", 3, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 11);
+  FinetuneConfig c = tiny_config(data, tmp_path("resume_a"));
+  c.shuffle = true;
+  c.ema = true;
+  Trainer whole(c, open_npy_dir(data, 1));
+  std::vector<double> ref = run_steps(whole, 6);
+
+  FinetuneConfig c2 = c;
+  c2.save = tmp_path("resume_b");
+  {
+    Trainer first(c2, open_npy_dir(data, 1));
+    run_steps(first, 3);
+    first.save_checkpoint();
+    run_steps(first, 1);  // progress after the checkpoint is lost, as in a killed run
+  }
+  c2.resume = true;
+  Trainer second(c2, open_npy_dir(data, 1));
+  ASSERT_EQ(second.steps_done(), 3);
+  std::vector<double> rest = run_steps(second, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(rest[i], ref[3 + i]) << "step " << 4 + i;
+  std::map<std::string, Tensor> a = by_name(whole.parameters());
+  for (auto& [name, t] : second.parameters()) {
+    ASSERT_TRUE(a.count(name));
+    EXPECT_EQ(std::memcmp(a[name].raw(), t.raw(), t.nbytes()), 0) << name;
+  }
+}
+
+// A rollout of two steps: the logged loss is the mean of the two steps' losses, the second
+// step's input being the first prediction's prognostic channels with the data's forcing.
+// The oracle runs the inference executor step by step (no spectral norm in this export).
+TEST(Finetune, RolloutFeedsPredictionBack) {
+  std::string data = make_series("rollout_series", 3, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 21);
+  FinetuneConfig c = tiny_config(data, "");
+  c.forecast_len = 2;
+  c.accum = 1;
+  c.plain_mse = true;
+  c.schedule = Schedule{};  // constant
+  c.schedule.lr = 0;
+  Trainer t(c, open_npy_dir(data, 2));
+  double loss = t.step().loss;
+
+  Graph g = import_onnx(c.model);
+  simplify(g);
+  Executor ex(g, {0, KernelKind::Reference});
+  Tensor x0 = read_npy(data + "/x_0000.npy"), x1 = read_npy(data + "/x_0001.npy");
+  Tensor p0 = ex.run({{"x", x0}})[0];
+  Tensor in1 = x1.clone();
+  const int64_t plane = 32 * 64;
+  std::memcpy(in1.data<float>(), p0.data<float>(), 6 * plane * sizeof(float));
+  Tensor p1 = ex.run({{"x", in1}})[0];
+  LossWeights none;
+  double l0 = weighted_mse(p0, read_npy(data + "/y_0000.npy"), none);
+  double l1 = weighted_mse(p1, read_npy(data + "/y_0001.npy"), none);
+  EXPECT_NEAR(loss, 0.5 * (l0 + l1), 1e-5 * std::fabs(loss));
+}
+
+TEST(Finetune, FrozenParametersDoNotMove) {
+  std::string data = make_series("freeze_series", 2, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 31);
+  FinetuneConfig c = tiny_config(data, "");
+  c.freeze = {"layers.0.*"};
+  Trainer t(c, open_npy_dir(data, 1));
+  std::map<std::string, Tensor> before;
+  for (auto& [n, x] : t.parameters()) before[n] = x.clone();
+  run_steps(t, 3);
+  int frozen = 0, moved = 0;
+  for (auto& [n, x] : t.parameters()) {
+    bool same = std::memcmp(before[n].raw(), x.raw(), x.nbytes()) == 0;
+    if (glob_match("layers.0.*", n)) {
+      EXPECT_TRUE(same) << n;
+      ++frozen;
+    } else if (!same) {
+      ++moved;
+    }
+  }
+  EXPECT_GT(frozen, 0);
+  EXPECT_GT(moved, 0);
+  c.freeze = {"no.such.*"};
+  EXPECT_NE(error_of([&] { Trainer bad(c, open_npy_dir(data, 1)); }).find("matches no parameter"), std::string::npos);
+}
+
+// A NaN target stops the run with exit 4, before any update, and keeps the last checkpoint.
+TEST(Finetune, NonFiniteLossStopsAndKeepsCheckpoint) {
+  std::string data = make_series("nan_series", 2, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 41);
+  FinetuneConfig c = tiny_config(data, tmp_path("nan_save"));
+  c.accum = 1;
+  c.steps = 1;
+  ASSERT_EQ(run_finetune(c), 0);
+  Tensor bad = read_npy(data + "/y_0001.npy");
+  bad.data<float>()[5] = NAN;
+  write_npy(data + "/y_0001.npy", bad);
+  c.steps = 3;
+  c.resume = true;
+  EXPECT_EQ(run_finetune(c), 4);
+  EXPECT_EQ(slurp(c.save + "/latest"), "step_000001\n");
+  EXPECT_TRUE(fs::exists(c.save + "/step_000001/model.safetensors"));
+}
+
+TEST(Finetune, GlobMatch) {
+  EXPECT_TRUE(glob_match("layers.*.to_q.weight", "layers.0.1.to_q.weight"));
+  EXPECT_TRUE(glob_match("*", ""));
+  EXPECT_TRUE(glob_match("a?c", "abc"));
+  EXPECT_FALSE(glob_match("a?c", "ac"));
+  EXPECT_FALSE(glob_match("*.bias", "x.weight"));
+  EXPECT_FALSE(glob_match(std::string(40, '*') + "Z", std::string(5000, 'a')));  // no blow-up
+}
+
+}  // namespace
+}  // namespace wxe::test
+
+namespace wxe::test {
+namespace {
+
+// Whole-model gradients against PyTorch (models/make_train_fixtures.py): CREDIT's model in
+// train mode (one spectral-norm power iteration), latitude- and channel-weighted MSE, one
+// backward. Every parameter gradient within 1e-4 relative L2; u and v updated as PyTorch did.
+void expect_gradients_match_pytorch(const std::string& model) {
+  const std::string dir = data_path("tests/data/train/");
+  Graph g = training_graph(model + "_opset17.onnx", model + "_checkpoint.pt");
+  std::vector<int> params = trainable_parameters(g);
+  GradExecutor ex(g, params);
+  Tensor x = read_npy(dir + model + "_grad_x.npy"), target = read_npy(dir + model + "_grad_target.npy");
+  std::vector<Tensor> y = ex.forward({{"x", x}});
+  LossWeights w;
+  w.lat_weights = latitude_weights(regular_latitudes(32));
+  Tensor cw = read_npy(dir + "channel_weights.npy");
+  for (int64_t c = 0; c < cw.numel(); ++c) w.channel_weights.push_back(cw.data<float>()[c]);
+  Tensor gy;
+  double loss = weighted_mse(y[0], target, w, &gy);
+  double ref_loss = read_npy(dir + model + "_grad_loss.npy").data<double>()[0];
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::fabs(ref_loss));
+  ex.backward({gy});
+  std::map<std::string, Tensor> ref = by_name(read_safetensors(dir + model + "_grads.safetensors"));
+  // Gradients that are zero by construction (a bias that softmax or a per-channel norm cancels)
+  // are rounding noise in both engines: the denominator has a floor at the tensor's share of the
+  // global gradient norm.
+  double total2 = 0;
+  int64_t total_n = 0;
+  for (auto& [n, t] : ref) {
+    for (int64_t i = 0; i < t.numel(); ++i) total2 += (double)t.data<float>()[i] * t.data<float>()[i];
+    total_n += t.numel();
+  }
+  const double rms = std::sqrt(total2 / total_n);
+  int compared = 0;
+  double worst = 0;
+  std::string worst_name;
+  for (size_t p = 0; p < params.size(); ++p) {
+    const std::string& name = g.values[params[p]].name;
+    ASSERT_TRUE(ref.count(name)) << name << " has no PyTorch gradient";
+    Tensor r = ref[name];
+    ASSERT_EQ(r.numel(), ex.grads()[p].numel()) << name;
+    const Tensor got = ex.grads()[p].reshaped(r.shape);
+    double d2 = 0, r2 = 0;
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      const double a = got.data<float>()[i], b = r.data<float>()[i];
+      d2 += (a - b) * (a - b);
+      r2 += b * b;
+    }
+    double e = std::sqrt(d2) / std::max(std::sqrt(r2), rms * std::sqrt((double)r.numel()));
+    if (e > worst) {
+      worst = e;
+      worst_name = name;
+    }
+    EXPECT_LE(e, 1e-4) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, (int)ref.size()) << "every parameter PyTorch has a gradient for";
+  std::printf("%s: %d parameter gradients, worst relative L2 %.2e (%s)\n", model.c_str(), compared, worst,
+              worst_name.c_str());
+  // the power iteration updated u and v in place, as PyTorch's train-mode forward did
+  std::map<std::string, Tensor> state = by_name(read_safetensors(dir + model + "_grad_state.safetensors"));
+  int buffers = 0;
+  for (const Value& v : g.values)
+    if (v.is_const() && (ends_with(v.name, ".weight_u") || ends_with(v.name, ".weight_v")) && state.count(v.name)) {
+      EXPECT_LT(max_abs_diff(*v.constant, state[v.name]), 1e-5) << v.name;
+      ++buffers;
+    }
+  EXPECT_GT(buffers, 0);
+}
+
+TEST(GoldenGradients, CrossformerTinyMatchesPyTorch) { expect_gradients_match_pytorch("crossformer_tiny"); }
+
+}  // namespace
+}  // namespace wxe::test
