@@ -5,7 +5,7 @@ wxe's training code implements exactly the semantics written below; this script 
 oracle. It uses NCAR's CREDIT model code (PyPI `miles-credit`, the venv of
 models/export_credit.py) and writes small fixtures into tests/data/train/.
 
-Run (from the repository root; about a minute on one core):
+Run (from the repository root; ~1.5 min on one core, ~3.5 min with --check):
 
     /root/wxe-venv/bin/python models/make_train_fixtures.py            # writes tests/data/train
     /root/wxe-venv/bin/python models/make_train_fixtures.py --check    # + rerun into a temp dir,
@@ -66,7 +66,8 @@ Part 1: golden gradients (per model, prefix <m>)
     torch.manual_seed(1); target = randn(1,6,1,32,64)
     loss = weighted_mse(model(x), target); loss.backward()     (one forward, one SN step)
 
-    <m>_grad_x.npy, <m>_grad_target.npy   float32 x and target (x = tests/data/<m>_x.npy)
+    <m>_grad_x.npy, <m>_grad_target.npy   float32 x and target (x is byte-identical
+                                          to tests/data/crossformer_tiny_x.npy)
     <m>_grad_loss.npy                     float64 (1,) loss
     <m>_grads.safetensors                 float32 .grad of every parameter with a gradient,
                                           by state-dict name (SN layers: '...weight_orig')
@@ -140,8 +141,9 @@ Precision of this reference: the float64 run of the same 20 steps gives losses w
 all parameters together 3.6e-5 (4.5e-5), but per tensor up to 1.5e-2: Adam normalises the
 rounding-noise gradients of the zero-gradient tensors above (and of the small DPB
 'layers.7.bias') into real steps, so those tensors drift by ~lr per step in a direction
-set by rounding. Without up_block3.b.{0,3}.bias and the dpb tensors the global relative
-L2 is 1e-7. Compare final parameters globally, or leave those tensors out.
+set by rounding. Without up_block3.b.{0,3}.bias and the '.dpb.' tensors the global
+relative L2 is 1e-7 (1 vs 2 threads) to 4e-7 (vs float64). Compare final parameters
+globally, or better leave those tensors out.
 
 Part 2b: the same crossformer_tiny run with clip_grad_norm_(..., 0.3), which scales the
 gradients of steps 0..9 (norms 0.89..0.31 > 0.3): only
