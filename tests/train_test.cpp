@@ -375,3 +375,9 @@ TEST(TrainParity, Crossformer20StepsMatchPyTorch) {
 
 }  // namespace
 }  // namespace wxe::test
+
+namespace wxe::test {
+namespace {
+TEST(GoldenGradients, WxformerTinyMatchesPyTorch) { expect_gradients_match_pytorch("wxformer_tiny"); }
+}  // namespace
+}  // namespace wxe::test
