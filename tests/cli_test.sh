@@ -77,4 +77,32 @@ expect_fail convert-mismatch "do not fit" "$wxe" convert "$ckpt" --output "$tmp/
 [ -e "$tmp/bad.safetensors" ] && { echo "FAIL convert-mismatch wrote a file"; fails=$((fails + 1)); }
 expect_fail weights-mismatch "weights do not fit the model" "$wxe" infer "$model" --input "$x" --weights "$src/tests/data/crossformer_tiny_checkpoint.pt"
 
+# finetune: two steps, progress lines (stderr is not a TTY), log, checkpoint; then resume to 3
+mkdir -p "$tmp/data"
+for i in 0000 0001; do cp "$x" "$tmp/data/x_$i.npy"; cp "$y" "$tmp/data/y_$i.npy"; done
+if "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft" --steps 2 --lr 1e-4 --threads 2 >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "step 2/2 loss" "$tmp/err" && [ "$(wc -l < "$tmp/ft/training_log.csv")" -eq 3 ] \
+   && [ "$(cat "$tmp/ft/latest")" = step_000002 ] && [ -s "$tmp/ft/step_000002/model.safetensors" ] \
+   && [ -s "$tmp/ft/step_000002/optimizer.safetensors" ]; then
+  echo "ok   finetune"
+else
+  echo "FAIL finetune"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+if "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft" --steps 3 --lr 1e-4 --threads 2 --resume >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "resumed from" "$tmp/err" && grep -q "step 3/3" "$tmp/err" && ! grep -q "step 1/3" "$tmp/err" \
+   && [ "$(wc -l < "$tmp/ft/training_log.csv")" -eq 4 ]; then
+  echo "ok   finetune-resume"
+else
+  echo "FAIL finetune-resume"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+# the fine-tuned weights run through inference
+if "$wxe" infer "$model" --input "$x" --weights "$tmp/ft/step_000003/model.safetensors" >"$tmp/out" 2>"$tmp/err"; then
+  echo "ok   infer-finetuned"
+else
+  echo "FAIL infer-finetuned"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+expect_fail finetune-no-data "no x_" "$wxe" finetune "$model" --data "$tmp" --save "$tmp/ft2" --steps 1
+expect_fail finetune-freeze "matches no parameter" "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft2" --steps 1 --freeze "nothing.*"
+expect_fail finetune-accum "at least 1" "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft2" --steps 1 --accum 0
+
 exit $((fails > 0))
