@@ -83,7 +83,7 @@ for i in 0000 0001; do cp "$x" "$tmp/data/x_$i.npy"; cp "$y" "$tmp/data/y_$i.npy
 if "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft" --steps 2 --lr 1e-4 --threads 2 >"$tmp/out" 2>"$tmp/err" \
    && grep -q "step 2/2 loss" "$tmp/err" && [ "$(wc -l < "$tmp/ft/training_log.csv")" -eq 3 ] \
    && [ "$(cat "$tmp/ft/latest")" = step_000002 ] && [ -s "$tmp/ft/step_000002/model.safetensors" ] \
-   && [ -s "$tmp/ft/step_000002/optimizer.safetensors" ]; then
+   && [ -s "$tmp/ft/step_000002/optimizer.safetensors" ] && [ -s "$tmp/ft/loss_curve.png" ]; then
   echo "ok   finetune"
 else
   echo "FAIL finetune"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))

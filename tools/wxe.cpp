@@ -24,6 +24,7 @@
 #include "parallel/mpi_comm.h"
 #include "parallel/shard.h"
 #include "tools/finetune.h"
+#include "tools/loss_plot.h"
 
 using namespace wxe;
 
@@ -569,6 +570,8 @@ int main(int argc, char** argv) {
     fc.schedule.kind = schedule == "constant" ? ScheduleKind::Constant : ScheduleKind::LinearWarmupCosine;
     fc.schedule.total_steps = total_steps > 0 ? total_steps : fc.steps;
     fc.plain_mse = loss == "mse";
+    fc.plot = [](const std::string& png, const std::string& title, const std::vector<double>& x,
+                 const std::vector<double>& y) { plot_loss_curve(png, title, x, y); };
   }
   register_collective_ops();
   Mesh mesh;
