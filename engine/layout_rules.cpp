@@ -189,4 +189,44 @@ NamedTensors convert_state_dict(const NamedTensors& in, ConvertReport* report, b
   return out;
 }
 
+NamedTensors to_legacy_state_dict(const NamedTensors& in) {
+  std::map<std::string, const Tensor*> by_name;
+  for (auto& kv : in) by_name[kv.first] = &kv.second;
+  NamedTensors out;
+  std::set<std::string> done;
+  for (auto& [name, t] : in) {
+    const std::string module = module_of(name), leaf = name.substr(module.empty() ? 0 : module.size() + 1);
+    const std::string tail = module.size() >= 5 ? module.substr(module.size() - 5) : "";
+    if ((tail == ".to_q" || tail == ".to_k" || tail == ".to_v") && (leaf == "weight" || leaf == "bias")) {
+      const std::string block = module.substr(0, module.size() - 5), fused = block + ".to_qkv." + leaf;
+      if (done.count(fused)) continue;
+      std::array<const Tensor*, 3> parts{};
+      const char* names[3] = {".to_q.", ".to_k.", ".to_v."};
+      for (int k = 0; k < 3; ++k) {
+        auto it = by_name.find(block + names[k] + leaf);
+        WXE_CHECK(it != by_name.end(), "'", name, "' without '", block, names[k], leaf, "': cannot fuse to_qkv");
+        parts[k] = it->second;
+        WXE_CHECK(parts[k]->shape == parts[0]->shape && parts[k]->dtype == parts[0]->dtype, "'", block, names[k],
+                  leaf, "' is ", shape_str(parts[k]->shape), ", '", block, names[0], leaf, "' ",
+                  shape_str(parts[0]->shape), ": cannot fuse to_qkv");
+      }
+      Shape s = parts[0]->shape;
+      s[0] *= 3;
+      if (leaf == "weight" && s.size() == 2) s = {s[0], s[1], 1, 1};
+      Tensor fusedt(parts[0]->dtype, s);
+      for (int k = 0; k < 3; ++k)
+        std::memcpy((uint8_t*)fusedt.raw() + k * parts[0]->nbytes(), parts[k]->raw(), parts[0]->nbytes());
+      out.push_back({fused, fusedt});
+      done.insert(fused);
+      continue;
+    }
+    if (is_linear_module(module) && leaf == "weight" && t.rank() == 2) {
+      out.push_back({name, t.reshaped({t.shape[0], t.shape[1], 1, 1})});
+      continue;
+    }
+    out.push_back({name, t});
+  }
+  return out;
+}
+
 }  // namespace wxe::layout

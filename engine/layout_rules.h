@@ -54,5 +54,11 @@ struct ConvertReport {
 NamedTensors convert_state_dict(const NamedTensors& in, ConvertReport* report = nullptr,
                                 bool keep_spectral_norm = false);
 
+// The inverse, back to CREDIT's legacy layout: M.to_q/to_k/to_v (weights (I, D) and biases)
+// concatenated into M.to_qkv ([q | k | v], weight (3I, D, 1, 1)); 2-D to_out and feed-forward
+// weights to (O, I, 1, 1); spectral-norm tensors and everything else unchanged. The first
+// occurrence of a group keeps its position. convert_state_dict(to_legacy_state_dict(x)) == x.
+NamedTensors to_legacy_state_dict(const NamedTensors& linear_layout);
+
 }  // namespace layout
 }  // namespace wxe

@@ -105,4 +105,16 @@ expect_fail finetune-no-data "no x_" "$wxe" finetune "$model" --data "$tmp" --sa
 expect_fail finetune-freeze "matches no parameter" "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft2" --steps 1 --freeze "nothing.*"
 expect_fail finetune-accum "at least 1" "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft2" --steps 1 --accum 0
 
+# back to CREDIT: the fine-tuned checkpoint as a CREDIT trainer checkpoint, in the original's
+# order with its optimizer indices; a checkpoint of another model is refused
+cross=$src/tests/data/crossformer_tiny_snbaked_opset17.onnx
+if "$wxe" convert "$tmp/ft/step_000003" --to credit --output "$tmp/credit.pt" >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "CREDIT's layout" "$tmp/out" && [ -s "$tmp/credit.pt" ]; then
+  echo "ok   convert-to-credit"
+else
+  echo "FAIL convert-to-credit"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+expect_fail convert-to-credit-like "mismatches" "$wxe" convert "$tmp/ft/step_000003" --to credit --output "$tmp/credit2.pt" --like "$src/tests/data/crossformer_tiny_checkpoint.pt"
+[ -e "$tmp/credit2.pt" ] && { echo "FAIL convert-to-credit-like wrote a file"; fails=$((fails + 1)); }
+
 exit $((fails > 0))

@@ -23,6 +23,7 @@
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/shard.h"
+#include "tools/credit_checkpoint.h"
 #include "tools/finetune.h"
 #include "tools/loss_plot.h"
 
@@ -378,11 +379,17 @@ struct BenchArgs {
 };
 
 struct ConvertArgs {
-  std::string checkpoint, output, onnx;
+  std::string checkpoint, output, onnx, to = "safetensors", like;
   std::vector<std::string> inputs;
 };
 
 int cmd_convert(const ConvertArgs& a) {
+  if (a.to == "credit") {
+    WXE_CHECK(a.onnx.empty(), "--onnx checks a conversion to safetensors; with --to credit use --like");
+    std::printf("%s\n", export_credit_checkpoint(a.checkpoint, a.output, a.like).c_str());
+    return 0;
+  }
+  WXE_CHECK(a.like.empty(), "--like is for --to credit");
   layout::ConvertReport rep;
   NamedTensors w = read_weights(a.checkpoint, &rep);
   if (!a.onnx.empty()) {  // check names and shapes against the rewritten graph's parameters
@@ -522,9 +529,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
   ConvertArgs ca;
-  auto* convert = app.add_subcommand("convert", "convert a legacy CREDIT checkpoint to the Linear layout (safetensors)");
-  convert->add_option("checkpoint", ca.checkpoint, "legacy .pt (or .safetensors)")->required();
-  convert->add_option("--output,-o", ca.output, "output .safetensors")->required();
+  auto* convert = app.add_subcommand("convert", "convert a legacy CREDIT checkpoint to the Linear layout (safetensors), or a fine-tuned one back to CREDIT");
+  convert->add_option("checkpoint", ca.checkpoint, "legacy .pt, .safetensors, or a finetune checkpoint directory (with --to credit)")->required();
+  convert->add_option("--output,-o", ca.output, "output .safetensors, or .pt with --to credit")->required();
+  convert->add_option("--to", ca.to, "safetensors (default: Linear layout) or credit (a CREDIT trainer checkpoint .pt)")
+      ->check(CLI::IsMember({"safetensors", "credit"}));
+  convert->add_option("--like", ca.like, "with --to credit: the CREDIT checkpoint fine-tuning started from (order, shapes, untrained tensors, optimizer indices)");
   convert->add_option("--onnx", ca.onnx, "check every tensor against this model's rewritten parameters");
   convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)");
 
