@@ -12,6 +12,7 @@
 
 #include "engine/ops.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/transpose.h"
 #include "kernels/cpu/dnnl_util.h"
 
 namespace wxe::cpu {
@@ -537,6 +538,52 @@ void gemm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, co
   }
 }
 
+// The gradients of a Linear without activation as matrix products on the fast MatMul kernel
+// (oneDNN): with Q == 1, dX (P, K) = gY (P, N) W and dW = gY^T X; otherwise dX_p = W^T gY_p
+// and dW = sum_p gY_p X_p^T. Transposed operands are copied once (they are small or needed
+// whole). Returns true when it computed them.
+bool linear_backward_fast(const Ins& in, const Tensor& gy, int64_t P, int64_t K, int64_t N, int64_t Q, Tensor* gx,
+                          Tensor* gw) {
+  Node mm;
+  mm.op = "MatMul";
+  mm.name = "linear_backward";
+  KernelFn matmul = kernel_for("MatMul", KernelKind::Fast);
+  const Tensor& X = *in[0];
+  const Tensor& W = *in[1];
+  const Tensor G = gy.reshaped(Q == 1 ? Shape{P, N} : Shape{P, N, Q});
+  const float* gz = G.data<float>();
+  if (Q == 1) {
+    const Tensor X2 = X.reshaped({P, K});
+    if (gx) {
+      Tensor out = gx->reshaped({P, K});
+      matmul(mm, {&G, &W}, {&out});
+    }
+    if (gw) {
+      Tensor GT(DType::F32, {N, P});
+      transpose_planes(gz, GT.data<float>(), 1, P, N);
+      matmul(mm, {&GT, &X2}, {gw});
+    }
+    return true;
+  }
+  if (gx) {
+    Tensor WT(DType::F32, {K, N});
+    transpose_planes(W.data<float>(), WT.data<float>(), 1, N, K);
+    Tensor out = gx->reshaped({P, K, Q});
+    matmul(mm, {&WT, &G}, {&out});
+  }
+  if (gw) {
+    Tensor XT(DType::F32, {P, Q, K});
+    transpose_planes(X.data<float>(), XT.data<float>(), P, K, Q);
+    Tensor parts(DType::F32, {P, N, K});
+    matmul(mm, {&G, &XT}, {&parts});
+    float* dw = gw->data<float>();
+    std::memcpy(dw, parts.data<float>(), (size_t)(N * K) * sizeof(float));
+    for (int64_t p = 1; p < P; ++p)
+      for (int64_t e = 0; e < N * K; ++e) dw[e] += parts.data<float>()[p * N * K + e];
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------
 // Linear (linalg.cpp): X viewed as (P, K, Q), W (N, K), b (N), Y (P, N, Q); with activation
 // "gelu" the pre-activation Z (the float result before Gelu) is recomputed and gZ = gY Gelu'(Z).
@@ -573,6 +620,18 @@ void linear_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, 
       }
     }
     gz = gz_store.data();
+  }
+  if (act.empty() && linear_backward_fast(in, *gout[0], P, K, N, Q, gin[0], gw_t)) {
+    if (gb_t) {
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < N; ++j) {
+        double sb = 0;
+        for (int64_t p = 0; p < P; ++p)
+          for (int64_t q = 0; q < Q; ++q) sb += gz[(p * N + j) * Q + q];
+        gb_t->data<float>()[j] = (float)sb;
+      }
+    }
+    return;
   }
   if (Tensor* gx_t = gin[0]) {
     float* GX = gx_t->data<float>();
@@ -657,7 +716,7 @@ void einsum_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, 
     Shape ts;
     for (char c : t) ts.push_back(size.at(c));
     Tensor tg(DType::F32, ts);
-    kernel_for("Einsum", KernelKind::Reference)(g, ops, {&tg});
+    kernel_for("Einsum", KernelKind::Fast)(g, ops, {&tg});
     // scatter tg into operand i's layout: every assignment of operand i's distinct letters
     // is one (diagonal) element of gin[i]
     std::string u;  // distinct letters of operand i
