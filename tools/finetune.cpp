@@ -101,9 +101,17 @@ class FixedSource : public SampleSource {
 
 }  // namespace
 
-Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data)
-    : cfg_(cfg), data_(std::move(data)), adam_(cfg.adam) {
+Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, Mesh* mesh)
+    : cfg_(cfg), data_(std::move(data)), mesh_(mesh), adam_(cfg.adam) {
+  if (mesh_) {
+    dp_ = mesh_->dp;
+    dp_rank_ = mesh_->dp_rank;
+    tp_ = mesh_->tp;
+    tp_rank_ = mesh_->tp_rank;
+  }
   WXE_CHECK(cfg.accum >= 1, "--accum must be at least 1");
+  WXE_CHECK(cfg.accum % dp_ == 0, "--accum ", cfg.accum, " micro-batches cannot be divided over ", dp_,
+            " data-parallel groups; make it a multiple of ", dp_);
   WXE_CHECK(cfg.forecast_len >= 1, "--forecast-len must be at least 1");
   WXE_CHECK(data_ && data_->size() > 0, "no training samples");
   graph_ = import_onnx(cfg.model);
@@ -111,12 +119,18 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data)
             graph_.inputs.size());
   input_name_ = graph_.values[graph_.inputs[0]].name;
   Sample first = data_->get(0);
-  prepare_model(graph_, {{input_name_, {first.input.dtype, first.input.shape}}}, {cfg.weights, true, nullptr});
+  LoadOptions lo;
+  lo.weights = cfg.weights;
+  lo.training = true;
+  prepare_model(graph_, {{input_name_, {first.input.dtype, first.input.shape}}}, lo);
   WXE_CHECK(graph_.outputs.size() >= 1, cfg.model, ": the model has no output");
   const Shape out_shape = graph_.values[graph_.outputs[0]].shape;
   WXE_CHECK(first.targets.size() == (size_t)cfg.forecast_len && first.targets[0].shape == out_shape,
             cfg.data, ": targets are ", shape_str(first.targets.empty() ? Shape{} : first.targets[0].shape),
             ", the model's output is ", shape_str(out_shape));
+  WXE_CHECK(tp_ == 1, "--tp ", tp_, ": tensor-parallel fine-tuning is not implemented yet; run data parallel "
+            "(mpirun -n N wxe finetune ... without --tp): every rank holds the whole model, the micro-batches are "
+            "divided over the ranks and the optimizer state is sharded over them");
   for (int v : trainable_parameters(graph_)) {
     const std::string& name = graph_.values[v].name;
     bool frozen = std::any_of(cfg.freeze.begin(), cfg.freeze.end(), [&](const std::string& p) { return glob_match(p, name); });
@@ -128,12 +142,14 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data)
     WXE_CHECK(any, "--freeze '", p, "' matches no parameter of ", cfg.model);
   }
   WXE_CHECK(!trainable_.empty(), cfg.model, ": every parameter is frozen; nothing to train");
-  std::vector<int> uses = graph_.use_counts();
-  for (size_t v = 0; v < graph_.values.size(); ++v) {
-    const Value& x = graph_.values[v];
-    if (x.is_param && x.is_const() && uses[v] && (ends_with(x.name, ".weight_u") || ends_with(x.name, ".weight_v")))
-      buffers_.push_back((int)v);
+  for (int v : trainable_) {
+    const int64_t n = graph_.values[v].constant->numel(), c = (n + dp_ - 1) / dp_;
+    zn_.push_back(n);
+    zc_.push_back(c);
+    zoff_.push_back(zS_);
+    zS_ += c;
   }
+  if (mesh_ && mesh_->world > 1) check_same_plan();
   ExecOptions opt;
   opt.threads = cfg.threads;
   opt.kernels = cfg.reference ? KernelKind::Reference : KernelKind::Fast;
@@ -168,10 +184,69 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data)
   }
 }
 
+// Every rank must have built the same plan (same parameters, shapes and shards), or the
+// collectives would pair up unrelated tensors: a hash, gathered and compared before the first one.
+void Trainer::check_same_plan() {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const std::string& s) {
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  };
+  mix(str("tp", tp_, "dp", dp_));
+  for (int v : trainable_) {
+    const Value& x = graph_.values[v];
+    mix(x.name + shape_str(x.shape));
+    auto it = slices_.find(x.name);
+    if (it != slices_.end()) mix(str("/", it->second.axis, "/", it->second.parts));
+  }
+  Tensor mine = Tensor::from_i64({(int64_t)(h >> 1)});
+  Tensor all(DType::I64, {mesh_->world});
+  mesh_->world_comm->all_gather(mine, all);
+  for (int r = 1; r < mesh_->world; ++r)
+    WXE_CHECK(all.data<int64_t>()[r] == all.data<int64_t>()[0], "rank ", r,
+              " built a different training plan than rank 0 (different model, plan file or options?)");
+}
+
 int64_t Trainer::trainable_count() const {
   int64_t n = 0;
   for (int v : trainable_) n += graph_.values[v].constant->numel();
   return n;
+}
+
+size_t Trainer::optimizer_bytes() const { return 2 * (size_t)zS_ * sizeof(float); }  // exp_avg, exp_avg_sq
+
+Tensor Trainer::pack_block(const std::vector<const Tensor*>& per_param, int block) const {
+  Tensor flat = Tensor::zeros(DType::F32, {zS_});
+  for (size_t p = 0; p < per_param.size(); ++p) {
+    const int64_t a = std::min(zn_[p], block * zc_[p]), b = std::min(zn_[p], a + zc_[p]);
+    std::memcpy(flat.data<float>() + zoff_[p], per_param[p]->data<float>() + a, (b - a) * sizeof(float));
+  }
+  return flat;
+}
+
+void Trainer::unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const {
+  for (size_t p = 0; p < per_param.size(); ++p) {
+    const int64_t a = std::min(zn_[p], block * zc_[p]), b = std::min(zn_[p], a + zc_[p]);
+    std::memcpy(per_param[p]->data<float>() + a, flat.data<float>() + zoff_[p], (b - a) * sizeof(float));
+  }
+}
+
+std::vector<Tensor> Trainer::gather_moments(const Tensor& shard) {
+  std::vector<Tensor> whole;
+  std::vector<Tensor*> ptrs;
+  for (int v : trainable_) whole.push_back(Tensor::zeros(DType::F32, graph_.values[v].shape));
+  for (Tensor& t : whole) ptrs.push_back(&t);
+  if (dp_ == 1) {
+    unpack_block(shard, 0, ptrs);
+    return whole;
+  }
+  Tensor all(DType::F32, {dp_ * zS_});
+  mesh_->dp_comm->all_gather(shard, all);
+  for (int d = 0; d < dp_; ++d) {
+    Tensor part(DType::F32, {zS_});
+    std::memcpy(part.raw(), all.data<float>() + d * zS_, zS_ * sizeof(float));
+    unpack_block(part, d, ptrs);
+  }
+  return whole;
 }
 
 int64_t Trainer::sample_index(int64_t micro) {
@@ -199,9 +274,9 @@ StepLog Trainer::step() {
   const int64_t prognostic = cfg_.prognostic >= 0 ? cfg_.prognostic : std::min(channels_in, channels_out);
   WXE_CHECK(prognostic <= std::min(channels_in, channels_out), "--prognostic ", prognostic, " exceeds the ",
             std::min(channels_in, channels_out), " channels input and output share");
+  // this dp group's micro-batches: j = dp_rank, dp_rank + dp, ... of the step's `accum`
   double loss_sum = 0;
-  int terms = 0;
-  for (int j = 0; j < cfg_.accum; ++j) {
+  for (int j = dp_rank_; j < cfg_.accum; j += dp_) {
     Sample s = data_->get(sample_index(step_ * cfg_.accum + j));
     Tensor x = s.input, pred;
     for (int k = 0; k < cfg_.forecast_len; ++k) {
@@ -213,32 +288,79 @@ StepLog Trainer::step() {
       pred = outs[0];
       std::vector<Tensor> gout(outs.size());
       gout[0] = Tensor(DType::F32, pred.shape);
-      double loss = weighted_mse(pred, s.targets[k], loss_w_, &gout[0], 1.0 / cfg_.accum);
+      loss_sum += weighted_mse(pred, s.targets[k], loss_w_, &gout[0], 1.0 / cfg_.accum);
       exec_->backward(gout);
-      loss_sum += loss;
-      ++terms;
     }
     log.samples += (int)x.shape[0];
   }
-  log.loss = loss_sum / terms;
-  std::vector<Tensor*> grads;
-  for (Tensor& g : exec_->grads()) grads.push_back(&g);
-  log.grad_norm = clip_grad_norm(grads, cfg_.grad_max_norm);
+  // ZeRO-1: the gradient summed over dp, each rank keeping its own block of every parameter
+  std::vector<const Tensor*> grads;
+  for (const Tensor& g : exec_->grads()) grads.push_back(&g);
+  Tensor gshard;
+  Tensor sums = Tensor::from_f32({1}, {0.f});
+  if (dp_ == 1) {
+    gshard = pack_block(grads, 0);
+  } else {
+    Tensor all(DType::F32, {dp_ * zS_});
+    for (int d = 0; d < dp_; ++d) {
+      Tensor part = pack_block(grads, d);
+      std::memcpy(all.data<float>() + d * zS_, part.raw(), part.nbytes());
+    }
+    gshard = Tensor(DType::F32, {zS_});
+    mesh_->dp_comm->reduce_scatter_sum(all, gshard);
+  }
+  // loss over every micro-batch and rollout step; global gradient norm with each parameter
+  // counted once: tp-sharded ones summed over tp, replicated ones from tp rank 0
+  double sq_sharded = 0, sq_replicated = 0;
+  for (size_t p = 0; p < trainable_.size(); ++p) {
+    double s = 0;
+    const float* g = gshard.data<float>() + zoff_[p];
+    for (int64_t i = 0; i < zc_[p]; ++i) s += (double)g[i] * g[i];
+    (slices_.count(graph_.values[trainable_[p]].name) ? sq_sharded : sq_replicated) += s;
+  }
+  double total_sq = sq_sharded + sq_replicated;
+  if (mesh_ && mesh_->world > 1) {
+    Tensor v(DType::F64, {3});
+    v.data<double>()[0] = sq_sharded;
+    v.data<double>()[1] = tp_rank_ == 0 ? sq_replicated : 0.0;
+    v.data<double>()[2] = tp_rank_ == 0 ? loss_sum : 0.0;  // tp ranks computed the same loss
+    mesh_->world_comm->all_reduce_sum(v);
+    total_sq = v.data<double>()[0] + v.data<double>()[1];
+    loss_sum = v.data<double>()[2];
+  }
+  log.loss = loss_sum / (cfg_.accum * cfg_.forecast_len);
+  log.grad_norm = std::sqrt(total_sq);
   if (!std::isfinite(log.loss) || !std::isfinite(log.grad_norm)) {
     exec_->zero_grad();
-    fail("step ", step_ + 1, ": the loss is ", log.loss, " and the gradient norm ", log.grad_norm,
-         "; stopped before updating the parameters");
+    throw NonFiniteLoss(str("step ", step_ + 1, ": the loss is ", log.loss, " and the gradient norm ", log.grad_norm,
+                            "; stopped before updating the parameters"));
+  }
+  if (cfg_.grad_max_norm > 0) {  // torch.nn.utils.clip_grad_norm_
+    const float factor = (float)cfg_.grad_max_norm / (float)(log.grad_norm + 1e-6);
+    if (factor < 1.f) scale_grads({&gshard}, factor);
   }
   std::vector<Tensor*> params;
-  std::vector<const Tensor*> cgrads, cparams;
+  std::vector<const Tensor*> cparams;
   for (int v : trainable_) {
     params.push_back(graph_.values[v].constant.get());
     cparams.push_back(graph_.values[v].constant.get());
   }
-  for (Tensor* g : grads) cgrads.push_back(g);
-  adam_.step(params, cgrads, log.lr);
+  Tensor pshard = pack_block(cparams, dp_rank_);
+  adam_.step({&pshard}, {&gshard}, log.lr);
+  if (dp_ == 1) {
+    unpack_block(pshard, 0, params);
+  } else {
+    Tensor all(DType::F32, {dp_ * zS_});
+    mesh_->dp_comm->all_gather(pshard, all);
+    for (int d = 0; d < dp_; ++d) {
+      Tensor part(DType::F32, {zS_});
+      std::memcpy(part.raw(), all.data<float>() + d * zS_, zS_ * sizeof(float));
+      unpack_block(part, d, params);
+    }
+  }
   if (ema_) ema_->update(cparams);
   exec_->zero_grad();
+  log.samples *= dp_;  // every dp group did as many
   log.step = ++step_;
   log.seconds = seconds_since(t0);
   return log;
@@ -254,95 +376,143 @@ NamedTensors Trainer::parameters() const {
   return r;
 }
 
+namespace {
+
+// The block `s` of t (equal blocks along s.axis), a copy.
+Tensor take_block(const Tensor& t, const TensorSlice& s) {
+  if (s.parts <= 1) return t;
+  WXE_CHECK(s.axis < t.rank() && t.shape[s.axis] % s.parts == 0, "tensor ", shape_str(t.shape),
+            " cannot be cut into ", s.parts, " blocks along axis ", s.axis);
+  Shape bs = t.shape;
+  bs[s.axis] /= s.parts;
+  Tensor out(t.dtype, bs);
+  int64_t outer = 1, inner = dtype_size(t.dtype);
+  for (int d = 0; d < s.axis; ++d) outer *= t.shape[d];
+  for (int d = s.axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
+  const int64_t rows = bs[s.axis] * inner;
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy((uint8_t*)out.raw() + o * rows, (const uint8_t*)t.raw() + (o * s.parts + s.index) * rows, rows);
+  return out;
+}
+
+
+}  // namespace
+
 std::string Trainer::save_checkpoint() {
   WXE_CHECK(!cfg_.save.empty(), "no --save directory");
   const fs::path root(cfg_.save), final_dir = root / step_dir_name(step_);
-  const fs::path tmp = root / (step_dir_name(step_) + ".tmp" + std::to_string(getpid()));
+  const bool lead = !mesh_ || mesh_->rank == 0;
   std::error_code ec;
-  fs::create_directories(root, ec);
-  WXE_CHECK(!ec, cfg_.save, ": cannot create the directory: ", ec.message());
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  WXE_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
+  if (lead) {
+    fs::create_directories(root, ec);
+    WXE_CHECK(!ec, cfg_.save, ": cannot create the directory: ", ec.message());
+  }
   const std::string step = std::to_string(step_);
-  write_safetensors((tmp / "model.safetensors").string(), parameters(),
-                    {{"format", "pt"}, {"step", step}, {"source", cfg_.model}, {"written_by", "wxe finetune"}});
-  NamedTensors opt;
-  for (size_t i = 0; i < trainable_.size() && i < adam_.exp_avg().size(); ++i) {
-    opt.push_back({"exp_avg." + graph_.values[trainable_[i]].name, adam_.exp_avg()[i]});
-    opt.push_back({"exp_avg_sq." + graph_.values[trainable_[i]].name, adam_.exp_avg_sq()[i]});
-  }
+  std::vector<Tensor> m = gather_moments(adam_.exp_avg().empty() ? Tensor::zeros(DType::F32, {zS_}) : adam_.exp_avg()[0]);
+  std::vector<Tensor> v = gather_moments(adam_.exp_avg_sq().empty() ? Tensor::zeros(DType::F32, {zS_}) : adam_.exp_avg_sq()[0]);
   const AdamWConfig& c = adam_.config();
-  write_safetensors((tmp / "optimizer.safetensors").string(), opt,
-                    {{"step", std::to_string(adam_.steps())}, {"lr", str(cfg_.schedule.lr)}, {"beta1", str(c.beta1)},
-                     {"beta2", str(c.beta2)}, {"eps", str(c.eps)}, {"weight_decay", str(c.weight_decay)}});
-  if (ema_) {
-    NamedTensors e;
-    for (size_t i = 0; i < trainable_.size(); ++i) e.push_back({graph_.values[trainable_[i]].name, ema_->shadow()[i]});
-    write_safetensors((tmp / "ema.safetensors").string(), e, {{"format", "pt"}, {"step", step}});
+  std::map<std::string, std::string> meta = {
+      {"step", step}, {"adam_step", std::to_string(adam_.steps())}, {"seed", std::to_string(cfg_.seed)},
+      {"lr", str(cfg_.schedule.lr)}, {"beta1", str(c.beta1)}, {"beta2", str(c.beta2)}, {"eps", str(c.eps)},
+      {"weight_decay", str(c.weight_decay)}, {"source", cfg_.model}, {"written_by", "wxe finetune"}};
+  if (lead) {  // every rank holds the whole model; rank 0 writes it with the gathered moments
+    const fs::path tmp = root / (step_dir_name(step_) + ".tmp" + std::to_string(getpid()));
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    WXE_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
+    write_safetensors((tmp / "model.safetensors").string(), parameters(),
+                      {{"format", "pt"}, {"step", step}, {"source", cfg_.model}, {"written_by", "wxe finetune"}});
+    NamedTensors opt;
+    for (size_t i = 0; i < trainable_.size(); ++i) {
+      opt.push_back({"exp_avg." + graph_.values[trainable_[i]].name, m[i]});
+      opt.push_back({"exp_avg_sq." + graph_.values[trainable_[i]].name, v[i]});
+    }
+    write_safetensors((tmp / "optimizer.safetensors").string(), opt, meta);
+    if (ema_) {
+      NamedTensors e;
+      for (size_t i = 0; i < trainable_.size(); ++i) e.push_back({graph_.values[trainable_[i]].name, ema_->shadow()[i]});
+      write_safetensors((tmp / "ema.safetensors").string(), e, {{"format", "pt"}, {"step", step}});
+    }
+    std::string js = "{\"step\": " + step + ", \"seed\": " + std::to_string(cfg_.seed) + ", \"model\": ";
+    json_string(js, cfg_.model);
+    js += ", \"data\": ";
+    json_string(js, cfg_.data);
+    js += ", \"accum\": " + std::to_string(cfg_.accum) + ", \"forecast_len\": " + std::to_string(cfg_.forecast_len) + "}\n";
+    write_file_atomic((tmp / "trainer_state.json").string(), js);
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp, final_dir, ec);
+    WXE_CHECK(!ec, final_dir.string(), ": cannot move the checkpoint into place: ", ec.message());
   }
-  std::string js = "{\"step\": " + step + ", \"seed\": " + std::to_string(cfg_.seed) + ", \"model\": ";
-  json_string(js, cfg_.model);
-  js += ", \"data\": ";
-  json_string(js, cfg_.data);
-  js += ", \"accum\": " + std::to_string(cfg_.accum) + ", \"forecast_len\": " + std::to_string(cfg_.forecast_len) + "}\n";
-  write_file_atomic((tmp / "trainer_state.json").string(), js);
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp, final_dir, ec);
-  WXE_CHECK(!ec, final_dir.string(), ": cannot move the checkpoint into place: ", ec.message());
-  write_file_atomic((root / "latest").string(), step_dir_name(step_) + "\n");
-  // keep the newest `keep` checkpoints
-  std::vector<std::string> dirs;
-  for (auto& e : fs::directory_iterator(root)) {
-    std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) dirs.push_back(n);
+  if (lead) {
+    write_file_atomic((root / "latest").string(), step_dir_name(step_) + "\n");
+    // keep the newest `keep` checkpoints
+    std::vector<std::string> dirs;
+    for (auto& e : fs::directory_iterator(root)) {
+      std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) dirs.push_back(n);
+    }
+    std::sort(dirs.begin(), dirs.end());
+    for (size_t i = 0; i + std::max(cfg_.keep, 1) < dirs.size(); ++i)
+      if (dirs[i] != step_dir_name(step_)) fs::remove_all(root / dirs[i], ec);
   }
-  std::sort(dirs.begin(), dirs.end());
-  for (size_t i = 0; i + std::max(cfg_.keep, 1) < dirs.size(); ++i)
-    if (dirs[i] != step_dir_name(step_)) fs::remove_all(root / dirs[i], ec);
+  if (mesh_ && mesh_->world > 1) mesh_->world_comm->barrier();
   return final_dir.string();
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
-  std::map<std::string, Tensor> model;
-  for (auto& [n, t] : read_safetensors(dir + "/model.safetensors")) model[n] = t;
-  for (auto& [name, t] : parameters()) {
-    auto it = model.find(name);
-    WXE_CHECK(it != model.end(), dir, "/model.safetensors: no tensor '", name, "' (a checkpoint of another model?)");
-    WXE_CHECK(it->second.shape == t.shape && it->second.dtype == t.dtype, dir, "/model.safetensors: '", name, "' is ",
-              shape_str(it->second.shape), ", the model's is ", shape_str(t.shape));
-    std::memcpy(const_cast<Tensor&>(t).raw(), it->second.raw(), t.nbytes());  // in place: the executor shares it
-  }
+  // get(name, slice): this rank's block of a checkpoint tensor (a whole tensor when not sharded).
+  std::function<Tensor(const std::string&, const TensorSlice&)> get;
   std::map<std::string, std::string> meta;
-  std::map<std::string, Tensor> opt;
-  for (auto& [n, t] : read_safetensors(dir + "/optimizer.safetensors", &meta)) opt[n] = t;
+  auto whole = std::make_shared<std::map<std::string, Tensor>>();
+  {
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "ema.safetensors"}) {
+      const std::string path = dir + "/" + f;
+      if (!fs::exists(path)) continue;
+      const std::string prefix = std::string(f) == "ema.safetensors" ? "ema." : "";
+      std::map<std::string, std::string> m;
+      for (auto& [n, t] : read_safetensors(path, &m)) (*whole)[prefix + n] = t;
+      if (std::string(f) == "optimizer.safetensors") meta = m;
+    }
+    get = [whole, dir](const std::string& name, const TensorSlice& s) {
+      auto it = whole->find(name);
+      WXE_CHECK(it != whole->end(), dir, ": no tensor '", name,
+                "' (a checkpoint of another model, or saved with other options?)");
+      return take_block(it->second, s);
+    };
+  }
+  auto slice_of = [&](const std::string& param) {
+    auto it = slices_.find(param);
+    return it == slices_.end() ? TensorSlice{} : it->second;
+  };
+  for (auto& [name, t] : parameters()) {
+    Tensor src = get(name, slice_of(name));
+    WXE_CHECK(src.numel() == t.numel() && src.dtype == t.dtype, dir, ": '", name, "' is ", shape_str(src.shape),
+              ", the model's is ", shape_str(t.shape));
+    std::memcpy(const_cast<Tensor&>(t).raw(), src.raw(), t.nbytes());  // in place: the executor shares it
+  }
   std::vector<Tensor> m, v;
+  std::vector<const Tensor*> pm, pv;
   for (int p : trainable_) {
     const std::string& name = graph_.values[p].name;
-    WXE_CHECK(opt.count("exp_avg." + name) && opt.count("exp_avg_sq." + name), dir,
-              "/optimizer.safetensors: no state for '", name, "' (was it frozen in the saved run?)");
-    m.push_back(opt["exp_avg." + name]);
-    v.push_back(opt["exp_avg_sq." + name]);
+    m.push_back(get("exp_avg." + name, slice_of(name)));
+    v.push_back(get("exp_avg_sq." + name, slice_of(name)));
+    WXE_CHECK(m.back().numel() == graph_.values[p].constant->numel(), dir, ": optimizer state of '", name,
+              "' does not fit the parameter");
   }
-  WXE_CHECK(meta.count("step"), dir, "/optimizer.safetensors: no step in the metadata");
-  adam_.set_state(std::stoll(meta["step"]), std::move(m), std::move(v));
-  if (ema_) {
-    WXE_CHECK(fs::exists(dir + "/ema.safetensors"), dir, ": no ema.safetensors (the saved run had no EMA)");
-    std::map<std::string, Tensor> e;
-    for (auto& [n, t] : read_safetensors(dir + "/ema.safetensors")) e[n] = t;
+  for (size_t i = 0; i < m.size(); ++i) {
+    pm.push_back(&m[i]);
+    pv.push_back(&v[i]);
+  }
+  WXE_CHECK(meta.count("adam_step") || meta.count("step"), dir, ": no optimizer step in the metadata");
+  const int64_t t = std::stoll(meta.count("adam_step") ? meta["adam_step"] : meta["step"]);
+  adam_.set_state(t, {pack_block(pm, dp_rank_)}, {pack_block(pv, dp_rank_)});
+  if (ema_)
     for (size_t i = 0; i < trainable_.size(); ++i) {
-      auto it = e.find(graph_.values[trainable_[i]].name);
-      WXE_CHECK(it != e.end(), dir, "/ema.safetensors: no '", graph_.values[trainable_[i]].name, "'");
-      ema_->shadow()[i] = it->second.clone();
+      const std::string& name = graph_.values[trainable_[i]].name;
+      ema_->shadow()[i] = get("ema." + name, slice_of(name)).clone().reshaped(graph_.values[trainable_[i]].shape);
     }
-  }
-  std::ifstream f(dir + "/trainer_state.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  Json st = parse_json(ss.str(), dir + "/trainer_state.json");
-  const Json* step = st.get("step");
-  WXE_CHECK(step && checked_index(*step) >= 0, dir, "/trainer_state.json: no step");
-  step_ = checked_index(*step);
+  WXE_CHECK(meta.count("step"), dir, ": no step in the metadata");
+  step_ = std::stoll(meta["step"]);
   note("wxe: resumed from %s (step %lld)\n", dir.c_str(), (long long)step_);
 }
 
@@ -401,20 +571,27 @@ void plot(const FinetuneConfig& cfg, const std::vector<LogRow>& rows) {
 
 }  // namespace
 
-int run_finetune(const FinetuneConfig& cfg) {
+int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   WXE_CHECK(cfg.steps >= 1, "--steps must be at least 1");
   WXE_CHECK(!cfg.save.empty(), "--save DIR is required");
   auto t_start = std::chrono::steady_clock::now();
   std::unique_ptr<SampleSource> data = open_npy_dir(cfg.data, cfg.forecast_len);
   note("wxe: data: %s\n", data->describe().c_str());
-  Trainer t(cfg, std::move(data));
+  Trainer t(cfg, std::move(data), mesh);
+  const bool lead = !mesh || mesh->rank == 0;
+  if (mesh && mesh->world > 1)
+    note("wxe: data parallel over %d ranks: %d micro-batches per step each; optimizer state %.1f MiB per rank\n",
+         mesh->dp, cfg.accum / mesh->dp, t.optimizer_bytes() / 1048576.0);
   note("wxe: training %lld parameters (%zu tensors); %zu nodes; accum %d, forecast_len %d\n",
        (long long)t.trainable_count(), t.executor().trainable().size(), t.graph().nodes.size(), cfg.accum,
        cfg.forecast_len);
   const std::string log_path = (fs::path(cfg.save) / "training_log.csv").string();
   std::vector<LogRow> rows = cfg.resume ? read_log(log_path, t.steps_done()) : std::vector<LogRow>{};
-  fs::create_directories(cfg.save);
-  write_log(log_path, rows);
+  if (lead) {
+    fs::create_directories(cfg.save);
+    write_log(log_path, rows);
+  }
+  const bool had_checkpoint = fs::exists(fs::path(cfg.save) / "latest");
   const bool tty = isatty(fileno(stderr));
   const int64_t first = t.steps_done();
   double run_s = 0;
@@ -424,7 +601,8 @@ int run_finetune(const FinetuneConfig& cfg) {
     StepLog s;
     try {
       s = t.step();
-    } catch (const Error& e) {
+    } catch (const NonFiniteLoss& e) {  // every rank sees the same all-reduced loss: all stop here
+      if (!lead) return 4;
       if (tty && cfg.progress) std::fprintf(stderr, "\n");
       std::fprintf(stderr, "wxe: error: %s\n", e.what());
       fs::path latest = fs::path(cfg.save) / "latest";
@@ -440,7 +618,7 @@ int run_finetune(const FinetuneConfig& cfg) {
     }
     run_s += s.seconds;
     rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds});
-    {
+    if (lead) {
       std::ofstream f(log_path, std::ios::app);
       f << csv_row(rows.back()) << "\n";
     }
@@ -461,10 +639,11 @@ int run_finetune(const FinetuneConfig& cfg) {
     }
     if (cfg.save_every > 0 && s.step % cfg.save_every == 0 && left > 0) {
       last_ckpt = t.save_checkpoint();
-      plot(cfg, rows);
+      if (lead) plot(cfg, rows);
     }
   }
-  if (t.steps_done() > first || !fs::exists(fs::path(cfg.save) / "latest")) last_ckpt = t.save_checkpoint();
+  if (t.steps_done() > first || !had_checkpoint) last_ckpt = t.save_checkpoint();
+  if (!lead) return 0;
   plot(cfg, rows);
   std::printf("trained %lld steps in %.1f s; final loss %.6g; checkpoint %s; log %s; peak RSS %.0f MB\n",
               (long long)(t.steps_done() - first), seconds_since(t_start), rows.empty() ? NAN : rows.back().loss,

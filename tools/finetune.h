@@ -30,6 +30,8 @@
 #include "engine/loss.h"
 #include "engine/optim.h"
 #include "engine/samples.h"
+#include "engine/safetensors.h"
+#include "parallel/mesh.h"
 
 namespace wxe {
 
@@ -37,7 +39,7 @@ struct FinetuneConfig {
   std::string model, weights, data, save;
   bool resume = false;
   int64_t steps = 100;             // optimizer steps in total (a resumed run continues to it)
-  int accum = 1;                   // micro-batches per optimizer step
+  int accum = 1;                   // micro-batches per optimizer step, over all dp groups together
   int forecast_len = 1;            // rollout steps per sample
   int prognostic = -1;             // channels fed back in rollouts; -1: min(C_in, C_out)
   AdamWConfig adam;
@@ -69,16 +71,21 @@ struct StepLog {
 class Trainer {
  public:
   // Loads the model (training graph) and weights; with cfg.resume and a checkpoint in
-  // cfg.save, continues from it. `data` may be null for a benchmark (see set_batch).
-  Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data);
+  // cfg.save, continues from it. With a mesh (null: a world of one) the micro-batches are
+  // divided over the dp groups, gradients summed over them, and the optimizer state sharded
+  // over them (ZeRO-1). Tensor parallelism (tp > 1) is not implemented for training yet.
+  Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, Mesh* mesh = nullptr);
   // One optimizer step. Fails with a message (and leaves parameters as they were before the
   // step's update) if the loss or the gradient norm is not finite.
   StepLog step();
   // Writes SAVE/step_NNNNNN atomically and points SAVE/latest at it; returns its path.
   std::string save_checkpoint();
   int64_t steps_done() const { return step_; }
-  // Trained parameters by name (training names: SN layers legacy, others Linear layout).
+  // Trained parameters by name (training names: SN layers legacy, others Linear layout), as
+  // this rank holds them (tensor-parallel shards).
   NamedTensors parameters() const;
+  // Bytes of optimizer state (AdamW moments) this rank holds.
+  size_t optimizer_bytes() const;
   const Graph& graph() const { return graph_; }
   const GradExecutor& executor() const { return *exec_; }
   int64_t trainable_count() const;
@@ -86,6 +93,9 @@ class Trainer {
  private:
   FinetuneConfig cfg_;
   std::unique_ptr<SampleSource> data_;
+  Mesh* mesh_ = nullptr;
+  int dp_ = 1, dp_rank_ = 0, tp_ = 1, tp_rank_ = 0;
+  std::map<std::string, TensorSlice> slices_;  // tp-sharded parameters (none until tp training)
   Graph graph_;
   std::unique_ptr<GradExecutor> exec_;
   std::vector<int> trainable_;       // value ids
@@ -97,13 +107,28 @@ class Trainer {
   std::string input_name_;
   std::vector<int64_t> perm_;        // shuffle permutation of the current epoch
   int64_t perm_epoch_ = -1;
+  // ZeRO-1 over dp: every trainable parameter (n[p] elements here) is cut into dp blocks of
+  // c[p] = ceil(n[p] / dp); this rank owns block dp_rank of each. The optimizer runs on one flat
+  // tensor of S = sum c[p] elements (block p at off[p], zero padded).
+  std::vector<int64_t> zn_, zc_, zoff_;
+  int64_t zS_ = 0;
+  Tensor pack_block(const std::vector<const Tensor*>& per_param, int block) const;    // (S)
+  void unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const;
+  std::vector<Tensor> gather_moments(const Tensor& shard);  // per parameter, whole (dp all-gather)
   void load_checkpoint(const std::string& dir);
+  void check_same_plan();
   int64_t sample_index(int64_t micro);
 };
 
+// A non-finite loss or gradient norm (the same on every rank: both are all-reduced).
+struct NonFiniteLoss : Error {
+  using Error::Error;
+};
+
 // `wxe finetune`: the loop with progress, training_log.csv, loss_curve.png and checkpoints.
-// Returns the process exit code.
-int run_finetune(const FinetuneConfig& cfg);
+// Under a mesh every rank calls it; rank 0 prints and writes the log. Returns the exit code
+// (4: non-finite loss).
+int run_finetune(const FinetuneConfig& cfg, Mesh* mesh = nullptr);
 
 // `wxe bench --train`: time per training step (forward, backward, clip, AdamW) on one input
 // against a zero target, after one warm-up step. Prints a table and, with json, one JSON line.

@@ -26,18 +26,11 @@
 #include "tools/credit_checkpoint.h"
 #include "tools/finetune.h"
 #include "tools/loss_plot.h"
+#include "tools/model.h"
 
 using namespace wxe;
 
 namespace {
-
-bool g_quiet = false;  // ranks other than 0 keep their progress to themselves
-
-// Progress on stderr (rank 0 only).
-template <class... A>
-void note(const char* fmt, A... a) {
-  if (!g_quiet) std::fprintf(stderr, fmt, a...);
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -78,24 +71,6 @@ std::map<std::string, InputSpec> specs_of(const std::map<std::string, Tensor>& i
   return s;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// A checkpoint in the Linear layout: safetensors as is, a legacy .pt through the rule table.
-// With `slices`, a .safetensors is read only in the parts this rank keeps (a legacy .pt needs
-// the whole tensors for the conversion).
-NamedTensors read_weights(const std::string& path, layout::ConvertReport* report = nullptr,
-                          const std::map<std::string, TensorSlice>* slices = nullptr) {
-  NamedTensors raw = ends_with(path, ".safetensors") ? read_safetensors(path, nullptr, slices)
-                                                     : read_torch_state_dict(path).tensors;
-  try {
-    return layout::convert_state_dict(raw, report);
-  } catch (const Error& e) {
-    throw Error(path + ": " + e.what());
-  }
-}
-
 Graph import_model(const std::string& model) {
   auto t0 = std::chrono::steady_clock::now();
   Graph g = import_onnx(model);
@@ -103,25 +78,15 @@ Graph import_model(const std::string& model) {
   return g;
 }
 
-using SlicesOf = std::function<std::map<std::string, TensorSlice>(const Graph&)>;
-
-// Binds the inputs and runs the passes, loading `weights_path` if given; `slices_of`, given
-// the prepared graph, says which parts of each weight this rank reads.
+// Binds the inputs and runs the passes (tools/model.h), loading `weights_path` if given;
+// `slices_of`, given the prepared graph, says which parts of each weight this rank reads.
 void simplify_model(Graph& g, const std::map<std::string, Tensor>& inputs, const std::string& weights_path,
                     const SlicesOf& slices_of = nullptr) {
   auto t1 = std::chrono::steady_clock::now();
-  prepare_graph(g, specs_of(inputs));
-  if (!weights_path.empty()) {
-    std::map<std::string, TensorSlice> slices;
-    if (slices_of) slices = slices_of(g);
-    NamedTensors w = read_weights(weights_path, nullptr, slices.empty() ? nullptr : &slices);
-    std::vector<std::string> unused = load_weights(g, w, weights_path);
-    note("wxe: loaded %zu tensors from %s\n", w.size() - unused.size(), weights_path.c_str());
-    if (!unused.empty())
-      note("wxe: warning: %zu tensors of %s are not used by the model (first: %s)\n", unused.size(),
-           weights_path.c_str(), unused[0].c_str());
-  }
-  finalize_graph(g);
+  LoadOptions opt;
+  opt.weights = weights_path;
+  opt.slices_of = slices_of;
+  prepare_model(g, specs_of(inputs), opt);
   note("wxe: simplified to %zu nodes (%.2f s)\n", g.nodes.size(), seconds_since(t1));
 }
 
@@ -574,6 +539,8 @@ int main(int argc, char** argv) {
   finetune->add_flag("--reference", fc.reference, "reference kernels only (slow; the oracle)");
   finetune->add_option("--save-every", fc.save_every, "also write a checkpoint every N steps (default: only at the end)");
   finetune->add_option("--keep", fc.keep, "checkpoints kept (default 2)");
+  int finetune_tp = 1;
+  finetune->add_option("--tp", finetune_tp, "tensor-parallel ranks (only 1 for now; under mpirun every rank is a data-parallel group)");
 
   CLI11_PARSE(app, argc, argv);
   if (*finetune) {
@@ -585,9 +552,9 @@ int main(int argc, char** argv) {
   }
   register_collective_ops();
   Mesh mesh;
-  if (*infer) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
+  if (*infer || *finetune) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
     try {
-      mesh = make_mesh(ia.tp);
+      mesh = make_mesh(*infer ? ia.tp : finetune_tp);
     } catch (const Error& e) {
       std::fprintf(stderr, "wxe: error: %s\n", e.what());
       return 1;
@@ -599,7 +566,7 @@ int main(int argc, char** argv) {
     if (*infer) return cmd_infer(ia, mesh);
     if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json);
     if (*bench) return cmd_bench(ba);
-    if (*finetune) return run_finetune(fc);
+    if (*finetune) return run_finetune(fc, &mesh);
     if (*convert) return cmd_convert(ca);
   } catch (const std::exception& e) {
     // with other ranks waiting in collectives, one rank's error ends the whole job
