@@ -78,10 +78,13 @@ struct Pending {
   uint64_t begin, end;
 };
 
-std::vector<std::pair<std::string, Tensor>> read_impl(const std::string& path,
-                                                      std::map<std::string, std::string>* metadata,
-                                                      const std::map<std::string, TensorSlice>* slices) {
-  File f(path);
+// The validated header: its entries (offsets relative to the data) and where the data starts.
+struct Header {
+  std::vector<Pending> pend;
+  uint64_t data_start = 0;
+};
+
+Header read_header(const File& f, const std::string& path, std::map<std::string, std::string>* metadata) {
   WXE_CHECK(f.size() >= 8, path, ": not a safetensors file (", f.size(), " bytes)");
   uint8_t hb[8];
   f.read(0, hb, 8);
@@ -165,7 +168,16 @@ std::vector<std::pair<std::string, Tensor>> read_impl(const std::string& path,
   }
   WXE_CHECK(at == data_size, path, ": the tensors cover ", at, " of the ", data_size,
             " data bytes (truncated or corrupt file)");
+  return {std::move(pend), 8 + n};
+}
 
+std::vector<std::pair<std::string, Tensor>> read_impl(const std::string& path,
+                                                      std::map<std::string, std::string>* metadata,
+                                                      const std::map<std::string, TensorSlice>* slices) {
+  File f(path);
+  Header h = read_header(f, path, metadata);
+  std::vector<Pending>& pend = h.pend;
+  const uint64_t n = h.data_start - 8;
   std::vector<std::pair<std::string, Tensor>> out;
   out.reserve(pend.size());
   for (Pending& p : pend) {
@@ -246,6 +258,35 @@ void write_safetensors(const std::string& path,
   for (auto& [name, t] : tensors)
     if (t.nbytes()) bytes.append(static_cast<const char*>(t.raw()), t.nbytes());
   write_file_atomic(path, bytes);
+}
+
+std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path,
+                                                     std::map<std::string, std::string>* metadata) {
+  try {
+    File f(path);
+    Header h = read_header(f, path, metadata);
+    std::vector<SafetensorsEntry> r;
+    for (Pending& p : h.pend)
+      r.push_back({std::move(p.name), p.dtype, std::move(p.shape), h.data_start + p.begin, p.end - p.begin});
+    return r;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail(path, ": out of memory reading the safetensors header");
+  } catch (const std::length_error&) {
+    fail(path, ": corrupt safetensors file (impossible size)");
+  }
+}
+
+const char* safetensors_dtype_name(DType t) { return st_name(t); }
+
+bool safetensors_dtype(const std::string& name, DType* t) {
+  for (auto& s : kStTypes)
+    if (name == s.name) {
+      *t = s.dtype;
+      return true;
+    }
+  return false;
 }
 
 std::vector<std::pair<std::string, Tensor>> read_safetensors(

@@ -34,4 +34,19 @@ std::vector<std::pair<std::string, Tensor>> read_safetensors(
     const std::string& path, std::map<std::string, std::string>* metadata = nullptr,
     const std::map<std::string, TensorSlice>* slices = nullptr);
 
+// The header alone, validated as read_safetensors validates it, without reading the data:
+// each tensor's dtype, shape and where its bytes lie in the file (absolute byte offset).
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t offset = 0, nbytes = 0;
+};
+std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path,
+                                                     std::map<std::string, std::string>* metadata = nullptr);
+
+// The safetensors name of a dtype ("F32"; nullptr where it has none), and back (false if unknown).
+const char* safetensors_dtype_name(DType t);
+bool safetensors_dtype(const std::string& name, DType* t);
+
 }  // namespace wxe

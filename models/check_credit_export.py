@@ -1,23 +1,60 @@
 #!/usr/bin/env python3
-"""Checks a CREDIT checkpoint written by `wxe convert CKPT --to credit --like ORIG.pt`.
+"""Checks CREDIT checkpoints written by `wxe convert CKPT --to credit --like ORIG.pt`.
 
-Loads it with torch.load(weights_only=True), builds the CREDIT model (the tiny config of
-models/export_credit.py), load_state_dict(strict=True), loads the optimizer state into
-torch.optim.AdamW over model.parameters(), and compares every tensor with the original
-checkpoint (untrained ones equal, trained ones moved).
+check OUT.pt ORIG.pt NAME
+    A converted fine-tune checkpoint: torch.load(weights_only=True), CREDIT's model (the tiny
+    config of models/export_credit.py) loads it with strict=True, the tensors have the
+    original's names, order, shapes and dtypes, the optimizer state has the key layout of the
+    installed torch's AdamW and one moment per parameter of its shape, AdamW loads it and takes
+    a step.
 
-    /root/wxe-venv/bin/python models/check_credit_export.py OUT.pt ORIG.pt crossformer_tiny
+roundtrip NAME [--no-sn] [--wxe build/wxe]
+    An exact oracle for the whole path: PyTorch takes one AdamW step on the CREDIT model (the
+    tiny fixture checkpoint, or with --no-sn a model without spectral norm, so that to_qkv is
+    split); the result is written as a wxe fine-tune checkpoint directory (model.safetensors:
+    spectral-norm layers as weight_orig/u/v, the others in the Linear layout; optimizer.safetensors:
+    exp_avg./exp_avg_sq. per parameter, mapped like the weights), `wxe convert --to credit --like`
+    turns it back, and its model_state_dict and optimizer_state_dict must equal PyTorch's bit
+    for bit.
+
+    /root/wxe-venv/bin/python models/check_credit_export.py roundtrip crossformer_tiny
 """
+import argparse
 import os
+import subprocess
 import sys
+import tempfile
 
 import torch
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_credit import model_class, TINY_KW  # noqa: E402
+from export_credit import INPUT_SHAPE, TINY_KW, model_class  # noqa: E402
+
+LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.01
 
 
-def main(out, orig, name):
+def adamw(params):
+    return torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+
+
+def check_optimizer_layout(osd, model):
+    """osd's keys as the installed torch's AdamW writes them; moments shaped like the parameters."""
+    params = list(model.parameters())
+    ref = adamw([torch.nn.Parameter(torch.zeros(1))]).state_dict()
+    assert set(osd) == set(ref), (set(osd), set(ref))
+    assert len(osd["param_groups"]) == 1
+    g, rg = osd["param_groups"][0], ref["param_groups"][0]
+    assert list(g) == list(rg), f"param_groups keys {list(g)} != AdamW's {list(rg)}"
+    assert g["params"] == list(range(len(params))), "params are not 0..n-1 over model.parameters()"
+    for i, s in osd["state"].items():
+        assert set(s) == {"step", "exp_avg", "exp_avg_sq"}, set(s)
+        assert s["step"].dtype == torch.float32 and s["step"].dim() == 0, s["step"]
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert s[k].shape == params[i].shape, f"state {i} {k} {tuple(s[k].shape)} vs parameter {tuple(params[i].shape)}"
+
+
+def check(out, orig, name):
     ck = torch.load(out, weights_only=True)
     ref = torch.load(orig, weights_only=True)
     assert set(ck) >= {"epoch", "model_state_dict"}, set(ck)
@@ -34,17 +71,121 @@ def main(out, orig, name):
             moved += 1
     print(f"model_state_dict: {len(sd)} tensors, strict load ok; {moved} changed by fine-tuning, {same} unchanged")
     if "optimizer_state_dict" in ck:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+        check_optimizer_layout(ck["optimizer_state_dict"], model)
+        opt = adamw(model.parameters())
         opt.load_state_dict(ck["optimizer_state_dict"])
         n = len(ck["optimizer_state_dict"]["state"])
         steps = {float(s["step"]) for s in opt.state_dict()["state"].values()}
-        print(f"optimizer_state_dict: AdamW loaded, state for {n} of {len(list(model.parameters()))} parameters, step {steps}")
-        x = torch.randn(1, 7, 1, 32, 64)
+        print(f"optimizer_state_dict: AdamW key layout ok, loaded, state for {n} of {len(list(model.parameters()))} "
+              f"parameters, step {steps}")
         model.train()
-        model(x).square().mean().backward()
+        model(torch.randn(*INPUT_SHAPE)).square().mean().backward()
         opt.step()  # the loaded state is usable
         print("one more AdamW step from the loaded state: ok")
 
 
+# --------------------------------------------------------------------------- roundtrip
+
+
+def linear_layout(sd):
+    """CREDIT's legacy names -> what wxe fine-tuning saves: modules with spectral norm as they
+    are; to_qkv split into to_q/to_k/to_v; 1x1 to_out and feed-forward weights 2-D."""
+    sn = {k[: -len(".weight_orig")] for k in sd if k.endswith(".weight_orig")}
+    out = {}
+    for k, t in sd.items():
+        mod, leaf = k.rsplit(".", 1)
+        if mod in sn:
+            out[k] = t
+        elif mod.endswith("to_qkv") and leaf in ("weight", "bias"):
+            for part, c in zip(("to_q", "to_k", "to_v"), t.chunk(3, dim=0)):
+                out[f"{mod[:-6]}{part}.{leaf}"] = c.reshape(c.shape[0], -1) if leaf == "weight" else c
+        elif leaf == "weight" and t.dim() == 4 and t.shape[2:] == (1, 1) and (
+            mod.endswith("to_out") or mod.endswith(".layers.1") or mod.endswith(".layers.4")
+        ):
+            out[k] = t.reshape(t.shape[0], t.shape[1])
+        else:
+            out[k] = t
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def roundtrip(name, no_sn, wxe):
+    from safetensors.torch import save_file
+
+    tmp = tempfile.mkdtemp(prefix="credit_rt_")
+    torch.manual_seed(0)
+    if no_sn:
+        model = model_class(name)(**dict(TINY_KW, use_spectral_norm=False))
+        like = os.path.join(tmp, "original.pt")
+        torch.save({"epoch": 0, "model_state_dict": model.state_dict()}, like)
+    else:
+        model = model_class(name)(**TINY_KW)
+        like = os.path.join(REPO, "tests/data", f"{name}_checkpoint.pt")
+        model.load_state_dict(torch.load(like, weights_only=True)["model_state_dict"], strict=True)
+    # one PyTorch training step: parameters, u/v (train-mode power iteration) and moments move
+    opt = adamw(model.parameters())
+    model.train()
+    model(torch.randn(*INPUT_SHAPE)).square().mean().backward()
+    opt.step()
+    want_sd, want_opt = model.state_dict(), opt.state_dict()
+
+    # as wxe fine-tuning saves it
+    ck = os.path.join(tmp, "step_000001")
+    os.makedirs(ck)
+    save_file(linear_layout(want_sd), os.path.join(ck, "model.safetensors"), metadata={"step": "1"})
+    names = [n for n, _ in model.named_parameters()]
+    moments = {}
+    for key in ("exp_avg", "exp_avg_sq"):
+        per_name = {names[i]: s[key] for i, s in want_opt["state"].items()}
+        moments.update({f"{key}.{n}": t for n, t in linear_layout(per_name).items()})
+    meta = {"step": "1", "adam_step": "1", "lr": repr(LR), "beta1": repr(BETAS[0]), "beta2": repr(BETAS[1]),
+            "eps": repr(EPS), "weight_decay": repr(WD)}
+    save_file(moments, os.path.join(ck, "optimizer.safetensors"), metadata=meta)
+    n_split = sum(k.endswith(".to_q.weight") for k in linear_layout(want_sd))
+
+    out = os.path.join(tmp, "credit.pt")
+    r = subprocess.run([wxe, "convert", ck, "--to", "credit", "--output", out, "--like", like],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    print(r.stdout.strip())
+
+    got = torch.load(out, weights_only=True)
+    sd = got["model_state_dict"]
+    assert list(sd) == list(want_sd), "model_state_dict key order differs from CREDIT's"
+    bad = [k for k in sd if not (sd[k].dtype == want_sd[k].dtype and torch.equal(sd[k], want_sd[k]))]
+    assert not bad, f"{len(bad)} tensors differ: {bad[:5]}"
+    fresh = model_class(name)(**dict(TINY_KW, use_spectral_norm=not no_sn))
+    fresh.load_state_dict(sd, strict=True)
+    osd = got["optimizer_state_dict"]
+    check_optimizer_layout(osd, fresh)
+    assert osd["param_groups"] == want_opt["param_groups"], (osd["param_groups"][0], want_opt["param_groups"][0])
+    assert sorted(osd["state"]) == sorted(want_opt["state"])
+    for i, s in want_opt["state"].items():
+        for k, t in s.items():
+            assert osd["state"][i][k].dtype == t.dtype and torch.equal(osd["state"][i][k], t), f"state {i} ({names[i]}) {k}"
+    opt2 = adamw(fresh.parameters())
+    opt2.load_state_dict(osd)
+    print(f"{name} {'without' if no_sn else 'with'} spectral norm ({n_split} to_qkv split into q/k/v): "
+          f"model_state_dict {len(sd)} tensors and AdamW state of {len(osd['state'])} parameters equal "
+          f"PyTorch's bit for bit; strict load and optimizer load ok")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("out")
+    c.add_argument("orig")
+    c.add_argument("name")
+    r = sub.add_parser("roundtrip")
+    r.add_argument("name")
+    r.add_argument("--no-sn", action="store_true")
+    r.add_argument("--wxe", default=os.path.join(REPO, "build/wxe"))
+    a = ap.parse_args()
+    if a.cmd == "check":
+        check(a.out, a.orig, a.name)
+    else:
+        roundtrip(a.name, a.no_sn, a.wxe)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main()

@@ -1,6 +1,9 @@
-// Collectives as graph nodes, registered into the op table like any kernel.
-//   AllReduceTP: forward all-reduce (sum) over the tensor-parallel group; its backward (for
-//   fine-tuning) is the identity. Megatron's reduce_from_tp.
+// Collectives as graph nodes, registered into the op table like any kernel, each with the
+// conjugate backward (Megatron's tensor_parallel/mappings.py pairs):
+//   AllReduceTP (reduce_from_tp): forward all-reduce (sum) over tp, backward identity.
+//   CopyToTP (copy_to_tp): forward identity, backward all-reduce (sum) over tp of the gradient.
+// Both use the calling thread's tp communicator; with none set, or a tp group of one, each is
+// the identity both ways (Megatron's world_size == 1 bypass).
 #pragma once
 #include "parallel/comm.h"
 

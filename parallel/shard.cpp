@@ -97,6 +97,43 @@ std::vector<std::string> einsum_terms(const Node& n) {
   return terms;
 }
 
+// value id -> the node that reads it when exactly one node does, else -1
+std::vector<int> sole_readers(const Graph& g) {
+  std::vector<int> uses = g.use_counts(), r(g.values.size(), -1);
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    for (int i : g.nodes[k].inputs)
+      if (i >= 0 && uses[i] == 1) r[i] = (int)k;
+  return r;
+}
+
+// The parameter holding the bias of Linear node n, and the axis of that parameter along the
+// layer's output features: the Linear's own bias, or the parameter of an Add that alone reads
+// the Linear's output and reads that parameter alone (the exporter's MatMul + Add). False when
+// it has none.
+bool linear_bias(const Graph& g, const Node& n, const std::vector<int>& sole, std::string* name, int* axis) {
+  if (n.inputs.size() > 2 && n.inputs[2] >= 0) {
+    const Value& b = g.values[n.inputs[2]];
+    *name = b.name;
+    *axis = 0;
+    return b.is_param && b.is_const();
+  }
+  const Value& y = g.values[n.outputs[0]];
+  int k = sole[n.outputs[0]];
+  if (k < 0 || g.nodes[k].op != "Add" || g.nodes[k].inputs.size() != 2 || !y.shape_known) return false;
+  const Node& add = g.nodes[k];
+  int other = add.inputs[0] == n.outputs[0] ? add.inputs[1] : add.inputs[0];
+  // read by nothing else: a rank may hold only its block of it
+  if (other < 0 || sole[other] != k || !g.values[other].is_param || !g.values[other].is_const()) return false;
+  const Shape& bs = g.values[other].shape;
+  int64_t feat = n.i("axis", -1);
+  if (feat < 0) feat += (int64_t)y.shape.size();
+  int va = (int)feat - (int)(y.shape.size() - bs.size());  // broadcasting aligns from the right
+  if (va < 0 || bs[va] != y.shape[feat]) return false;     // not one value per output feature
+  *name = g.values[other].name;
+  *axis = va;
+  return true;
+}
+
 }  // namespace
 
 TpPlan discover_plan(const Graph& g) {
@@ -149,14 +186,42 @@ size_t param_bytes(const Graph& g) {
   return b;
 }
 
-ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
+std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Graph& g, int tp, int r) {
+  std::map<std::string, TensorSlice> slices;
+  if (tp == 1) return slices;
+  std::vector<int> sole = sole_readers(g);
+  for (const Node& n : g.nodes) {
+    auto it = plan.by_weight.find(weight_of(g, n));
+    if (it == plan.by_weight.end() || it->second == TpSplit::Replicate) continue;
+    bool column = it->second == TpSplit::Column;
+    slices[it->first] = {column ? 0 : 1, tp, r};
+    std::string bias;
+    int axis = 0;
+    // a row-parallel layer's bias is added after the sum, whole
+    if (column && linear_bias(g, n, sole, &bias, &axis)) slices[bias] = {axis, tp, r};
+  }
+  return slices;
+}
+
+namespace {
+
+// shard_graph and, with `training`, shard_training_graph.
+ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training) {
   ShardStats st;
   st.param_bytes_full = param_bytes(g);
   if (tp == 1) {
     st.param_bytes_rank = st.param_bytes_full;
     return st;
   }
-  register_collective_ops();  // the AllReduceTP nodes it inserts
+  register_collective_ops();  // the AllReduceTP and CopyToTP nodes it inserts
+  // training: the parameters that may be sliced, and their full shapes (checked at the end)
+  std::map<std::string, TensorSlice> expected;
+  std::map<std::string, Shape> full_shape;
+  if (training) {
+    expected = parameter_slices(plan, g, tp, r);
+    for (const Value& v : g.values)
+      if (v.is_param && v.is_const() && expected.count(v.name)) full_shape[v.name] = v.shape;
+  }
   std::vector<int> axis(g.values.size(), -1);  // sharded axis of each value, -1: replicated
   auto sharded = [&](int v) { return v >= 0 && v < (int)axis.size() && axis[v] >= 0; };
   auto set_axis = [&](int v, int a) {
@@ -164,6 +229,35 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
     axis[v] = a;
   };
   std::vector<Node> out;
+  // training: replicated value -> its CopyToTP output (one per value, however many readers)
+  std::map<int, int> copied;
+  auto copy_to_tp = [&](int v, const std::string& reader) {
+    auto it = copied.find(v);
+    if (it != copied.end()) return it->second;
+    Value c = g.values[v];
+    c.name += "_copy_to_tp";
+    c.constant.reset();
+    c.is_param = false;
+    int cv = g.add_value(std::move(c));
+    Node cp;
+    cp.op = "CopyToTP";
+    cp.name = reader + "/CopyToTP";
+    cp.inputs = {v};
+    cp.outputs = {cv};
+    out.push_back(std::move(cp));
+    ++st.copies;
+    return copied[v] = cv;
+  };
+  // training: gradients of replicated float tensors entering the sharded region are summed over
+  // tp on the way back; constants that are not parameters need no gradient
+  auto copy_replicated_inputs = [&](Node& n) {
+    if (!training) return;
+    for (int& i : n.inputs) {
+      if (i < 0 || sharded(i) || g.values[i].dtype != DType::F32) continue;
+      if (g.values[i].is_const() && !g.values[i].is_param) continue;
+      i = copy_to_tp(i, n.name);
+    }
+  };
   for (Node& n : g.nodes) {
     const std::string block = scope_module(n.name);
     const std::string where = "node " + n.name + " (" + n.op + ")" + (block.empty() ? "" : " in block " + block);
@@ -184,6 +278,7 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
         WXE_CHECK(W.shape[0] % tp == 0, where, ": width ", W.shape[0], " of ", w, " is not divisible by --tp ", tp);
         n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(W, 0, tp, r), "");
         if (bias >= 0) n.inputs[2] = new_const(g, g.values[bias], slice_dim(*g.values[bias].constant, 0, tp, r), "");
+        if (training) n.inputs[0] = copy_to_tp(n.inputs[0], n.name);
         set_axis(n.outputs[0], (int)feat);
         ++st.column;
         out.push_back(std::move(n));
@@ -212,7 +307,24 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
         ar.outputs = {sv};
         Shape bshape(rank - feat, 1);  // (N, 1, ..., 1) broadcasts along the feature axis
         bshape[0] = g.values[bias].shape[0];
-        int b2 = new_const(g, g.values[bias], g.values[bias].constant->reshaped(bshape), "");
+        int b2;
+        if (!training) {
+          b2 = new_const(g, g.values[bias], g.values[bias].constant->reshaped(bshape), "");
+        } else {  // the parameter stays the (N,) leaf an optimizer and a checkpoint know
+          int target = g.add_constant(g.values[bias].name + "_shape", Tensor::from_i64(bshape));
+          Value rb = g.values[bias];
+          rb.name += "_bcast";
+          rb.shape = bshape;
+          rb.constant.reset();
+          rb.is_param = false;
+          b2 = g.add_value(std::move(rb));
+          Node reshape;
+          reshape.op = "Reshape";
+          reshape.name = ar.name + "/bias_shape";
+          reshape.inputs = {bias, target};
+          reshape.outputs = {b2};
+          out.push_back(std::move(reshape));
+        }
         Node add;
         add.op = "Add";
         add.name = ar.name + "/bias";
@@ -295,14 +407,24 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
           continue;
         }
         if (va < 0 || v.shape[va] == 1) continue;  // broadcasts along the sharded axis
-        WXE_CHECK(v.is_const(), where, ": mixes a sharded and a replicated runtime tensor");
+        WXE_CHECK(v.is_const(), where, ": mixes a sharded and a replicated runtime tensor '", v.name, "'",
+                  training ? " (a per-head tensor computed from parameters: not supported in training)" : "");
         WXE_CHECK(v.shape[va] == os[oa], where, ": cannot slice '", v.name, "'");
-        i = new_const(g, v, slice_dim(*v.constant, va, tp, r), "_tp");  // per head (position bias)
+        if (training && v.is_param) {  // a sharded parameter: the one parameter_slices() names
+          auto e = expected.find(v.name);
+          WXE_CHECK(e != expected.end() && e->second.axis == va, where, ": parameter '", v.name,
+                    "' would be sharded along its axis ", va, " but is not a column-parallel layer's bias");
+          i = new_const(g, v, slice_dim(*v.constant, va, tp, r), "");
+        } else {
+          i = new_const(g, v, slice_dim(*v.constant, va, tp, r), "_tp");  // per head (position bias)
+        }
+        set_axis(i, va);
       }
       set_axis(n.outputs[0], oa);
     } else {
       fail(where, ": cannot shard through this op (add it to the plan as replicate, or extend parallel/shard.cpp)");
     }
+    copy_replicated_inputs(n);
     out.push_back(std::move(n));
   }
   g.nodes = std::move(out);
@@ -311,7 +433,36 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int r) {
   eliminate_dead_nodes(g);  // drops the full-size weights no node reads any more
   infer_shapes(g);
   st.param_bytes_rank = param_bytes(g);
+  if (!training) return st;
+  // infer_shapes evaluates what parameters feed (the position-bias MLP); it must stay live
+  for (const Node& n : g.nodes)
+    for (int o : n.outputs) g.values[o].constant.reset();
+  std::vector<int> uses = g.use_counts();
+  std::map<std::string, int> held;  // sharded parameter -> how many values of that name the graph reads
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const Value& x = g.values[v];
+    auto e = expected.find(x.name);
+    if (!x.is_param || !x.is_const() || !uses[v] || e == expected.end()) continue;
+    ++held[x.name];
+    const Shape& f = full_shape[x.name];
+    int a = e->second.axis;
+    WXE_CHECK(x.shape.size() == f.size() && x.shape[a] * tp == f[a], g.source, ": parameter '", x.name, "' is ",
+              shape_str(x.shape), " after sharding ", shape_str(f), " along axis ", a, " over tp ", tp);
+  }
+  for (auto& [name, slice] : expected)
+    WXE_CHECK(held[name] == 1, g.source, ": sharded parameter '", name, "' is read ",
+              held[name] == 0 ? "nowhere" : "both sharded and whole", " after sharding");
   return st;
+}
+
+}  // namespace
+
+ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int tp_rank) {
+  return shard(g, plan, tp, tp_rank, false);
+}
+
+ShardStats shard_training_graph(Graph& g, const TpPlan& plan, int tp, int tp_rank) {
+  return shard(g, plan, tp, tp_rank, true);
 }
 
 }  // namespace wxe

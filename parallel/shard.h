@@ -12,12 +12,19 @@
 // the two, the sharded channel axis is followed through the graph: Reshape targets, Transpose
 // permutations, Einsum letters and broadcast constants (the position bias, per head) are
 // adjusted so each rank computes its own heads. Nothing else communicates in the forward pass.
+//
+// Training (shard_training_graph): the same, plus the conjugate collective on the way in: a
+// "CopyToTP" node (forward identity, backward all-reduce) on every replicated float tensor that
+// enters the sharded region (the input of the column-parallel layers, shared by to_q/to_k/to_v;
+// the position bias added to every head), so replicated parameters get whole gradients on
+// every rank and sharded ones the gradient of their slice.
 #pragma once
 #include <map>
 #include <string>
 #include <vector>
 
 #include "engine/graph.h"
+#include "engine/safetensors.h"
 
 namespace wxe {
 
@@ -41,11 +48,29 @@ struct ShardStats {
   int column = 0, row = 0, all_reduces = 0;
   size_t param_bytes_full = 0;  // every parameter, unsharded
   size_t param_bytes_rank = 0;  // what this rank holds
+  int copies = 0;               // CopyToTP nodes (shard_training_graph)
 };
 
 // Rewrites g for tp rank `tp_rank` of `tp`. Heads or widths that tp does not divide, or a
 // node the sharded axis cannot pass through, are one error naming the block and node.
 ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int tp_rank);
+
+// shard_graph for a training graph (engine/passes.h prepare_training_graph: parameters are
+// named leaves, the position-bias MLP is live), plus one CopyToTP per distinct replicated
+// tensor entering the sharded region (stats.copies). Sharded parameters keep their names and
+// are exactly those parameter_slices() lists (checked); parameters keep their shapes (a
+// row-parallel bias is reshaped by a node, not in storage). No node output is left with a
+// constant payload, so nothing a parameter feeds is frozen. Run the result with the thread's
+// tp communicator set (collective_ops.h).
+ShardStats shard_training_graph(Graph& g, const TpPlan& plan, int tp, int tp_rank);
+
+// What tp rank `tp_rank` of `tp` keeps of each sharded parameter of `full` (a graph before
+// sharding, with its Linear nodes): column-parallel weights and their biases block tp_rank of
+// tp along axis 0, row-parallel weights along axis 1. A column-parallel layer's bias is its
+// Linear's third input, or the parameter an Add puts on its output right after (exporters
+// write MatMul + Add). Parameters not listed are replicated. Empty for tp 1. The slices the
+// checkpoint reader (read_safetensors) and a sharded optimizer state use.
+std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Graph& full, int tp, int tp_rank);
 
 // Parameter bytes of the graph (constants marked is_param that some node reads).
 size_t param_bytes(const Graph& g);

@@ -109,12 +109,33 @@ expect_fail finetune-accum "at least 1" "$wxe" finetune "$model" --data "$tmp/da
 # order with its optimizer indices; a checkpoint of another model is refused
 cross=$src/tests/data/crossformer_tiny_snbaked_opset17.onnx
 if "$wxe" convert "$tmp/ft/step_000003" --to credit --output "$tmp/credit.pt" >"$tmp/out" 2>"$tmp/err" \
-   && grep -q "CREDIT's layout" "$tmp/out" && [ -s "$tmp/credit.pt" ]; then
+   && grep -q "CREDIT's layout" "$tmp/out" && grep -q "note: without --like" "$tmp/err" && [ -s "$tmp/credit.pt" ]; then
   echo "ok   convert-to-credit"
 else
   echo "FAIL convert-to-credit"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
 expect_fail convert-to-credit-like "mismatches" "$wxe" convert "$tmp/ft/step_000003" --to credit --output "$tmp/credit2.pt" --like "$src/tests/data/crossformer_tiny_checkpoint.pt"
 [ -e "$tmp/credit2.pt" ] && { echo "FAIL convert-to-credit-like wrote a file"; fails=$((fails + 1)); }
+if "$wxe" convert "$tmp/ft/step_000003" --to credit --output "$tmp/credit3.pt" --like "$src/tests/data/wxformer_tiny_checkpoint.pt" \
+     >"$tmp/out" 2>"$tmp/err" && grep -q "AdamW state of 310 parameters at step 3" "$tmp/out" && [ -s "$tmp/credit3.pt" ] \
+   && [ ! -s "$tmp/err" ] && ! ls "$tmp"/credit3.pt.tmp* >/dev/null 2>&1; then
+  echo "ok   convert-to-credit-like-original"
+else
+  echo "FAIL convert-to-credit-like-original"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+expect_fail convert-to-credit-bad-like "cannot open" "$wxe" convert "$tmp/ft/step_000003" --to credit --output "$tmp/credit4.pt" --like "$tmp/nope.pt"
+
+# sharded checkpoints: full -> 3 files -> full, bit for bit; a folder that is not a sharded
+# checkpoint is never replaced
+if "$wxe" convert "$tmp/w.safetensors" --output "$tmp/sharded" --shard 3 >"$tmp/out" 2>"$tmp/err" \
+   && [ -s "$tmp/sharded/index.json" ] && [ -s "$tmp/sharded/rank_00002.safetensors" ] && [ ! -e "$tmp/sharded.tmp" ] \
+   && "$wxe" convert "$tmp/sharded" --output "$tmp/unsharded.safetensors" >>"$tmp/out" 2>>"$tmp/err" \
+   && cmp -s "$tmp/w.safetensors" "$tmp/unsharded.safetensors"; then
+  echo "ok   convert-sharded-round-trip"
+else
+  echo "FAIL convert-sharded-round-trip"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+expect_fail convert-shard-user-dir "refusing to replace it" "$wxe" convert "$tmp/w.safetensors" --output "$tmp/data" --shard 2
+[ -e "$tmp/data/x_0000.npy" ] || { echo "FAIL convert-shard-user-dir touched the folder"; fails=$((fails + 1)); }
 
 exit $((fails > 0))

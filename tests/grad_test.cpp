@@ -33,7 +33,7 @@ bool non_differentiable(const std::string& op) {
       // made by the CPU fusion passes for inference; training runs the unfused graph
       "ChannelLayerNorm", "WindowAttention", "ConvChannelsLast", "DepthToSpaceChannelsLast",
       // collectives: their backward is the conjugate collective (parallel/), not a kernel
-      "AllReduceTP"};
+      "AllReduceTP", "CopyToTP"};
   return ops.count(op) != 0;
 }
 

@@ -1,5 +1,11 @@
 // The legacy -> Linear layout rules (engine/layout_rules.h) on hand-made state dicts.
 #include "engine/layout_rules.h"
+
+#include <cstring>
+#include <map>
+
+#include "engine/safetensors.h"
+#include "importers/torch/torch_checkpoint.h"
 #include "tests/test_util.h"
 
 using namespace wxe;
@@ -111,4 +117,100 @@ TEST(LayoutRules, OrphanSpectralNormVectorsAreAnError) {
   EXPECT_THROW(layout::convert_state_dict(in), Error);
   NamedTensors in2 = {{"c.weight_orig", randn({3, 2}, 1)}, {"c.weight_u", randn({3}, 1)}};
   EXPECT_THROW(layout::convert_state_dict(in2), Error);
+}
+
+// ---- the inverse: to_legacy_state_dict (back to CREDIT's names and shapes)
+
+namespace {
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype == b.dtype && a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+std::map<std::string, Tensor> by_name(const NamedTensors& t) {
+  std::map<std::string, Tensor> r;
+  for (auto& [n, x] : t) {
+    EXPECT_FALSE(r.count(n)) << n << " twice";
+    r[n] = x;
+  }
+  return r;
+}
+
+}  // namespace
+
+// A Linear-layout dict without spectral norm (the nextgen block fixture, written by PyTorch):
+// to the legacy layout and back through the forward table gives every tensor back bit for bit.
+TEST(LayoutRules, ToLegacyInvertsConvert) {
+  NamedTensors linear = read_safetensors(data_path("tests/data/nextgen_block.safetensors"));
+  NamedTensors legacy = layout::to_legacy_state_dict(linear);
+  std::map<std::string, Tensor> l = by_name(legacy);
+  ASSERT_TRUE(l.count("layers.0.0.to_qkv.weight"));
+  EXPECT_EQ(l["layers.0.0.to_qkv.weight"].shape, (Shape{96, 32, 1, 1}));
+  // [q | k | v]: the k block is the second third
+  const Tensor& fused = l["layers.0.0.to_qkv.weight"];
+  const Tensor& k = find(linear, "layers.0.0.to_k.weight");
+  EXPECT_EQ(std::memcmp((const uint8_t*)fused.raw() + k.nbytes(), k.raw(), k.nbytes()), 0);
+  EXPECT_EQ(l["layers.0.0.to_out.weight"].shape, (Shape{32, 32, 1, 1}));
+  EXPECT_EQ(l["layers.0.1.layers.1.weight"].shape, (Shape{128, 32, 1, 1}));
+  EXPECT_EQ(l["layers.0.1.layers.4.weight"].shape, (Shape{32, 128, 1, 1}));
+  EXPECT_EQ(l["layers.0.0.dpb.layers.4.weight"].shape, (Shape{8}));  // a LayerNorm weight: 1-D stays
+  EXPECT_EQ(l["layers.0.0.dpb.layers.3.weight"].shape, (Shape{8, 8}));
+  EXPECT_FALSE(l.count("layers.0.0.to_q.weight"));
+  size_t groups = 0;
+  for (auto& [n, t] : linear) groups += n.size() > 12 && n.compare(n.size() - 12, 12, ".to_q.weight") == 0;
+  EXPECT_GT(groups, 1u);
+  EXPECT_EQ(legacy.size(), linear.size() - 2 * groups);
+
+  std::map<std::string, Tensor> back = by_name(layout::convert_state_dict(legacy));
+  ASSERT_EQ(back.size(), linear.size());
+  for (auto& [n, t] : linear) {
+    ASSERT_TRUE(back.count(n)) << n;
+    EXPECT_EQ(back[n].shape, t.shape) << n;
+    EXPECT_TRUE(same_bytes(back[n], t)) << n;
+  }
+}
+
+// The CREDIT fixture checkpoints (PyTorch-written, spectral norm everywhere) through
+// convert_state_dict and back: every tensor outside a spectral-norm module is the original bit
+// for bit; a spectral-norm module comes back as one folded weight in weight_orig's legacy shape
+// (fused to_qkv, 1x1 conv), equal to the fold of the original fused matrix.
+TEST(LayoutRules, ToLegacyOfAConvertedCheckpointGivesTheLegacyTensors) {
+  for (const char* f : {"tests/data/crossformer_tiny_checkpoint.pt", "tests/data/wxformer_tiny_checkpoint.pt"}) {
+    SCOPED_TRACE(f);
+    NamedTensors orig = read_torch_state_dict(data_path(f)).tensors;
+    std::map<std::string, Tensor> o = by_name(orig);
+    std::map<std::string, Tensor> l = by_name(layout::to_legacy_state_dict(layout::convert_state_dict(orig)));
+    size_t expected = 0, folded = 0;
+    for (auto& [n, t] : orig) {
+      const std::string m = layout::module_of(n), pre = m.empty() ? "" : m + ".";
+      if (n == pre + "weight_u" || n == pre + "weight_v") continue;  // folded away
+      if (n == pre + "weight_orig") {
+        ++expected;
+        ++folded;
+        ASSERT_TRUE(l.count(pre + "weight")) << n;
+        EXPECT_EQ(l[pre + "weight"].shape, t.shape) << n;
+        Tensor want = layout::fold_spectral_norm(t, o[pre + "weight_u"], o[pre + "weight_v"], n);
+        EXPECT_TRUE(same_bytes(l[pre + "weight"], want)) << n;
+        continue;
+      }
+      ++expected;
+      ASSERT_TRUE(l.count(n)) << n;
+      EXPECT_EQ(l[n].shape, t.shape) << n;
+      EXPECT_TRUE(same_bytes(l[n], t)) << n;
+    }
+    EXPECT_GT(folded, 50u);
+    EXPECT_EQ(l.size(), expected);
+  }
+}
+
+TEST(LayoutRules, ToLegacyErrorsNameTheModule) {
+  NamedTensors no_k = {{"blk.to_q.weight", randn({4, 6}, 1)}, {"blk.to_v.weight", randn({4, 6}, 2)}};
+  std::string e = error_of([&] { layout::to_legacy_state_dict(no_k); });
+  EXPECT_NE(e.find("blk.to_k.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("to_qkv"), std::string::npos) << e;
+  NamedTensors uneven = {{"blk.to_q.bias", randn({4}, 1)}, {"blk.to_k.bias", randn({4}, 2)},
+                         {"blk.to_v.bias", randn({5}, 3)}};
+  e = error_of([&] { layout::to_legacy_state_dict(uneven); });
+  EXPECT_NE(e.find("blk.to_v.bias"), std::string::npos) << e;
+  EXPECT_NE(e.find("(5)"), std::string::npos) << e;
 }

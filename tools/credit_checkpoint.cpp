@@ -1,6 +1,7 @@
 #include "tools/credit_checkpoint.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -32,6 +33,13 @@ std::map<std::string, Tensor> legacy_moments(const NamedTensors& opt, const std:
   return r;
 }
 
+Shape squeezed(const Shape& s) {
+  Shape r;
+  for (int64_t d : s)
+    if (d != 1) r.push_back(d);
+  return r;
+}
+
 }  // namespace
 
 std::string export_credit_checkpoint(const std::string& input, const std::string& output, const std::string& like) {
@@ -60,8 +68,11 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
         ++copied;
         continue;
       }
-      if (it->second.numel() != t.numel() || it->second.dtype != t.dtype) {
-        bad.push_back(n + " " + shape_str(it->second.shape) + " vs " + shape_str(t.shape));
+      // the same sizes up to unit dims (a Linear-layout (O, I) against a legacy (O, I, 1, 1) that
+      // the rule table does not know), never a transpose or another split of the same numel
+      if (squeezed(it->second.shape) != squeezed(t.shape) || it->second.dtype != t.dtype) {
+        bad.push_back(n + " " + shape_str(it->second.shape) + " " + dtype_name(it->second.dtype) + " vs " +
+                      shape_str(t.shape) + " " + dtype_name(t.dtype));
         continue;
       }
       out.push_back({n, it->second.reshaped(t.shape)});
@@ -76,6 +87,9 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
   } else {
     out = model;
     std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    std::fprintf(stderr,
+                 "wxe: note: without --like ORIGINAL.pt the tensors are in sorted order and no optimizer state is "
+                 "written (CREDIT's parameter indices come from the original checkpoint)\n");
   }
   PyValue sd = PyValue::dict(true);
   for (auto& [n, t] : out) sd.set(PyValue::str(n), PyValue::tensor(t));
@@ -123,8 +137,7 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
   }
   write_torch_checkpoint(output, top);
   return str("wrote ", output, ": ", out.size(), " tensors in CREDIT's layout", copied ? str(" (", copied, " untrained, copied from ", like, ")") : "",
-             moments ? str("; AdamW state of ", moments, " parameters at step ", step) : "; no optimizer state",
-             like.empty() ? " (give --like ORIGINAL.pt for CREDIT's order and the optimizer state)" : "");
+             moments ? str("; AdamW state of ", moments, " parameters at step ", step) : "; no optimizer state");
 }
 
 }  // namespace wxe

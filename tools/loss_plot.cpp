@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <vector>
 #include <mutex>
 
 #include "engine/error.h"
@@ -22,6 +25,47 @@ void series(const std::vector<double>& xs, const std::vector<double>& ys, bool l
     px.push_back(xs[i]);
     py.push_back(log_y ? std::log10(ys[i]) : ys[i]);
   }
+}
+
+bool has_device(const char* name) {
+  int n = 128;
+  std::vector<const char*> menu(n), names(n);
+  const char** pm = menu.data();
+  const char** pn = names.data();
+  plgDevs(&pm, &pn, &n);
+  for (int i = 0; i < n; ++i)
+    if (pn[i] && std::strcmp(pn[i], name) == 0) return true;
+  return false;
+}
+
+// The legend (opaque, boxed) in the corner of the plot with the fewest curve points, so that
+// it hides as little of the curves as possible.
+void legend(double x0, double x1, double y0, double y1, std::initializer_list<const std::vector<PLFLT>*> xs,
+            std::initializer_list<const std::vector<PLFLT>*> ys, bool validation) {
+  const PLINT corners[4] = {PL_POSITION_TOP | PL_POSITION_RIGHT, PL_POSITION_TOP | PL_POSITION_LEFT,
+                            PL_POSITION_BOTTOM | PL_POSITION_RIGHT, PL_POSITION_BOTTOM | PL_POSITION_LEFT};
+  int count[4] = {0, 0, 0, 0};
+  for (size_t s = 0; s < xs.size(); ++s) {
+    const std::vector<PLFLT>&x = *xs.begin()[s], &y = *ys.begin()[s];
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double u = (x[i] - x0) / (x1 - x0), v = (y[i] - y0) / (y1 - y0);
+      const bool right = u > 0.55, left = u < 0.45, top = v > 0.75, bottom = v < 0.25;
+      count[0] += top && right;
+      count[1] += top && left;
+      count[2] += bottom && right;
+      count[3] += bottom && left;
+    }
+  }
+  const int best = (int)(std::min_element(count, count + 4) - count);
+  const int n = validation ? 2 : 1;
+  PLINT opt[2] = {PL_LEGEND_LINE, PL_LEGEND_LINE}, text_colors[2] = {1, 1}, line_colors[2] = {2, 3},
+        line_styles[2] = {1, 1};
+  PLFLT line_widths[2] = {2, 2};
+  const char* text[2] = {"training loss", "validation loss"};
+  PLFLT w = 0, h = 0;
+  pllegend(&w, &h, PL_LEGEND_BACKGROUND | PL_LEGEND_BOUNDING_BOX, PL_POSITION_INSIDE | corners[best], 0.02, 0.03,
+           0.08, 0, 1, 1, 0, 0, n, opt, 1.0, 1.0, 2.0, 0.0, text_colors, text, nullptr, nullptr, nullptr, nullptr,
+           line_colors, line_styles, line_widths, nullptr, nullptr, nullptr, nullptr);
 }
 
 }  // namespace
@@ -55,9 +99,11 @@ void plot_loss_curve(const std::string& png_path, const std::string& title, cons
   const double pad = y1 > y0 ? 0.05 * (y1 - y0) : (log_y ? 0.1 : 0.05 * std::max(std::fabs(y0), 1e-12));
   y0 -= pad;
   y1 += pad;
+  WXE_CHECK(has_device("pngcairo"), png_path,
+            ": PLplot has no pngcairo driver (install plplot-driver-cairo)");  // plinit would exit()
   const std::string tmp = png_path + ".tmp" + std::to_string(getpid()) + ".png";
   PLINT stream = 0;
-  plmkstrm(&stream);
+  plmkstrm(&stream);  // a fresh stream per plot; plend1 frees it and returns to stream 0
   WXE_CHECK(stream >= 0, png_path, ": PLplot could not open a stream");
   plsdev("pngcairo");
   plsfnam(tmp.c_str());
@@ -67,8 +113,12 @@ void plot_loss_curve(const std::string& png_path, const std::string& title, cons
   plscol0(2, 31, 119, 180);    // training loss
   plscol0(3, 214, 39, 40);     // validation loss
   plinit();
+  pladv(0);
+  plvsta();
+  plwind(x0, x1, y0, y1);
   plcol0(1);
-  plenv(x0, x1, y0, y1, 0, log_y ? 20 : 0);
+  // whole steps on a short run (no "1.5" step ticks); PLplot's own spacing otherwise
+  plbox("bcnst", x1 - x0 <= 10 ? 1 : 0, 0, log_y ? "bcnstvl" : "bcnstv", 0, 0);
   pllab("optimizer step", log_y ? "loss (log scale)" : "loss", title.c_str());
   plwidth(2);
   plcol0(2);
@@ -79,21 +129,8 @@ void plot_loss_curve(const std::string& png_path, const std::string& title, cons
     plpoin((PLINT)vx.size(), vx.data(), vy.data(), 4);
     if (vx.size() > 1) plline((PLINT)vx.size(), vx.data(), vy.data());
   }
-  // legend, by hand in the top right corner (plot coordinates)
-  const double lx = x0 + 0.72 * (x1 - x0), ly = y0 + 0.93 * (y1 - y0), dy = 0.06 * (y1 - y0);
-  PLFLT seg_x[2] = {lx, lx + 0.06 * (x1 - x0)};
-  PLFLT seg_y[2] = {ly, ly};
-  plcol0(2);
-  plline(2, seg_x, seg_y);
-  plcol0(1);
-  plptex(seg_x[1] + 0.01 * (x1 - x0), ly, 1, 0, 0, "training loss");
-  if (!vx.empty()) {
-    seg_y[0] = seg_y[1] = ly - dy;
-    plcol0(3);
-    plline(2, seg_x, seg_y);
-    plcol0(1);
-    plptex(seg_x[1] + 0.01 * (x1 - x0), ly - dy, 1, 0, 0, "validation loss");
-  }
+  plwidth(1);
+  legend(x0, x1, y0, y1, {&tx, &vx}, {&ty, &vy}, !vx.empty());
   plend1();
   FILE* f = std::fopen(tmp.c_str(), "rb");
   WXE_CHECK(f, png_path, ": PLplot wrote nothing (is plplot-driver-cairo installed?)");

@@ -23,6 +23,7 @@
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/shard.h"
+#include "parallel/sharded_checkpoint.h"
 #include "tools/credit_checkpoint.h"
 #include "tools/finetune.h"
 #include "tools/loss_plot.h"
@@ -240,18 +241,7 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   std::map<std::string, Tensor> inputs = mesh.dp > 1 ? batch_slice(all_inputs, mesh.dp, mesh.dp_rank) : all_inputs;
   SlicesOf slices_of;  // what this rank reads of each sharded weight
   if (mesh.tp > 1 && ends_with(a.weights, ".safetensors"))
-    slices_of = [&](const Graph& pg) {
-      std::map<std::string, TensorSlice> slices;
-      std::set<std::string> params;
-      for (auto& kv : graph_parameters(pg)) params.insert(kv.first);
-      for (auto& [w, split] : plan_for(pg, a.plan).by_weight) {
-        if (split == TpSplit::Replicate) continue;
-        slices[w] = {split == TpSplit::Column ? 0 : 1, mesh.tp, mesh.tp_rank};
-        std::string bias = layout::module_of(w) + ".bias";  // a row-parallel bias is added whole
-        if (split == TpSplit::Column && params.count(bias)) slices[bias] = {0, mesh.tp, mesh.tp_rank};
-      }
-      return slices;
-    };
+    slices_of = [&](const Graph& pg) { return parameter_slices(plan_for(pg, a.plan), pg, mesh.tp, mesh.tp_rank); };
   simplify_model(g, inputs, a.weights, slices_of);
   if (mesh.tp > 1) {
     ShardStats st = shard_graph(g, plan_for(g, a.plan), mesh.tp, mesh.tp_rank);
@@ -346,9 +336,17 @@ struct BenchArgs {
 struct ConvertArgs {
   std::string checkpoint, output, onnx, to = "safetensors", like;
   std::vector<std::string> inputs;
+  int shard = 0;  // --shard N: a sharded checkpoint of N files
 };
 
 int cmd_convert(const ConvertArgs& a) {
+  if (a.shard > 0 || (a.to == "safetensors" && is_sharded_checkpoint(a.checkpoint))) {  // parallel/sharded_checkpoint.h
+    WXE_CHECK(a.to == "safetensors" && a.onnx.empty() && a.like.empty(),
+              "--shard and sharded checkpoints convert between safetensors layouts only (no --to credit, --onnx, --like)");
+    std::printf("%s\n", (a.shard > 0 ? safetensors_to_sharded(a.checkpoint, a.output, a.shard)
+                                     : sharded_to_safetensors(a.checkpoint, a.output)).c_str());
+    return 0;
+  }
   if (a.to == "credit") {
     WXE_CHECK(a.onnx.empty(), "--onnx checks a conversion to safetensors; with --to credit use --like");
     std::printf("%s\n", export_credit_checkpoint(a.checkpoint, a.output, a.like).c_str());
@@ -502,6 +500,9 @@ int main(int argc, char** argv) {
   convert->add_option("--like", ca.like, "with --to credit: the CREDIT checkpoint fine-tuning started from (order, shapes, untrained tensors, optimizer indices)");
   convert->add_option("--onnx", ca.onnx, "check every tensor against this model's rewritten parameters");
   convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)");
+  convert->add_option("--shard", ca.shard, "write --output as a sharded checkpoint directory of N files, tensors of 2+ dims split along "
+                      "axis 0 (input: .safetensors or a sharded checkpoint; a sharded checkpoint without --shard becomes one .safetensors)")
+      ->check(CLI::PositiveNumber);
 
   FinetuneConfig fc;
   auto* finetune = app.add_subcommand("finetune", "fine-tune the model on .npy samples: AdamW, schedule, clipping, checkpoints");

@@ -18,17 +18,13 @@
 // Accumulation in double; each loop nest is parallel over the elements it writes.
 //
 // Fast path: oneDNN (2.6) convolution / deconvolution backward-data and backward-weights
-// primitives for float32, created once per geometry (cached like the forward primitives in
-// dnnl.cpp) with the same translation of the ONNX attributes as make_conv there. Anything it
+// primitives for float32, created once per geometry (cached in a PrimCache, dnnl_util.h)
+// with the same translation of the ONNX attributes as make_conv in dnnl.cpp. Anything it
 // does not take (negative pads of a ConvTranspose with output_shape, empty tensors, a
 // geometry oneDNN rejects) runs the loops.
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
-#include <cstdlib>
-#include <memory>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "engine/ops.h"
@@ -231,44 +227,7 @@ void backward_loops(const ConvGeom& g, const float* x, const float* W, const flo
 }
 
 // ---------------------------------------------------------------- oneDNN fast path
-using dnnl::memory;
-using Dims = memory::dims;
-using dt = memory::data_type;
-
-dnnl::engine& eng() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
-dnnl::stream& strm() {
-  static dnnl::stream s(eng());
-  return s;
-}
-
-memory mem(const memory::desc& md, const void* p) { return memory(md, eng(), const_cast<void*>(p)); }
-
-memory::desc plain_md(const Dims& dims) {
-  return memory::desc(dims, dt::f32, Dims(strides_of(Shape(dims.begin(), dims.end()))));
-}
-
-// Per-thread staging buffer for reordered operands, grown on demand and kept (as in dnnl.cpp).
-struct Scratch {
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<void, Free> p;
-  size_t cap = 0;
-  void* get(size_t bytes) {
-    if (bytes > cap) {
-      p.reset();
-      void* q = nullptr;
-      WXE_ASSERT(posix_memalign(&q, 64, std::max<size_t>(bytes, 64)) == 0);
-      p.reset(q);
-      cap = bytes;
-    }
-    return p.get();
-  }
-};
+using namespace onednn;  // engine, stream, Scratch, execute (dnnl_util.h)
 
 // One tensor argument of a primitive: the tensor's own layout and the primitive's. When they
 // differ (blocked activations, the weights) the tensor is copied by a oneDNN reorder. (With a
@@ -291,21 +250,12 @@ Operand operand(const memory::desc& user, const memory::desc& prim, bool input) 
   return o;
 }
 
-void run(const Node& n, const dnnl::primitive& p, const std::unordered_map<int, memory>& args) {
-  try {
-    p.execute(strm(), args);
-    strm().wait();
-  } catch (const dnnl::error& e) {
-    fail("node ", n.name, " (", n.op, "): oneDNN backward failed: ", e.what());
-  }
-}
-
 // The primitive's view of an input tensor: the tensor itself, or its copy in buf.
 memory stage_in(const Node& n, const Operand& o, const float* data, Scratch& buf) {
   memory user = mem(o.user, data);
   if (!o.copy) return user;
   memory m = mem(o.prim, buf.get(o.prim.get_size()));
-  run(n, o.reorder, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, m}});
+  execute(n, o.reorder, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, m}});
   return m;
 }
 
@@ -315,7 +265,7 @@ memory out_mem(const Operand& o, float* data, Scratch& buf) {
 }
 
 void stage_out(const Node& n, const Operand& o, const memory& m, float* data) {
-  if (o.copy) run(n, o.reorder, {{DNNL_ARG_FROM, m}, {DNNL_ARG_TO, mem(o.user, data)}});
+  if (o.copy) execute(n, o.reorder, {{DNNL_ARG_FROM, m}, {DNNL_ARG_TO, mem(o.user, data)}});
 }
 
 // Backward-data (dy, W -> dx) and backward-weights (x, dy -> dW) primitives of one geometry,
@@ -417,21 +367,7 @@ std::string geom_key(const ConvGeom& g) {
   return k;
 }
 
-// Geometry key -> primitives (bounded; creation outside the lock, first insertion wins).
-std::shared_ptr<const BackwardPrims> cached_backward(const ConvGeom& g) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<const BackwardPrims>> cache;
-  const std::string key = geom_key(g);
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  auto p = std::make_shared<const BackwardPrims>(make_backward(g));
-  std::lock_guard<std::mutex> lk(mu);
-  if (cache.size() >= 4096) cache.clear();
-  return cache.emplace(key, std::move(p)).first->second;
-}
+PrimCache<BackwardPrims> backward_cache;  // by geometry key
 
 // Staging buffers by role; dx's buffer is reused for x and W's for dW, as the data pass
 // finishes before the weights pass starts.
@@ -441,21 +377,21 @@ thread_local Scratch bwd_scratch[4];
 // dx and dW by oneDNN (either pointer may be null); false when the geometry is not supported.
 bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
                    float* dW) {
-  auto p = cached_backward(g);
+  auto p = backward_cache.get(geom_key(g), [&] { return make_backward(g); });
   if (p->use_ref) return false;
   memory dy_m;
   if (dx) {
     dy_m = stage_in(n, p->data_dy, dy, bwd_scratch[kDy]);
     memory w_m = stage_in(n, p->data_w, W, bwd_scratch[kW]);
     memory dx_m = out_mem(p->data_dx, dx, bwd_scratch[kWide]);
-    run(n, p->data, {{DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DIFF_SRC, dx_m}});
+    execute(n, p->data, {{DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DIFF_SRC, dx_m}});
     stage_out(n, p->data_dx, dx_m, dx);
   }
   if (dW) {
     memory x_m = stage_in(n, p->wts_x, x, bwd_scratch[kWide]);
     if (!dx || !(p->wts_dy.prim == p->data_dy.prim)) dy_m = stage_in(n, p->wts_dy, dy, bwd_scratch[kDy2]);
     memory dw_m = out_mem(p->wts_dw, dW, bwd_scratch[kW]);
-    run(n, p->weights, {{DNNL_ARG_SRC, x_m}, {DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_DIFF_WEIGHTS, dw_m}});
+    execute(n, p->weights, {{DNNL_ARG_SRC, x_m}, {DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_DIFF_WEIGHTS, dw_m}});
     stage_out(n, p->wts_dw, dw_m, dW);
   }
   return true;

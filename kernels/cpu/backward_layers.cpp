@@ -3,6 +3,13 @@
 // See engine/ops.h (BackwardFn) for the contract. Each kernel reads the node's attributes as
 // its forward kernel does and accumulates in double; statistics the forward computes
 // (mean, 1/std, the Reduce* aggregates) are recomputed from the inputs in double.
+//
+// Linear, MatMul, Gemm, Einsum and ReduceSum / ReduceMean also have a fast path (the
+// registered kernels; backward_layers.h lets tests pick either): the products as oneDNN
+// matmuls on strided views (float accumulation, as the forward fast path), the reductions as
+// broadcast copies. The loops stay as the reference.
+#include "kernels/cpu/backward_layers.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,9 +18,10 @@
 #include <vector>
 
 #include "engine/ops.h"
+#include "kernels/cpu/broadcast.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/transpose.h"
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/transpose.h"
 
 namespace wxe::cpu {
 
@@ -87,6 +95,20 @@ void softmax_backward(const Node& n, const Ins& in, const Ins& out, const Ins& g
   const float* y = out[0]->data<float>();
   const float* g = gout[0]->data<float>();
   float* gx = gin[0]->data<float>();
+  if (inner == 1) {  // the usual last axis: contiguous rows
+#pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
+    for (int64_t o = 0; o < outer; ++o) {
+      const float* yr = y + o * len;
+      const float* gr = g + o * len;
+      float* xr = gx + o * len;
+      double dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t k = 0; k < len; ++k) dot += (double)gr[k] * yr[k];
+#pragma omp simd
+      for (int64_t k = 0; k < len; ++k) xr[k] = (float)(yr[k] * (gr[k] - dot));
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
   for (int64_t oi = 0; oi < outer * inner; ++oi) {
     const int64_t base = (oi / inner) * len * inner + oi % inner;
@@ -254,6 +276,26 @@ void groupnorm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gou
 // Reduce*: the axes plan of norm.cpp (axes attribute or input 1, keepdims, noop_with_empty_axes).
 // Each input element maps to one output element; keepdims does not change that map.
 
+// Which dims of x the node reduces (none, and noop, with empty axes and noop_with_empty_axes).
+struct ReduceAxes {
+  bool noop = false;
+  std::vector<bool> reduced;
+};
+
+ReduceAxes reduce_axes(const Node& n, const Tensor& x, const Tensor* axes_t) {
+  const int64_t r = x.rank();
+  std::vector<int64_t> axes = axes_t ? axes_t->to_i64() : n.ints("axes");
+  ReduceAxes ra;
+  ra.reduced.assign((size_t)r, axes.empty());
+  if (axes.empty() && n.i("noop_with_empty_axes", 0)) {
+    ra.noop = true;
+    ra.reduced.assign((size_t)r, false);
+    return ra;
+  }
+  for (int64_t a : axes) ra.reduced[norm_axis(a, r, n)] = true;
+  return ra;
+}
+
 struct ReducePlan {
   bool noop = false;
   std::vector<int64_t> out_index;  // per input element
@@ -263,14 +305,13 @@ struct ReducePlan {
 
 ReducePlan reduce_plan(const Node& n, const Tensor& x, const Tensor* axes_t) {
   const int64_t r = x.rank();
-  std::vector<int64_t> axes = axes_t ? axes_t->to_i64() : n.ints("axes");
   ReducePlan p;
-  std::vector<bool> reduced((size_t)r, axes.empty());
-  if (axes.empty() && n.i("noop_with_empty_axes", 0)) {
+  const ReduceAxes ra = reduce_axes(n, x, axes_t);
+  if (ra.noop) {
     p.noop = true;
     return p;
   }
-  for (int64_t a : axes) reduced[norm_axis(a, r, n)] = true;
+  const std::vector<bool>& reduced = ra.reduced;
   // output strides over the kept dims
   std::vector<int64_t> ost((size_t)r, 0);
   int64_t s = 1;
@@ -295,9 +336,22 @@ ReducePlan reduce_plan(const Node& n, const Tensor& x, const Tensor* axes_t) {
   return p;
 }
 
-void reduce_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin) {
-  if (!gin[0]) return;
-  if (!gout[0]) return fill_zero(gin[0]);
+// ReduceSum / ReduceMean: the output gradient (laid out as x's shape with 1 in the reduced
+// dims, whatever keepdims says) broadcast to x, times 1/count for the mean.
+void reduce_sum_backward_fast(const Node& n, const Tensor& x, const Tensor* axes_t, const float* g, float* gx) {
+  const ReduceAxes ra = reduce_axes(n, x, axes_t);
+  Shape kept = x.shape;
+  int64_t count = 1;
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (ra.reduced[d]) {
+      count *= x.shape[d];
+      kept[d] = 1;
+    }
+  const double scale = n.op == "ReduceMean" && count > 0 ? 1.0 / count : 1.0;
+  broadcast_expand(broadcast_plan(kept, x.shape), g, gx, scale);
+}
+
+void reduce_backward_ref(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin) {
   const Tensor& x = *in[0];
   const ReducePlan p = reduce_plan(n, x, opt_t(in, 1));
   const float* g = gout[0]->data<float>();
@@ -418,14 +472,9 @@ std::vector<std::vector<int64_t>> readers(const std::vector<int64_t>& idx, int64
   return r;
 }
 
-void matmul_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+void matmul_backward_ref(const Node& n, const Ins& in, const Ins& gout, const Outs& gin) {
   const Shape& as = in[0]->shape;
   const Shape& bs = in[1]->shape;
-  if (!gout[0]) {
-    fill_zero(gin[0]);
-    fill_zero(opt_gin(gin, 1));
-    return;
-  }
   const Shape a2 = as.size() == 1 ? Shape{1, as[0]} : as;
   const Shape b2 = bs.size() == 1 ? Shape{bs[0], 1} : bs;
   const int64_t M = a2[a2.size() - 2], K = a2.back(), N = b2.back();
@@ -489,15 +538,24 @@ void matmul_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, 
 // (K, N), transposed back where transA/transB; gC = beta gY summed over C's broadcast dims
 // (zero when beta is 0: the forward ignores C then).
 
-void gemm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+// gC = beta gY summed over C's broadcast dims (zero when beta is 0).
+void gemm_bias_backward(const Node& n, const Tensor& C, const float* G, int64_t M, int64_t N, Tensor* gc) {
+  const double beta = n.f("beta", 1.f);
+  int64_t cm = 1, cn = 1;
+  if (C.rank() == 2) cm = C.shape[0];
+  if (C.rank() >= 1) cn = C.shape.back();
+  std::vector<double> acc((size_t)(cm * cn), 0.0);
+  if (beta != 0)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) acc[(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)] += G[i * N + j];
+  for (int64_t e = 0; e < cm * cn; ++e) gc->data<float>()[e] = (float)(beta * acc[e]);
+}
+
+void gemm_backward_ref(const Node& n, const Ins& in, const Ins& gout, const Outs& gin) {
   const Tensor* C = opt_t(in, 2);
   Tensor* gc = opt_gin(gin, 2);
-  if (!gout[0]) {
-    for (Tensor* t : {gin[0], opt_gin(gin, 1), gc}) fill_zero(t);
-    return;
-  }
   const bool ta = n.i("transA", 0) != 0, tb = n.i("transB", 0) != 0;
-  const double alpha = n.f("alpha", 1.f), beta = n.f("beta", 1.f);
+  const double alpha = n.f("alpha", 1.f);
   const Shape& as = in[0]->shape;
   const Shape& bs = in[1]->shape;
   const int64_t M = ta ? as[1] : as[0], K = ta ? as[0] : as[1], N = tb ? bs[0] : bs[1];
@@ -526,113 +584,65 @@ void gemm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, co
         GB[tb ? j * K + k : k * N + j] = (float)(alpha * s);
       }
   }
-  if (gc) {
-    int64_t cm = 1, cn = 1;
-    if (C->rank() == 2) cm = C->shape[0];
-    if (C->rank() >= 1) cn = C->shape.back();
-    std::vector<double> acc((size_t)(cm * cn), 0.0);
-    if (beta != 0)
-      for (int64_t i = 0; i < M; ++i)
-        for (int64_t j = 0; j < N; ++j) acc[(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)] += G[i * N + j];
-    for (int64_t e = 0; e < cm * cn; ++e) gc->data<float>()[e] = (float)(beta * acc[e]);
-  }
-}
-
-// The gradients of a Linear without activation as matrix products on the fast MatMul kernel
-// (oneDNN): with Q == 1, dX (P, K) = gY (P, N) W and dW = gY^T X; otherwise dX_p = W^T gY_p
-// and dW = sum_p gY_p X_p^T. Transposed operands are copied once (they are small or needed
-// whole). Returns true when it computed them.
-bool linear_backward_fast(const Ins& in, const Tensor& gy, int64_t P, int64_t K, int64_t N, int64_t Q, Tensor* gx,
-                          Tensor* gw) {
-  Node mm;
-  mm.op = "MatMul";
-  mm.name = "linear_backward";
-  KernelFn matmul = kernel_for("MatMul", KernelKind::Fast);
-  const Tensor& X = *in[0];
-  const Tensor& W = *in[1];
-  const Tensor G = gy.reshaped(Q == 1 ? Shape{P, N} : Shape{P, N, Q});
-  const float* gz = G.data<float>();
-  if (Q == 1) {
-    const Tensor X2 = X.reshaped({P, K});
-    if (gx) {
-      Tensor out = gx->reshaped({P, K});
-      matmul(mm, {&G, &W}, {&out});
-    }
-    if (gw) {
-      Tensor GT(DType::F32, {N, P});
-      transpose_planes(gz, GT.data<float>(), 1, P, N);
-      matmul(mm, {&GT, &X2}, {gw});
-    }
-    return true;
-  }
-  if (gx) {
-    Tensor WT(DType::F32, {K, N});
-    transpose_planes(W.data<float>(), WT.data<float>(), 1, N, K);
-    Tensor out = gx->reshaped({P, K, Q});
-    matmul(mm, {&WT, &G}, {&out});
-  }
-  if (gw) {
-    Tensor XT(DType::F32, {P, Q, K});
-    transpose_planes(X.data<float>(), XT.data<float>(), P, K, Q);
-    Tensor parts(DType::F32, {P, N, K});
-    matmul(mm, {&G, &XT}, {&parts});
-    float* dw = gw->data<float>();
-    std::memcpy(dw, parts.data<float>(), (size_t)(N * K) * sizeof(float));
-    for (int64_t p = 1; p < P; ++p)
-      for (int64_t e = 0; e < N * K; ++e) dw[e] += parts.data<float>()[p * N * K + e];
-  }
-  return true;
+  if (gc) gemm_bias_backward(n, *C, G, M, N, gc);
 }
 
 // ---------------------------------------------------------------------------------------
 // Linear (linalg.cpp): X viewed as (P, K, Q), W (N, K), b (N), Y (P, N, Q); with activation
 // "gelu" the pre-activation Z (the float result before Gelu) is recomputed and gZ = gY Gelu'(Z).
 
-void linear_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
-  const Tensor* bias = opt_t(in, 2);
-  Tensor* gw_t = opt_gin(gin, 1);
-  Tensor* gb_t = opt_gin(gin, 2);
-  if (!gout[0]) {
-    for (Tensor* t : {gin[0], gw_t, gb_t}) fill_zero(t);
-    return;
-  }
+struct LinearShape {
+  int64_t P, K, Q, N;
+};
+
+LinearShape linear_shape_of(const Node& n, const Ins& in) {
   const Shape& xs = in[0]->shape;
   const int64_t axis = norm_axis(n.i("axis", -1), (int64_t)xs.size(), n);
-  const int64_t K = xs[axis], N = in[1]->shape[0];
-  const int64_t P = prod(xs, 0, axis), Q = prod(xs, axis + 1, xs.size());
+  return {prod(xs, 0, axis), xs[axis], prod(xs, axis + 1, xs.size()), in[1]->shape[0]};
+}
+
+// gZ (P, N, Q) from gY: gY itself without activation, else gY Gelu'(Z) with Z recomputed in
+// double (reference) or by the forward fast kernel without its activation (fast), into store.
+const float* linear_gz(const Node& n, const Ins& in, const float* gy, const LinearShape& d, KernelKind kind,
+                       std::vector<float>& store) {
   const std::string act = n.s("activation", "");
   NCHECK(act.empty() || act == "gelu", "unknown activation '", act, "'");
+  if (act.empty()) return gy;
+  const int64_t P = d.P, K = d.K, Q = d.Q, N = d.N;
   const float* X = in[0]->data<float>();
   const float* W = in[1]->data<float>();
-  const float* gy = gout[0]->data<float>();
-  std::vector<float> gz_store;
-  const float* gz = gy;  // (P, N, Q)
-  if (act == "gelu") {
-    gz_store.resize((size_t)(P * N * Q));
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < P * N; ++t) {
-      const int64_t p = t / N, j = t % N;
-      for (int64_t q = 0; q < Q; ++q) {
-        double z = bias ? (double)bias->data<float>()[j] : 0.0;
-        for (int64_t k = 0; k < K; ++k) z += (double)W[j * K + k] * X[(p * K + k) * Q + q];
-        const int64_t e = (p * N + j) * Q + q;
-        gz_store[e] = (float)(gy[e] * gelu_grad((float)z, false));
-      }
-    }
-    gz = gz_store.data();
+  const Tensor* bias = opt_t(in, 2);
+  store.resize((size_t)(P * N * Q));
+  if (kind == KernelKind::Fast) {
+    Node m = n;
+    m.attrs.erase("activation");
+    m.attrs.erase("precision");
+    Tensor z(DType::F32, {P, N, Q});
+    kernel_for("Linear", KernelKind::Fast)(m, in, {&z});
+    const float* zp = z.data<float>();
+#pragma omp parallel for schedule(static) if (P * N * Q > kParallelMin)
+    for (int64_t e = 0; e < P * N * Q; ++e) store[e] = (float)(gy[e] * gelu_grad(zp[e], false));
+    return store.data();
   }
-  if (act.empty() && linear_backward_fast(in, *gout[0], P, K, N, Q, gin[0], gw_t)) {
-    if (gb_t) {
 #pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < N; ++j) {
-        double sb = 0;
-        for (int64_t p = 0; p < P; ++p)
-          for (int64_t q = 0; q < Q; ++q) sb += gz[(p * N + j) * Q + q];
-        gb_t->data<float>()[j] = (float)sb;
-      }
+  for (int64_t t = 0; t < P * N; ++t) {
+    const int64_t p = t / N, j = t % N;
+    for (int64_t q = 0; q < Q; ++q) {
+      double z = bias ? (double)bias->data<float>()[j] : 0.0;
+      for (int64_t k = 0; k < K; ++k) z += (double)W[j * K + k] * X[(p * K + k) * Q + q];
+      const int64_t e = (p * N + j) * Q + q;
+      store[e] = (float)(gy[e] * gelu_grad((float)z, false));
     }
-    return;
   }
+  return store.data();
+}
+
+void linear_backward_ref(const Node& n, const Ins& in, const float* gz, const LinearShape& d, const Outs& gin) {
+  const int64_t P = d.P, K = d.K, Q = d.Q, N = d.N;
+  Tensor* gw_t = opt_gin(gin, 1);
+  Tensor* gb_t = opt_t(in, 2) ? opt_gin(gin, 2) : nullptr;
+  const float* X = in[0]->data<float>();
+  const float* W = in[1]->data<float>();
   if (Tensor* gx_t = gin[0]) {
     float* GX = gx_t->data<float>();
 #pragma omp parallel
@@ -673,79 +683,327 @@ void linear_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, 
 }
 
 // ---------------------------------------------------------------------------------------
-// Einsum: the gradient of operand i is an einsum of gY with the other operands,
-// "out,others->t", run by the Einsum reference kernel, where t is operand i's distinct letters
-// that appear in the output or another operand. Letters only in operand i were summed by the
-// forward, so the gradient is constant along them (broadcast); a letter repeated in operand i
-// walked its diagonal, so only diagonal elements get the gradient (the rest are zero).
+// Fast path: the products as oneDNN matmuls. Every one is C = alpha op(A) op(B) on row-major
+// data, op(A) (M, K) stored as (M, K) or, transposed, as (K, M) (likewise op(B) (K, N)):
+// a transposed operand is a strided view, no copy. Batched over `batch` consecutive
+// matrices of each operand. Primitives are cached per shape and views.
 
-void einsum_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
+using namespace onednn;
+
+PrimCache<MatMulPrim> bwd_matmul_cache;
+
+// (batch, rows, cols) view of consecutive matrices stored (rows, cols) or, transposed, (cols, rows).
+memory::desc matrix_view(int64_t batch, int64_t rows, int64_t cols, bool transposed) {
+  const Dims st = transposed ? Dims{1, rows} : Dims{cols, 1};
+  if (batch == 1) return memory::desc({rows, cols}, dt::f32, st);
+  return memory::desc({batch, rows, cols}, dt::f32, Dims{rows * cols, st[0], st[1]});
+}
+
+// Returns false when oneDNN has no primitive for it (the caller runs its loops).
+bool matmul_views(const Node& n, int64_t batch, int64_t M, int64_t K, int64_t N, const float* A, bool ta,
+                  const float* B, bool tb, float* C, float alpha = 1.f) {
+  if (batch == 0 || M == 0 || N == 0) return true;
+  if (K == 0) {
+    std::fill(C, C + batch * M * N, 0.f);
+    return true;
+  }
+  uint32_t abits;
+  std::memcpy(&abits, &alpha, 4);
+  const std::string key = str("bwd", batch, "x", M, "x", K, "x", N, ta ? "t" : "n", tb ? "t" : "n", abits);
+  auto p = bwd_matmul_cache.get(key, [&] {
+    dnnl::primitive_attr attr;
+    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+    return make_matmul(matrix_view(batch, M, K, ta), matrix_view(batch, K, N, tb), nullptr,
+                       matrix_view(batch, M, N, false), attr);
+  });
+  if (p->use_ref) return false;
+  execute(n, p->prim, {{DNNL_ARG_SRC, mem(p->src, A)}, {DNNL_ARG_WEIGHTS, mem(p->wei, B)},
+                       {DNNL_ARG_DST, mem(p->dst, C)}});
+  return true;
+}
+
+// out[c] = sum over rows of g (rows, cols)[., c], double accumulators; parallel over columns.
+void column_sums(const float* g, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t kChunk = 256;
+  const int64_t chunks = (cols + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t j0 = c * kChunk, m = std::min(kChunk, cols - j0);
+    double acc[kChunk] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = g + r * cols + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) acc[j] += x[j];
+    }
+    for (int64_t j = 0; j < m; ++j) out[j0 + j] = (float)acc[j];
+  }
+}
+
+// out[r] = sum of row r of g (rows, cols), double accumulators; parallel over rows.
+void row_sums(const float* g, int64_t rows, int64_t cols, float* out) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = g + r * cols;
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < cols; ++j) s += x[j];
+    out[r] = (float)s;
+  }
+}
+
+// dst[b][a][q] = src[a][b][q] for a < A, b < B: swaps the two outer dims of (A, B, Q).
+void swap_outer(const float* src, int64_t A, int64_t B, int64_t Q, float* dst) {
+  if (Q == 1) return transpose_planes(src, dst, 1, A, B);
+#pragma omp parallel for schedule(static) if (A * B * Q > kParallelMin)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t a = 0; a < A; ++a) std::memcpy(dst + (b * A + a) * Q, src + (a * B + b) * Q, (size_t)Q * sizeof(float));
+}
+
+enum { kGzT, kXT, kDxT };
+thread_local Scratch linear_scratch[3];  // gZ, X and dX with the outer two dims swapped
+
+// Linear: with Q == 1, dX (P, K) = gZ (P, N) W and dW = gZ^T X. Otherwise the contraction runs
+// over (p, q): gZ and X viewed as (N, M) and (K, M), M = P Q (themselves when P == 1, else
+// copies with the outer dims swapped), dW = gZ' X'^T, dX' = W^T gZ', dX = dX' swapped back.
+// One big matmul each, whatever the window count (P) or the spatial size (Q).
+bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const LinearShape& d, const Outs& gin) {
+  const int64_t P = d.P, K = d.K, Q = d.Q, N = d.N;
+  Tensor* gx = gin[0];
+  Tensor* gw = opt_gin(gin, 1);
+  Tensor* gb = opt_t(in, 2) ? opt_gin(gin, 2) : nullptr;
+  const float* X = in[0]->data<float>();
+  const float* W = in[1]->data<float>();
+  if (Q == 1) {
+    if (gx && !matmul_views(n, 1, P, N, K, gz, false, W, false, gx->data<float>())) return false;
+    if (gw && !matmul_views(n, 1, N, P, K, gz, true, X, false, gw->data<float>())) return false;
+    if (gb) column_sums(gz, P, N, gb->data<float>());
+    return true;
+  }
+  const int64_t M = P * Q;
+  const float* gzm = gz;  // (N, M)
+  const float* xm = X;    // (K, M)
+  if (P > 1) {
+    float* t = linear_scratch[kGzT].floats(N * M);
+    swap_outer(gz, P, N, Q, t);
+    gzm = t;
+    if (gw) {
+      float* u = linear_scratch[kXT].floats(K * M);
+      swap_outer(X, P, K, Q, u);
+      xm = u;
+    }
+  }
+  if (gx) {
+    float* dxm = P > 1 ? linear_scratch[kDxT].floats(K * M) : gx->data<float>();
+    if (!matmul_views(n, 1, K, N, M, W, true, gzm, false, dxm)) return false;
+    if (P > 1) swap_outer(dxm, K, P, Q, gx->data<float>());
+  }
+  if (gw && !matmul_views(n, 1, N, M, K, gzm, false, xm, true, gw->data<float>())) return false;
+  if (gb) row_sums(gzm, N, M, gb->data<float>());
+  return true;
+}
+
+// MatMul: B without batch dims (A's batch and rows flatten to R rows): gA (R, K) = gY B^T,
+// gB = A^T gY. Equal batch dims: the same per batch. Other broadcasts: false.
+bool matmul_backward_fast(const Node& n, const Ins& in, const Ins& gout, const Outs& gin) {
+  const Shape& as = in[0]->shape;
+  const Shape& bs = in[1]->shape;
+  const Shape a2 = as.size() == 1 ? Shape{1, as[0]} : as;
+  const Shape b2 = bs.size() == 1 ? Shape{bs[0], 1} : bs;
+  const int64_t M = a2[a2.size() - 2], K = a2.back(), N = b2.back();
+  Shape ab(a2.begin(), a2.end() - 2), bb(b2.begin(), b2.end() - 2);
+  const size_t r = std::max(ab.size(), bb.size());
+  ab.insert(ab.begin(), r - ab.size(), 1);
+  bb.insert(bb.begin(), r - bb.size(), 1);
+  const float* A = in[0]->data<float>();
+  const float* B = in[1]->data<float>();
+  const float* G = gout[0]->data<float>();
+  Tensor* ga = gin[0];
+  Tensor* gb = opt_gin(gin, 1);
+  if (numel(bb) == 1) {
+    const int64_t R = numel(ab) * M;
+    if (ga && !matmul_views(n, 1, R, N, K, G, false, B, true, ga->data<float>())) return false;
+    if (gb && !matmul_views(n, 1, K, R, N, A, true, G, false, gb->data<float>())) return false;
+    return true;
+  }
+  if (ab != bb) return false;
+  const int64_t batch = numel(ab);
+  if (ga && !matmul_views(n, batch, M, N, K, G, false, B, true, ga->data<float>())) return false;
+  if (gb && !matmul_views(n, batch, K, M, N, A, true, G, false, gb->data<float>())) return false;
+  return true;
+}
+
+// Gemm: g_opA = alpha gY op(B)^T (M, K), g_opB = alpha op(A)^T gY (K, N); a transposed input
+// gets the transposed product (gA^T = alpha op(B) gY^T, gB^T = alpha gY^T op(A)).
+bool gemm_backward_fast(const Node& n, const Ins& in, const Ins& gout, const Outs& gin) {
+  const bool ta = n.i("transA", 0) != 0, tb = n.i("transB", 0) != 0;
+  const float alpha = n.f("alpha", 1.f);
+  const Shape& as = in[0]->shape;
+  const Shape& bs = in[1]->shape;
+  if (as.size() != 2 || bs.size() != 2) return false;
+  const int64_t M = ta ? as[1] : as[0], K = ta ? as[0] : as[1], N = tb ? bs[0] : bs[1];
+  const float* A = in[0]->data<float>();
+  const float* B = in[1]->data<float>();
+  const float* G = gout[0]->data<float>();  // (M, N)
+  if (Tensor* ga = gin[0]) {
+    const bool ok = ta ? matmul_views(n, 1, K, N, M, B, tb, G, true, ga->data<float>(), alpha)
+                       : matmul_views(n, 1, M, N, K, G, false, B, !tb, ga->data<float>(), alpha);
+    if (!ok) return false;
+  }
+  if (Tensor* gb = opt_gin(gin, 1)) {
+    const bool ok = tb ? matmul_views(n, 1, N, M, K, G, true, A, ta, gb->data<float>(), alpha)
+                       : matmul_views(n, 1, K, M, N, A, !ta, G, false, gb->data<float>(), alpha);
+    if (!ok) return false;
+  }
+  if (Tensor* gc = opt_gin(gin, 2)) gemm_bias_backward(n, *in[2], G, M, N, gc);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// Einsum: the gradient of operand i is an einsum of gY with the other operands,
+// "out,others->t", where t is operand i's distinct letters that appear in the output or
+// another operand. Letters only in operand i were summed by the forward, so the gradient is
+// constant along them (broadcast); a letter repeated in operand i walked its diagonal, so
+// only diagonal elements get the gradient (the rest are zero). Reference: the reference
+// Einsum kernel and a scatter into operand i's layout. Fast: the fast Einsum kernel, with the
+// two operands of a two-operand gradient ordered so that its matmul writes t's layout
+// directly, and no scatter when t is operand i's own subscripts (the common case).
+
+void einsum_backward_one(const Node& n, const Ins& in, const Tensor& gy, const EinsumEq& eq,
+                         const std::map<char, int64_t>& size, size_t i, Tensor* gi, KernelKind kind) {
+  const std::string& li = eq.in[i];
+  std::string elsewhere = eq.out;  // letters of the output and the other operands
+  for (size_t j = 0; j < in.size(); ++j)
+    if (j != i) elsewhere += eq.in[j];
+  std::string t;  // operand i's distinct letters that the gradient einsum produces
+  for (char c : li)
+    if (t.find(c) == std::string::npos && elsewhere.find(c) != std::string::npos) t.push_back(c);
+  // gradient einsum: gY, then the other operands
+  std::vector<std::string> subs{eq.out};
+  std::vector<const Tensor*> ops{&gy};
+  for (size_t j = 0; j < in.size(); ++j)
+    if (j != i) {
+      subs.push_back(eq.in[j]);
+      ops.push_back(in[j]);
+    }
+  if (kind == KernelKind::Fast && ops.size() == 2) {
+    // the matmul's rows come from the first operand: put first the one that owns t's first
+    // letter not shared by both
+    for (char c : t) {
+      const bool in0 = subs[0].find(c) != std::string::npos, in1 = subs[1].find(c) != std::string::npos;
+      if (in0 == in1) continue;
+      if (in1) {
+        std::swap(subs[0], subs[1]);
+        std::swap(ops[0], ops[1]);
+      }
+      break;
+    }
+  }
+  std::string spec = subs[0];
+  for (size_t k = 1; k < subs.size(); ++k) spec += "," + subs[k];
+  spec += "->" + t;
+  Node g;
+  g.op = "Einsum";
+  g.name = n.name + "/grad" + std::to_string(i);
+  g.attrs["equation"] = attr_s(spec);
+  for (size_t k = 0; k < ops.size(); ++k) g.inputs.push_back((int)k);
+  g.outputs.push_back((int)ops.size());
+  Shape ts;
+  for (char c : t) ts.push_back(size.at(c));
+  if (kind == KernelKind::Fast && t == li) {  // gin[i] has t's layout: no scatter
+    Tensor view = gi->reshaped(ts);
+    kernel_for("Einsum", KernelKind::Fast)(g, ops, {&view});
+    return;
+  }
+  Tensor tg(DType::F32, ts);
+  kernel_for("Einsum", kind)(g, ops, {&tg});
+  // scatter tg into operand i's layout: every assignment of operand i's distinct letters
+  // is one (diagonal) element of gin[i]
+  std::string u;  // distinct letters of operand i
+  for (char c : li)
+    if (u.find(c) == std::string::npos) u.push_back(c);
+  const std::vector<int64_t> ist = strides_of(in[i]->shape), tst = strides_of(ts);
+  std::vector<int64_t> usize(u.size()), ustride(u.size(), 0), utstride(u.size(), 0);
+  for (size_t k = 0; k < u.size(); ++k) {
+    usize[k] = size.at(u[k]);
+    for (size_t j = 0; j < li.size(); ++j)
+      if (li[j] == u[k]) ustride[k] += ist[j];
+    const size_t pos = t.find(u[k]);
+    if (pos != std::string::npos) utstride[k] = tst[pos];
+  }
+  float* G = gi->data<float>();
+  if (u.size() < li.size()) fill_zero(gi);  // off-diagonal elements stay zero
+  int64_t count = 1;
+  for (int64_t s : usize) count *= s;
+  for (int64_t f = 0; f < count; ++f) {
+    int64_t rem = f, dst = 0, src = 0;
+    for (size_t k = u.size(); k-- > 0;) {
+      const int64_t c = rem % usize[k];
+      rem /= usize[k];
+      dst += c * ustride[k];
+      src += c * utstride[k];
+    }
+    G[dst] = tg.data<float>()[src];
+  }
+}
+
+}  // namespace
+
+void linear_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin, KernelKind kind) {
+  if (!gout[0]) {
+    for (size_t i = 0; i < std::min<size_t>(3, gin.size()); ++i) fill_zero(gin[i]);
+    return;
+  }
+  const LinearShape d = linear_shape_of(n, in);
+  std::vector<float> store;
+  const float* gz = linear_gz(n, in, gout[0]->data<float>(), d, kind, store);
+  if (kind == KernelKind::Fast && linear_backward_fast(n, in, gz, d, gin)) return;
+  linear_backward_ref(n, in, gz, d, gin);
+}
+
+void matmul_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin, KernelKind kind) {
+  if (!gout[0]) {
+    fill_zero(gin[0]);
+    fill_zero(opt_gin(gin, 1));
+    return;
+  }
+  if (kind == KernelKind::Fast && matmul_backward_fast(n, in, gout, gin)) return;
+  matmul_backward_ref(n, in, gout, gin);
+}
+
+void gemm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin, KernelKind kind) {
+  if (!gout[0]) {
+    for (size_t i = 0; i < std::min<size_t>(3, gin.size()); ++i) fill_zero(gin[i]);
+    return;
+  }
+  if (kind == KernelKind::Fast && gemm_backward_fast(n, in, gout, gin)) return;
+  gemm_backward_ref(n, in, gout, gin);
+}
+
+void einsum_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin, KernelKind kind) {
   const EinsumEq eq = parse_einsum(n, in.size());
   std::map<char, int64_t> size;
   for (size_t i = 0; i < in.size(); ++i)
     for (size_t j = 0; j < eq.in[i].size(); ++j) size[eq.in[i][j]] = in[i]->shape[j];
   for (size_t i = 0; i < in.size(); ++i) {
-    Tensor* gi = gin[i];
-    if (!gi) continue;
-    if (!gout[0]) {
-      fill_zero(gi);
-      continue;
-    }
-    const std::string& li = eq.in[i];
-    std::string elsewhere = eq.out;  // letters of the output and the other operands
-    for (size_t j = 0; j < in.size(); ++j)
-      if (j != i) elsewhere += eq.in[j];
-    std::string t;  // operand i's distinct letters that the gradient einsum produces
-    for (char c : li)
-      if (t.find(c) == std::string::npos && elsewhere.find(c) != std::string::npos) t.push_back(c);
-    // gradient einsum: gY, then the other operands
-    std::string spec = eq.out;
-    std::vector<const Tensor*> ops{gout[0]};
-    for (size_t j = 0; j < in.size(); ++j)
-      if (j != i) {
-        spec += "," + eq.in[j];
-        ops.push_back(in[j]);
-      }
-    spec += "->" + t;
-    Node g;
-    g.op = "Einsum";
-    g.name = n.name + "/grad" + std::to_string(i);
-    g.attrs["equation"] = attr_s(spec);
-    for (size_t k = 0; k < ops.size(); ++k) g.inputs.push_back((int)k);
-    g.outputs.push_back((int)ops.size());
-    Shape ts;
-    for (char c : t) ts.push_back(size.at(c));
-    Tensor tg(DType::F32, ts);
-    kernel_for("Einsum", KernelKind::Fast)(g, ops, {&tg});
-    // scatter tg into operand i's layout: every assignment of operand i's distinct letters
-    // is one (diagonal) element of gin[i]
-    std::string u;  // distinct letters of operand i
-    for (char c : li)
-      if (u.find(c) == std::string::npos) u.push_back(c);
-    const std::vector<int64_t> ist = strides_of(in[i]->shape), tst = strides_of(ts);
-    std::vector<int64_t> usize(u.size()), ustride(u.size(), 0), utstride(u.size(), 0);
-    for (size_t k = 0; k < u.size(); ++k) {
-      usize[k] = size.at(u[k]);
-      for (size_t j = 0; j < li.size(); ++j)
-        if (li[j] == u[k]) ustride[k] += ist[j];
-      const size_t pos = t.find(u[k]);
-      if (pos != std::string::npos) utstride[k] = tst[pos];
-    }
-    float* G = gi->data<float>();
-    if (u.size() < li.size()) fill_zero(gi);  // off-diagonal elements stay zero
-    int64_t count = 1;
-    for (int64_t s : usize) count *= s;
-    for (int64_t f = 0; f < count; ++f) {
-      int64_t rem = f, dst = 0, src = 0;
-      for (size_t k = u.size(); k-- > 0;) {
-        const int64_t c = rem % usize[k];
-        rem /= usize[k];
-        dst += c * ustride[k];
-        src += c * utstride[k];
-      }
-      G[dst] = tg.data<float>()[src];
-    }
+    if (!gin[i]) continue;
+    if (!gout[0]) fill_zero(gin[i]);
+    else einsum_backward_one(n, in, *gout[0], eq, size, i, gin[i], kind);
   }
+}
+
+void reduce_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind) {
+  if (!gin[0]) return;
+  if (!gout[0]) return fill_zero(gin[0]);
+  if (kind == KernelKind::Fast && (n.op == "ReduceSum" || n.op == "ReduceMean"))
+    return reduce_sum_backward_fast(n, *in[0], opt_t(in, 1), gout[0]->data<float>(), gin[0]->data<float>());
+  reduce_backward_ref(n, in, out, gout, gin);
+}
+
+namespace {
+
+template <void (*F)(const Node&, const Ins&, const Ins&, const Ins&, const Outs&, KernelKind)>
+void fast(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin) {
+  F(n, in, out, gout, gin, KernelKind::Fast);
 }
 
 }  // namespace
@@ -758,12 +1016,12 @@ void register_layer_backward() {
   for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
                          "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
                          "ReduceLogSumExp"})
-    register_backward(op, reduce_backward);
+    register_backward(op, fast<reduce_backward>);
   register_backward("Gelu", gelu_backward);
-  register_backward("MatMul", matmul_backward);
-  register_backward("Gemm", gemm_backward);
-  register_backward("Einsum", einsum_backward);
-  register_backward("Linear", linear_backward);
+  register_backward("MatMul", fast<matmul_backward>);
+  register_backward("Gemm", fast<gemm_backward>);
+  register_backward("Einsum", fast<einsum_backward>);
+  register_backward("Linear", fast<linear_backward>);
   register_spectral_norm();
 }
 

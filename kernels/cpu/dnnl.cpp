@@ -46,20 +46,7 @@ namespace wxe::cpu {
 
 namespace {
 
-using dnnl::memory;
-using Dims = memory::dims;
-using dt = memory::data_type;
-using Args = std::unordered_map<int, memory>;
-
-dnnl::engine& eng() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
-dnnl::stream& strm() {
-  static dnnl::stream s(eng());
-  return s;
-}
+using namespace onednn;  // engine, stream, PrimCache, Scratch, make_matmul (dnnl_util.h)
 
 void reference(const Node& n, const std::vector<const Tensor*>& in,
                const std::vector<Tensor*>& out) {
@@ -79,103 +66,6 @@ uint32_t float_bits(float f) {  // exact attribute value for cache keys
   std::memcpy(&u, &f, 4);
   return u;
 }
-
-memory mem(const memory::desc& md, const void* p) {
-  return memory(md, eng(), const_cast<void*>(p));
-}
-
-memory::desc plain_md(const Dims& dims) {
-  return memory::desc(dims, dt::f32, Dims(strides_of(Shape(dims.begin(), dims.end()))));
-}
-
-void execute(const Node& n, const dnnl::primitive& p, const Args& args) {
-  try {
-    p.execute(strm(), args);
-    strm().wait();
-  } catch (const dnnl::error& e) {
-    fail("node ", n.name, " (", n.op, "): oneDNN execution failed: ", e.what());
-  }
-}
-
-// String -> cached object (primitive + descs). Creation happens outside the lock; if two
-// threads race on a new key both build it and the first insertion wins.
-template <class T>
-class PrimCache {
- public:
-  template <class Make>
-  std::shared_ptr<const T> get(const std::string& key, Make make) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = map_.find(key);
-      if (it != map_.end()) return it->second;
-    }
-    auto p = std::make_shared<const T>(make());
-    std::lock_guard<std::mutex> lk(mu_);
-    if (map_.size() >= kMaxEntries) map_.clear();  // bounded; a model has far fewer keys
-    return map_.emplace(key, std::move(p)).first->second;
-  }
-
- private:
-  static constexpr size_t kMaxEntries = 4096;
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const T>> map_;
-};
-
-// A cache entry that says "run the reference kernel".
-template <class T>
-T ref_only() {
-  T t;
-  t.use_ref = true;
-  return t;
-}
-
-// A matmul primitive on descs given by the caller.
-struct MatMulPrim {
-  bool use_ref = false;
-  dnnl::matmul prim;
-  memory::desc src, wei, bias, dst;
-  std::string impl;
-};
-
-MatMulPrim make_matmul(const memory::desc& src, const memory::desc& wei, const memory::desc* bias,
-                       const memory::desc& dst, const dnnl::primitive_attr& attr = {}) {
-  MatMulPrim r;
-  try {
-    auto d = bias ? dnnl::matmul::desc(src, wei, *bias, dst) : dnnl::matmul::desc(src, wei, dst);
-    dnnl::matmul::primitive_desc pd(d, attr, eng());
-    r.prim = dnnl::matmul(pd);
-    r.src = src;
-    r.wei = wei;
-    if (bias) r.bias = *bias;
-    r.dst = dst;
-    r.impl = pd.impl_info_str();
-  } catch (const dnnl::error&) {
-    r.use_ref = true;
-  }
-  return r;
-}
-
-// Per-thread scratch (blocked conv activations, reordered weights, staged einsum operands):
-// a kernel call finishes before its thread runs the next one, so each thread reuses its
-// buffers (grown on demand, never shrunk; page-faulting fresh buffers on every call cost
-// more than some of the convolutions).
-struct Scratch {
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  std::unique_ptr<void, Free> p;
-  size_t cap = 0;
-  void* get(size_t bytes) {
-    if (bytes > cap) {
-      p.reset();
-      void* q = nullptr;
-      WXE_ASSERT(posix_memalign(&q, 64, std::max<size_t>(bytes, 64)) == 0);
-      p.reset(q);
-      cap = bytes;
-    }
-    return p.get();
-  }
-};
 
 // ---------------------------------------------------------------- MatMul
 PrimCache<MatMulPrim> matmul_cache;

@@ -1,9 +1,18 @@
-// Private helpers shared by linalg.cpp, conv.cpp and dnnl.cpp (not part of the engine API):
-// the Einsum equation parser and the Conv / ConvTranspose geometry (ONNX attribute rules),
-// so the reference kernels, the shape rules and the oneDNN fast path read attributes the
-// same way.
+// Private helpers shared by the CPU kernels (not part of the engine API): the Einsum
+// equation parser and the Conv / ConvTranspose geometry (ONNX attribute rules), so the
+// reference kernels, the shape rules and the oneDNN fast path read attributes the same way;
+// and the oneDNN plumbing (engine, stream, primitive cache, scratch buffers, matmul
+// primitives) that the forward fast path (dnnl.cpp) and the backward kernels
+// (backward_conv.cpp, backward_layers.cpp) share. Definitions in dnnl_util.cpp.
 #pragma once
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/ops.h"
@@ -48,5 +57,100 @@ struct ConvGeom {
 // Validates shapes/attributes (x: (N, C, spatial...), w: Conv (C_out, C_in/group, k...),
 // ConvTranspose (C_in, C_out/group, k...)) and resolves auto_pad / output_shape.
 ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool transpose);
+
+// ---- oneDNN (2.6) plumbing ----
+// One CPU engine and one in-order stream for the whole process (the CPU runtime is OpenMP,
+// so oneDNN uses omp_get_max_threads() threads); every execution waits on the stream.
+namespace onednn {
+
+using dnnl::memory;
+using Dims = memory::dims;
+using dt = memory::data_type;
+using Args = std::unordered_map<int, memory>;
+
+dnnl::engine& eng();
+dnnl::stream& strm();
+
+// A memory object over caller-owned data (no copy).
+inline memory mem(const memory::desc& md, const void* p) { return memory(md, eng(), const_cast<void*>(p)); }
+
+// Row-major float32 desc of these dims.
+inline memory::desc plain_md(const Dims& dims) {
+  return memory::desc(dims, dt::f32, Dims(strides_of(Shape(dims.begin(), dims.end()))));
+}
+
+// Runs p and waits; a oneDNN error fails naming the node.
+void execute(const Node& n, const dnnl::primitive& p, const Args& args);
+
+// String -> cached object (primitive + descs). Creation happens outside the lock; if two
+// threads race on a new key both build it and the first insertion wins. Bounded: a model
+// has far fewer keys than kMaxEntries.
+template <class T>
+class PrimCache {
+ public:
+  template <class Make>
+  std::shared_ptr<const T> get(const std::string& key, Make make) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) return it->second;
+    }
+    auto p = std::make_shared<const T>(make());
+    std::lock_guard<std::mutex> lk(mu_);
+    if (map_.size() >= kMaxEntries) map_.clear();
+    return map_.emplace(key, std::move(p)).first->second;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const T>> map_;
+};
+
+// A cache entry that says "run the reference kernel" (T has a bool use_ref).
+template <class T>
+T ref_only() {
+  T t;
+  t.use_ref = true;
+  return t;
+}
+
+// Per-thread scratch (staged operands, reordered weights, blocked activations), declared
+// thread_local by its users: a kernel call finishes before its thread runs the next one, so
+// each thread reuses its buffers (grown on demand, never shrunk; page-faulting fresh buffers
+// on every call cost more than some of the convolutions). 64-byte aligned.
+struct Scratch {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> p;
+  size_t cap = 0;
+  void* get(size_t bytes) {
+    if (bytes > cap) {
+      p.reset();
+      void* q = nullptr;
+      WXE_ASSERT(posix_memalign(&q, 64, std::max<size_t>(bytes, 64)) == 0);
+      p.reset(q);
+      cap = bytes;
+    }
+    return p.get();
+  }
+  float* floats(int64_t count) { return static_cast<float*>(get((size_t)count * sizeof(float))); }
+};
+
+// A matmul primitive on descs given by the caller (strided descs express transposes and
+// broadcast batch dims). use_ref when oneDNN cannot create it; impl names oneDNN's kernel
+// ("ref..." is its slow reference one).
+struct MatMulPrim {
+  bool use_ref = false;
+  dnnl::matmul prim;
+  memory::desc src, wei, bias, dst;
+  std::string impl;
+};
+
+MatMulPrim make_matmul(const memory::desc& src, const memory::desc& wei, const memory::desc* bias,
+                       const memory::desc& dst, const dnnl::primitive_attr& attr = {});
+
+}  // namespace onednn
 
 }  // namespace wxe::cpu

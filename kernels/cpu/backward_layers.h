@@ -1,0 +1,22 @@
+// Backward kernels of backward_layers.cpp with an explicit choice of path, for tests that
+// compare the fast path with the reference loops (the oracle). Each follows the BackwardFn
+// contract (engine/ops.h); the registered kernels run KernelKind::Fast.
+//
+// Reference: plain loops with double accumulation (Einsum: the reference Einsum kernel).
+// Fast: Linear, MatMul and Gemm as oneDNN matmuls on strided views (cached per shape);
+// Einsum on the fast Einsum kernel, written straight into the gradient where operand and
+// gradient layouts agree; ReduceSum / ReduceMean as a broadcast copy (broadcast.h). Shapes
+// or attributes the fast path does not take run the reference.
+#pragma once
+#include "engine/ops.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace wxe::cpu {
+
+void linear_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
+void matmul_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
+void gemm_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
+void einsum_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
+void reduce_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
+
+}  // namespace wxe::cpu

@@ -1,0 +1,43 @@
+// The shared oneDNN plumbing declared in dnnl_util.h.
+#include "kernels/cpu/dnnl_util.h"
+
+namespace wxe::cpu::onednn {
+
+dnnl::engine& eng() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& strm() {
+  static dnnl::stream s(eng());
+  return s;
+}
+
+void execute(const Node& n, const dnnl::primitive& p, const Args& args) {
+  try {
+    p.execute(strm(), args);
+    strm().wait();
+  } catch (const dnnl::error& e) {
+    fail("node ", n.name, " (", n.op, "): oneDNN execution failed: ", e.what());
+  }
+}
+
+MatMulPrim make_matmul(const memory::desc& src, const memory::desc& wei, const memory::desc* bias,
+                       const memory::desc& dst, const dnnl::primitive_attr& attr) {
+  MatMulPrim r;
+  try {
+    auto d = bias ? dnnl::matmul::desc(src, wei, *bias, dst) : dnnl::matmul::desc(src, wei, dst);
+    dnnl::matmul::primitive_desc pd(d, attr, eng());
+    r.prim = dnnl::matmul(pd);
+    r.src = src;
+    r.wei = wei;
+    if (bias) r.bias = *bias;
+    r.dst = dst;
+    r.impl = pd.impl_info_str();
+  } catch (const dnnl::error&) {
+    r.use_ref = true;
+  }
+  return r;
+}
+
+}  // namespace wxe::cpu::onednn

@@ -1,0 +1,352 @@
+// Tensor-parallel training graphs (Megatron style) with the tp ranks inside this process
+// (coroutines on one thread, tests/rank_group.h): the conjugate collectives (CopyToTP,
+// AllReduceTP) forward and backward against a hand computation, and whole CrossFormer training
+// graphs sharded at tp 2 and 4 against tp 1: same outputs, sharded parameters get the slice of
+// the tp-1 gradient, replicated ones the whole tp-1 gradient on every rank.
+#include <gtest/gtest.h>
+
+#include "engine/autograd.h"
+#include "engine/layout_rules.h"
+#include "engine/npy.h"
+#include "engine/passes.h"
+#include "importers/onnx/onnx_import.h"
+#include "parallel/collective_ops.h"
+#include "parallel/shard.h"
+#include "tests/rank_group.h"
+#include "tests/test_util.h"
+
+namespace wxe::test {
+namespace {
+
+// ---- the collectives on a tiny graph ----------------------------------------------------
+
+// y = AllReduceTP(CopyToTP(x * w) * v): x a runtime input, w and v each rank's own parameters.
+Graph collective_graph(const Tensor& w, const Tensor& v) {
+  Graph g;
+  auto runtime = [&](const std::string& name) {
+    Value val;
+    val.name = name;
+    val.shape = w.shape;
+    val.shape_known = true;
+    return g.add_value(val);
+  };
+  int x = runtime("x"), a = runtime("a"), c = runtime("c"), d = runtime("d"), y = runtime("y");
+  int wi = g.add_constant("w", w.clone(), true), vi = g.add_constant("v", v.clone(), true);
+  g.inputs = {x};
+  g.outputs = {y};
+  auto node = [&](const std::string& op, std::vector<int> in, int out) {
+    Node n;
+    n.op = op;
+    n.name = "/" + op;
+    n.inputs = std::move(in);
+    n.outputs = {out};
+    g.nodes.push_back(n);
+  };
+  node("Mul", {x, wi}, a);
+  node("CopyToTP", {a}, c);
+  node("Mul", {c, vi}, d);
+  node("AllReduceTP", {d}, y);
+  return g;
+}
+
+struct StepResult {
+  Tensor y, gw, gv;
+};
+
+// One forward and backward of collective_graph with output gradient gy.
+StepResult collective_step(const Tensor& x, const Tensor& w, const Tensor& v, const Tensor& gy) {
+  Graph g = collective_graph(w, v);
+  GradExecutor ex(g, trainable_parameters(g), {1, KernelKind::Reference});
+  StepResult r;
+  r.y = ex.forward({{"x", x}})[0];
+  ex.backward({gy});
+  for (size_t p = 0; p < ex.trainable().size(); ++p)
+    (g.values[ex.trainable()[p]].name == "w" ? r.gw : r.gv) = ex.grads()[p];
+  return r;
+}
+
+Tensor fill(Shape s, const std::function<float(int64_t)>& f) {
+  Tensor t(DType::F32, std::move(s));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = f(i);
+  return t;
+}
+
+// ---- whole models -----------------------------------------------------------------------
+
+Graph training_graph(const std::string& model, const Tensor& x) {
+  register_cpu_kernels();
+  register_collective_ops();
+  Graph g = import_onnx(data_path(model));
+  prepare_training_graph(g, {{"x", {x.dtype, x.shape}}});
+  return g;
+}
+
+struct RankStep {
+  ShardStats stats;
+  std::map<std::string, TensorSlice> slices;
+  Tensor y;
+  std::map<std::string, Tensor> grads;  // trainable parameter -> gradient
+  int all_reduces = 0;                  // collectives this rank took part in
+};
+
+// Shards `full` for every rank of `tp` (coroutines, tests/rank_group.h) and runs one forward and
+// backward with output gradient gy, on the fast kernels the trainer runs.
+std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tensor& gy, int tp) {
+  TpPlan plan = discover_plan(full);
+  std::vector<RankStep> steps(tp);
+  std::vector<std::string> errors = RankGroup::run(tp, [&](int r, RankComm& comm) {
+    Graph g = full;
+    for (Value& v : g.values)  // each rank its own parameters, as in its own process
+      if (v.is_param && v.is_const()) v.constant = std::make_shared<Tensor>(v.constant->clone());
+    RankStep& s = steps[r];
+    s.slices = parameter_slices(plan, full, tp, r);
+    s.stats = shard_training_graph(g, plan, tp, r);
+    GradExecutor ex(g, trainable_parameters(g), {0, KernelKind::Fast});
+    s.y = ex.forward({{"x", x}})[0];
+    ex.backward({gy});
+    for (size_t p = 0; p < ex.trainable().size(); ++p) s.grads[g.values[ex.trainable()[p]].name] = ex.grads()[p];
+    s.all_reduces = comm.calls;
+  });
+  for (int r = 0; r < tp; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return steps;
+}
+
+// Block s.index of s.parts along s.axis (written here, not shard.cpp's, to be an oracle).
+Tensor block_of(const Tensor& t, const TensorSlice& s) {
+  Shape shape = t.shape;
+  int64_t n = shape[s.axis], part = n / s.parts, outer = 1, inner = 1;
+  shape[s.axis] = part;
+  for (int d = 0; d < s.axis; ++d) outer *= t.shape[d];
+  for (int d = s.axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
+  Tensor b(DType::F32, shape);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t k = 0; k < part; ++k)
+      for (int64_t i = 0; i < inner; ++i)
+        b.data<float>()[(o * part + k) * inner + i] = t.data<float>()[(o * n + s.index * part + k) * inner + i];
+  return b;
+}
+
+double norm(const Tensor& t) {
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) s += (double)t.data<float>()[i] * t.data<float>()[i];
+  return std::sqrt(s);
+}
+
+// Relative L2 error against the tp-1 gradient; gradients far smaller than the largest are
+// compared against that scale instead (a relative error of float noise would be meaningless).
+double grad_error(const Tensor& got, const Tensor& ref, double scale) {
+  double n = norm(ref);
+  return rel_l2(got, ref) * n / std::max(n, 1e-3 * scale);
+}
+
+// tp ranks against tp 1 on one model: outputs, every parameter's gradient.
+void expect_tp_matches_one(const std::string& model, const std::string& input, int tp, int attention_blocks,
+                           int ff_blocks) {
+  SCOPED_TRACE(model + " tp " + std::to_string(tp));
+  Tensor x = read_npy(data_path(input));
+  Graph full = training_graph(model, x);
+  Tensor gy = randn(full.values[full.outputs[0]].shape, 7);
+  static std::map<std::string, RankStep> tp1;  // per model, shared by its tp 2 and tp 4 tests
+  if (!tp1.count(model)) tp1[model] = train_step(full, x, gy, 1)[0];
+  const RankStep& one = tp1[model];
+  std::vector<RankStep> ranks = train_step(full, x, gy, tp);
+  double scale = 0;
+  for (auto& [name, g] : one.grads) scale = std::max(scale, norm(g));
+  TpPlan plan = discover_plan(full);
+  for (int r = 0; r < tp; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const RankStep& s = ranks[r];
+    // structure: q/k/v share one CopyToTP, one more per position bias and per feed-forward
+    EXPECT_EQ(s.stats.copies, 2 * attention_blocks + ff_blocks);
+    EXPECT_EQ(s.stats.all_reduces, attention_blocks + ff_blocks);
+    EXPECT_EQ(s.stats.column, 3 * attention_blocks + ff_blocks);
+    EXPECT_EQ(s.stats.row, attention_blocks + ff_blocks);
+    // every collective in the forward pass and its conjugate in the backward pass
+    EXPECT_EQ(s.all_reduces, s.stats.all_reduces + s.stats.copies);
+    for (auto& [w, split] : plan.by_weight) EXPECT_EQ(s.slices.count(w), 1u) << w;
+    EXPECT_LE(max_abs_diff(s.y, one.y), 1e-5);
+    EXPECT_LE(rel_l2(s.y, one.y), 1e-5);
+    EXPECT_EQ(max_abs_diff(s.y, ranks[0].y), 0) << "ranks disagree";
+    ASSERT_EQ(s.grads.size(), one.grads.size());
+    int sharded = 0;
+    for (auto& [name, ref] : one.grads) {
+      ASSERT_TRUE(s.grads.count(name)) << name;
+      const Tensor& got = s.grads.at(name);
+      auto sl = s.slices.find(name);
+      if (sl == s.slices.end()) {
+        ASSERT_EQ(got.shape, ref.shape) << name;
+        EXPECT_LE(grad_error(got, ref, scale), 1e-5) << "replicated " << name;
+      } else {
+        ++sharded;
+        Tensor want = block_of(ref, sl->second);
+        ASSERT_EQ(got.shape, want.shape) << name;
+        EXPECT_LE(grad_error(got, want, scale), 1e-5) << "sharded " << name;
+      }
+    }
+    EXPECT_EQ(sharded, (int)s.slices.size());  // every listed parameter is trainable
+  }
+}
+
+}  // namespace
+
+// Forward: CopyToTP is the identity, AllReduceTP sums over the ranks. Backward: AllReduceTP
+// passes the gradient through, CopyToTP sums it over the ranks. Checked on 2 ranks against
+// y = sum_r x w_r v_r, dv_r = gy x w_r, dw_r = x sum_r' gy v_r'.
+TEST(TpCollectives, ConjugatePairAtTp2) {
+  register_cpu_kernels();
+  register_collective_ops();
+  const Shape shape{2, 3};
+  Tensor x = randn(shape, 1), gy = randn(shape, 2);
+  std::vector<Tensor> w = {randn(shape, 3), randn(shape, 4)}, v = {randn(shape, 5), randn(shape, 6)};
+  std::vector<StepResult> got(2);
+  std::vector<int> calls(2);
+  std::vector<std::string> errors = RankGroup::run(2, [&](int r, RankComm& comm) {
+    got[r] = collective_step(x, w[r], v[r], gy);
+    calls[r] = comm.calls;
+  });
+  const float* X = x.data<float>();
+  const float* G = gy.data<float>();
+  auto at = [](const Tensor& t, int64_t i) { return t.data<float>()[i]; };
+  Tensor y = fill(shape, [&](int64_t i) { return X[i] * (at(w[0], i) * at(v[0], i) + at(w[1], i) * at(v[1], i)); });
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    ASSERT_EQ(errors[r], "");
+    EXPECT_EQ(calls[r], 2);  // one all-reduce forward (AllReduceTP), one backward (CopyToTP)
+    expect_close(got[r].y, y);
+    expect_close(got[r].gv, fill(shape, [&](int64_t i) { return G[i] * X[i] * at(w[r], i); }));
+    expect_close(got[r].gw, fill(shape, [&](int64_t i) { return X[i] * (G[i] * at(v[0], i) + G[i] * at(v[1], i)); }));
+  }
+}
+
+// A rank that never reaches a collective the others wait in is an error, not a hang.
+TEST(TpCollectives, RankGroupReportsAMissedCollective) {
+  std::vector<std::string> errors = RankGroup::run(2, [&](int r, RankComm& comm) {
+    Tensor t = Tensor::zeros(DType::F32, {3});
+    if (r == 0) comm.all_reduce_sum(t);
+  });
+  EXPECT_NE(errors[0].find("never reaches"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+// With no communicator (one process) or a tp group of one both are identities both ways.
+TEST(TpCollectives, IdentitiesWithoutAGroup) {
+  register_cpu_kernels();
+  register_collective_ops();
+  const Shape shape{2, 3};
+  Tensor x = randn(shape, 1), w = randn(shape, 3), v = randn(shape, 5), gy = randn(shape, 2);
+  const float *X = x.data<float>(), *W = w.data<float>(), *V = v.data<float>(), *G = gy.data<float>();
+  Tensor y = fill(shape, [&](int64_t i) { return X[i] * W[i] * V[i]; });
+  Tensor gv = fill(shape, [&](int64_t i) { return G[i] * X[i] * W[i]; });
+  Tensor gw = fill(shape, [&](int64_t i) { return G[i] * X[i] * V[i]; });
+  set_tp_communicator(nullptr);
+  StepResult alone = collective_step(x, w, v, gy);
+  StepResult group_of_one;
+  int calls = -1;
+  std::vector<std::string> errors = RankGroup::run(1, [&](int, RankComm& comm) {
+    group_of_one = collective_step(x, w, v, gy);
+    calls = comm.calls;
+  });
+  ASSERT_EQ(errors[0], "");
+  EXPECT_EQ(calls, 0);
+  for (const StepResult* r : {&alone, &group_of_one}) {
+    expect_close(r->y, y);
+    expect_close(r->gv, gv);
+    expect_close(r->gw, gw);
+  }
+}
+
+// The training graph (parameters as leaves, live position-bias MLP) shards: the q/k/v of a
+// block read one CopyToTP, every column-parallel layer reads a CopyToTP output, the position
+// bias (one value per window offset, shared by the heads) enters through a CopyToTP and its
+// MLP stays live, replicated parameters keep their shapes, sharded ones are listed by
+// parameter_slices with the shapes of their blocks.
+TEST(TpTrainingGraph, ShardedStructure) {
+  Tensor x = read_npy(data_path("tests/data/crossformer_tp_x.npy"));
+  Graph full = training_graph("tests/data/crossformer_tp_snbaked.onnx", x);
+  TpPlan plan = discover_plan(full);
+  Graph g = full;
+  ShardStats st = shard_training_graph(g, plan, 4, 3);
+  std::map<std::string, TensorSlice> slices = parameter_slices(plan, full, 4, 3);
+  EXPECT_EQ(st.copies, 30);  // 10 attention blocks x (q/k/v input, position bias) + 10 feed-forward
+  EXPECT_EQ(slices.size(), 70u);  // 60 Linear weights + the 10 feed-forward up biases
+  std::vector<int> prod = g.producers();
+  std::map<std::string, int> block_input;  // attention block -> the value its q/k/v read
+  int gemms = 0;
+  for (const Node& n : g.nodes) {
+    for (int o : n.outputs) EXPECT_FALSE(g.values[o].is_const()) << n.name << " was frozen";
+    if (n.op == "Gemm" && g.values[n.inputs[1]].is_param) ++gemms;
+    if (n.op != "Linear") continue;
+    const std::string w = g.values[n.inputs[1]].name;
+    auto split = plan.by_weight.find(w);
+    if (split == plan.by_weight.end() || split->second != TpSplit::Column) continue;
+    ASSERT_GE(prod[n.inputs[0]], 0);
+    EXPECT_EQ(g.nodes[prod[n.inputs[0]]].op, "CopyToTP") << n.name;
+    std::string m = layout::module_of(w);
+    bool feed_forward = m.size() > 9 && m.compare(m.size() - 9, 9, ".layers.1") == 0;
+    if (!feed_forward) {
+      std::string block = m.substr(0, m.rfind('.'));
+      if (block_input.count(block))
+        EXPECT_EQ(block_input[block], n.inputs[0]) << block << ": q, k, v read different copies";
+      block_input[block] = n.inputs[0];
+    }
+  }
+  EXPECT_EQ(block_input.size(), 10u);
+  EXPECT_EQ(gemms, 40);  // 4 Linear layers of the position-bias MLP per attention block, live
+  std::map<std::string, Shape> full_shapes, shapes;
+  for (int v : trainable_parameters(full)) full_shapes[full.values[v].name] = full.values[v].shape;
+  for (int v : trainable_parameters(g)) shapes[g.values[v].name] = g.values[v].shape;
+  ASSERT_EQ(shapes.size(), full_shapes.size());
+  for (auto& [name, s] : full_shapes) {
+    ASSERT_TRUE(shapes.count(name)) << name;
+    Shape want = s;
+    auto sl = slices.find(name);
+    if (sl != slices.end()) {
+      EXPECT_EQ(sl->second.parts, 4);
+      EXPECT_EQ(sl->second.index, 3);
+      want[sl->second.axis] /= 4;
+    }
+    EXPECT_EQ(shapes[name], want) << name;
+  }
+  EXPECT_EQ(slices["layers.0.1.layers.0.0.to_q.weight"].axis, 0);
+  EXPECT_EQ(slices["layers.0.1.layers.0.1.layers.1.bias"].axis, 0);
+  EXPECT_EQ(slices["layers.0.1.layers.0.0.to_out.weight"].axis, 1);
+  EXPECT_EQ(slices.count("layers.0.1.layers.0.0.to_out.bias"), 0u);  // added after the sum, whole
+  EXPECT_TRUE(parameter_slices(plan, full, 1, 0).empty());
+}
+
+// An exporter's MatMul + Add bias on a column-parallel layer (nextgen_wxformer) is sharded with
+// it and listed.
+TEST(TpTrainingGraph, SeparateBiasAddIsShardedAndListed) {
+  Tensor x = read_npy(data_path("tests/data/nextgen_block_x.npy"));
+  Graph full = training_graph("tests/data/nextgen_block.onnx", x);
+  TpPlan plan = discover_plan(full);
+  std::map<std::string, TensorSlice> slices = parameter_slices(plan, full, 2, 1);
+  ASSERT_EQ(slices.count("layers.0.1.layers.1.bias"), 1u);
+  EXPECT_EQ(slices["layers.0.1.layers.1.bias"].axis, 0);
+  EXPECT_EQ(slices.count("layers.0.1.layers.4.bias"), 0u);
+  Graph g = full;
+  shard_training_graph(g, plan, 2, 1);
+  int held = 0;
+  for (int v : trainable_parameters(g))
+    if (g.values[v].name == "layers.0.1.layers.1.bias") {
+      EXPECT_EQ(g.values[v].shape, (Shape{64}));  // of 128
+      ++held;
+    }
+  EXPECT_EQ(held, 1);
+}
+
+// crossformer_tp: dim_head 4, 4/8/16/32 heads, batch 2 (models/make_tp_fixture.py).
+TEST(TpTrainingGraph, CrossformerTp2MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tp_snbaked.onnx", "tests/data/crossformer_tp_x.npy", 2, 10, 10);
+}
+
+TEST(TpTrainingGraph, CrossformerTp4MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tp_snbaked.onnx", "tests/data/crossformer_tp_x.npy", 4, 10, 10);
+}
+
+TEST(TpTrainingGraph, CrossformerTinyTp2MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tiny_snbaked_opset17.onnx", "tests/data/crossformer_tiny_x.npy", 2,
+                        10, 10);
+}
+
+}  // namespace wxe::test
