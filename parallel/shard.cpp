@@ -206,7 +206,9 @@ std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Gr
 namespace {
 
 // shard_graph and, with `training`, shard_training_graph.
-ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training) {
+// failing_block: the CREDIT block of the node being rewritten ("" outside the node loop), so a
+// caller can tell which block an error belongs to
+ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std::string* failing_block = nullptr) {
   ShardStats st;
   st.param_bytes_full = param_bytes(g);
   if (tp == 1) {
@@ -260,6 +262,7 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training) {
   };
   for (Node& n : g.nodes) {
     const std::string block = scope_module(n.name);
+    if (failing_block) *failing_block = block;
     const std::string where = "node " + n.name + " (" + n.op + ")" + (block.empty() ? "" : " in block " + block);
     const std::string replicate_hint =
         block.empty() ? "" : "; to replicate the block, --plan a file with {\"" + block + ".*\": \"replicate\"}";
@@ -428,6 +431,7 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training) {
     out.push_back(std::move(n));
   }
   g.nodes = std::move(out);
+  if (failing_block) failing_block->clear();
   for (int o : g.outputs)
     WXE_CHECK(!sharded(o), g.source, ": graph output '", g.values[o].name, "' would be sharded");
   eliminate_dead_nodes(g);  // drops the full-size weights no node reads any more
@@ -463,6 +467,28 @@ ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int tp_rank) {
 
 ShardStats shard_training_graph(Graph& g, const TpPlan& plan, int tp, int tp_rank) {
   return shard(g, plan, tp, tp_rank, true);
+}
+
+TpPlan fit_plan(const Graph& g, TpPlan plan, int tp, bool training, std::vector<std::string>* replicated) {
+  if (tp == 1) return plan;
+  for (;;) {
+    Graph trial = g;
+    std::string block;
+    try {
+      shard(trial, plan, tp, 0, training, &block);  // every rank's shapes are rank 0's
+      return plan;
+    } catch (const Error&) {
+      bool changed = false;
+      if (!block.empty())
+        for (auto& [w, split] : plan.by_weight)
+          if (split != TpSplit::Replicate && w.rfind(block + ".", 0) == 0) {
+            split = TpSplit::Replicate;
+            changed = true;
+          }
+      if (!changed) throw;
+      if (replicated) replicated->push_back(block);
+    }
+  }
 }
 
 }  // namespace wxe

@@ -72,6 +72,11 @@ ShardStats shard_training_graph(Graph& g, const TpPlan& plan, int tp, int tp_ran
 // checkpoint reader (read_safetensors) and a sharded optimizer state use.
 std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Graph& full, int tp, int tp_rank);
 
+// The plan, less the blocks that cannot be sharded over tp (fewer heads than tp, a width tp
+// does not divide, a node the sharded axis cannot pass through): each such CREDIT block's
+// layers are set to replicate and its name appended to `replicated`. Errors outside any
+// block, or in a block with nothing left to replicate, are thrown as they are.
+TpPlan fit_plan(const Graph& g, TpPlan plan, int tp, bool training, std::vector<std::string>* replicated = nullptr);
 // Parameter bytes of the graph (constants marked is_param that some node reads).
 size_t param_bytes(const Graph& g);
 

@@ -9,6 +9,7 @@
 #include "engine/error.h"
 #include "engine/layout_rules.h"
 #include "engine/safetensors.h"
+#include "tools/finetune.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "importers/torch/torch_save.h"
 
@@ -44,13 +45,19 @@ Shape squeezed(const Shape& s) {
 
 std::string export_credit_checkpoint(const std::string& input, const std::string& output, const std::string& like) {
   const bool dir = fs::is_directory(input);
-  const std::string model_path = dir ? input + "/model.safetensors" : input;
-  WXE_CHECK(!dir || fs::exists(model_path), input, ": a checkpoint directory without model.safetensors");
   std::map<std::string, std::string> meta;
-  NamedTensors model = layout::to_legacy_state_dict(read_safetensors(model_path));
-  NamedTensors opt;
-  const std::string opt_path = dir ? input + "/optimizer.safetensors" : "";
-  if (dir && fs::exists(opt_path)) opt = read_safetensors(opt_path, &meta);
+  NamedTensors params, opt;
+  if (dir) {  // a fine-tuning checkpoint, one process's or sharded: every tensor whole
+    TrainCheckpoint ck = open_train_checkpoint(input);
+    meta = ck.meta;
+    for (const std::string& n : ck.names) {
+      if (n.rfind("ema.", 0) == 0) continue;
+      (n.rfind("exp_avg", 0) == 0 ? opt : params).push_back({n, ck.get(n, {})});
+    }
+  } else {
+    params = read_safetensors(input);
+  }
+  NamedTensors model = layout::to_legacy_state_dict(params);
   std::map<std::string, Tensor> mine;
   for (auto& [n, t] : model) mine[n] = t;
 

@@ -17,6 +17,9 @@
 #include "engine/npy.h"
 #include "engine/safetensors.h"
 #include "importers/onnx/onnx_import.h"
+#include "parallel/collective_ops.h"
+#include "parallel/shard.h"
+#include "parallel/sharded_checkpoint.h"
 #include "tools/model.h"
 
 namespace fs = std::filesystem;
@@ -128,9 +131,12 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   WXE_CHECK(first.targets.size() == (size_t)cfg.forecast_len && first.targets[0].shape == out_shape,
             cfg.data, ": targets are ", shape_str(first.targets.empty() ? Shape{} : first.targets[0].shape),
             ", the model's output is ", shape_str(out_shape));
-  WXE_CHECK(tp_ == 1, "--tp ", tp_, ": tensor-parallel fine-tuning is not implemented yet; run data parallel "
-            "(mpirun -n N wxe finetune ... without --tp): every rank holds the whole model, the micro-batches are "
-            "divided over the ranks and the optimizer state is sharded over them");
+  if (tp_ > 1) {  // Megatron: this rank's heads and feed-forward columns; CopyToTP / AllReduceTP at the seams
+    TpPlan plan = plan_for(graph_, cfg.plan, tp_, true);
+    slices_ = parameter_slices(plan, graph_, tp_, tp_rank_);
+    tp_stats_ = shard_training_graph(graph_, plan, tp_, tp_rank_);
+    set_tp_communicator(mesh_->tp_comm.get());
+  }
   for (int v : trainable_parameters(graph_)) {
     const std::string& name = graph_.values[v].name;
     bool frozen = std::any_of(cfg.freeze.begin(), cfg.freeze.end(), [&](const std::string& p) { return glob_match(p, name); });
@@ -376,32 +382,11 @@ NamedTensors Trainer::parameters() const {
   return r;
 }
 
-namespace {
-
-// The block `s` of t (equal blocks along s.axis), a copy.
-Tensor take_block(const Tensor& t, const TensorSlice& s) {
-  if (s.parts <= 1) return t;
-  WXE_CHECK(s.axis < t.rank() && t.shape[s.axis] % s.parts == 0, "tensor ", shape_str(t.shape),
-            " cannot be cut into ", s.parts, " blocks along axis ", s.axis);
-  Shape bs = t.shape;
-  bs[s.axis] /= s.parts;
-  Tensor out(t.dtype, bs);
-  int64_t outer = 1, inner = dtype_size(t.dtype);
-  for (int d = 0; d < s.axis; ++d) outer *= t.shape[d];
-  for (int d = s.axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
-  const int64_t rows = bs[s.axis] * inner;
-  for (int64_t o = 0; o < outer; ++o)
-    std::memcpy((uint8_t*)out.raw() + o * rows, (const uint8_t*)t.raw() + (o * s.parts + s.index) * rows, rows);
-  return out;
-}
-
-
-}  // namespace
 
 std::string Trainer::save_checkpoint() {
   WXE_CHECK(!cfg_.save.empty(), "no --save directory");
   const fs::path root(cfg_.save), final_dir = root / step_dir_name(step_);
-  const bool lead = !mesh_ || mesh_->rank == 0;
+  const bool lead = !mesh_ || mesh_->rank == 0, sharded = mesh_ && mesh_->world > 1;
   std::error_code ec;
   if (lead) {
     fs::create_directories(root, ec);
@@ -414,24 +399,45 @@ std::string Trainer::save_checkpoint() {
   std::map<std::string, std::string> meta = {
       {"step", step}, {"adam_step", std::to_string(adam_.steps())}, {"seed", std::to_string(cfg_.seed)},
       {"lr", str(cfg_.schedule.lr)}, {"beta1", str(c.beta1)}, {"beta2", str(c.beta2)}, {"eps", str(c.eps)},
-      {"weight_decay", str(c.weight_decay)}, {"source", cfg_.model}, {"written_by", "wxe finetune"}};
-  if (lead) {  // every rank holds the whole model; rank 0 writes it with the gathered moments
+      {"weight_decay", str(c.weight_decay)}, {"source", cfg_.model}, {"written_by", "wxe finetune"},
+      {"accum", std::to_string(cfg_.accum)}, {"forecast_len", std::to_string(cfg_.forecast_len)}};
+  NamedTensors opt, ema;
+  for (size_t i = 0; i < trainable_.size(); ++i) {
+    const std::string& name = graph_.values[trainable_[i]].name;
+    opt.push_back({"exp_avg." + name, m[i]});
+    opt.push_back({"exp_avg_sq." + name, v[i]});
+    if (ema_) ema.push_back({"ema." + name, ema_->shadow()[i]});
+  }
+  if (sharded) {
+    // every tensor once: a tp shard from dp rank 0 of its tp column, a replicated one from rank 0
+    std::vector<ShardPiece> pieces;
+    auto add = [&](const std::string& name, const std::string& param, const Tensor& t) {
+      ShardPiece p{name, t.shape, {}, t, mesh_->rank == 0};
+      auto it = slices_.find(param);
+      if (it != slices_.end()) {
+        p.slice = it->second;
+        p.global_shape[p.slice.axis] *= p.slice.parts;
+        p.owner = dp_rank_ == 0;
+      }
+      pieces.push_back(p);
+    };
+    for (auto& [n, t] : parameters()) add(n, n, t);
+    for (NamedTensors* list : {&opt, &ema})
+      for (auto& [n, t] : *list) add(n, n.substr(n.find('.') + 1), t);
+    if (lead && fs::exists(final_dir) && !is_sharded_checkpoint(final_dir.string()))
+      fs::remove_all(final_dir, ec);  // the same step saved by one process before
+    save_sharded(final_dir.string(), pieces, *mesh_->world_comm, meta);
+  } else {
     const fs::path tmp = root / (step_dir_name(step_) + ".tmp" + std::to_string(getpid()));
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp, ec);
     WXE_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
     write_safetensors((tmp / "model.safetensors").string(), parameters(),
                       {{"format", "pt"}, {"step", step}, {"source", cfg_.model}, {"written_by", "wxe finetune"}});
-    NamedTensors opt;
-    for (size_t i = 0; i < trainable_.size(); ++i) {
-      opt.push_back({"exp_avg." + graph_.values[trainable_[i]].name, m[i]});
-      opt.push_back({"exp_avg_sq." + graph_.values[trainable_[i]].name, v[i]});
-    }
     write_safetensors((tmp / "optimizer.safetensors").string(), opt, meta);
     if (ema_) {
-      NamedTensors e;
-      for (size_t i = 0; i < trainable_.size(); ++i) e.push_back({graph_.values[trainable_[i]].name, ema_->shadow()[i]});
-      write_safetensors((tmp / "ema.safetensors").string(), e, {{"format", "pt"}, {"step", step}});
+      for (auto& e : ema) e.first = e.first.substr(4);
+      write_safetensors((tmp / "ema.safetensors").string(), ema, {{"format", "pt"}, {"step", step}});
     }
     std::string js = "{\"step\": " + step + ", \"seed\": " + std::to_string(cfg_.seed) + ", \"model\": ";
     json_string(js, cfg_.model);
@@ -449,7 +455,9 @@ std::string Trainer::save_checkpoint() {
     std::vector<std::string> dirs;
     for (auto& e : fs::directory_iterator(root)) {
       std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) dirs.push_back(n);
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos &&
+          n.find(".old") == std::string::npos)
+        dirs.push_back(n);
     }
     std::sort(dirs.begin(), dirs.end());
     for (size_t i = 0; i + std::max(cfg_.keep, 1) < dirs.size(); ++i)
@@ -459,33 +467,53 @@ std::string Trainer::save_checkpoint() {
   return final_dir.string();
 }
 
-void Trainer::load_checkpoint(const std::string& dir) {
-  // get(name, slice): this rank's block of a checkpoint tensor (a whole tensor when not sharded).
-  std::function<Tensor(const std::string&, const TensorSlice&)> get;
-  std::map<std::string, std::string> meta;
-  auto whole = std::make_shared<std::map<std::string, Tensor>>();
-  {
-    for (const char* f : {"model.safetensors", "optimizer.safetensors", "ema.safetensors"}) {
-      const std::string path = dir + "/" + f;
-      if (!fs::exists(path)) continue;
-      const std::string prefix = std::string(f) == "ema.safetensors" ? "ema." : "";
-      std::map<std::string, std::string> m;
-      for (auto& [n, t] : read_safetensors(path, &m)) (*whole)[prefix + n] = t;
-      if (std::string(f) == "optimizer.safetensors") meta = m;
-    }
-    get = [whole, dir](const std::string& name, const TensorSlice& s) {
-      auto it = whole->find(name);
-      WXE_CHECK(it != whole->end(), dir, ": no tensor '", name,
-                "' (a checkpoint of another model, or saved with other options?)");
-      return take_block(it->second, s);
+bool is_train_checkpoint(const std::string& dir) {
+  return is_sharded_checkpoint(dir) || fs::exists(fs::path(dir) / "model.safetensors");
+}
+
+TrainCheckpoint open_train_checkpoint(const std::string& dir) {
+  TrainCheckpoint ck;
+  if (is_sharded_checkpoint(dir)) {
+    auto sc = std::make_shared<ShardedCheckpoint>(dir);
+    ck.names = sc->names();
+    ck.meta = sc->metadata();
+    ck.get = [sc, dir](const std::string& name, const TensorSlice& s) {
+      WXE_CHECK(sc->has(name), dir, ": no tensor '", name, "' (a checkpoint of another model, or saved with other options?)");
+      return sc->read(name, s);
     };
+    return ck;
   }
+  WXE_CHECK(fs::exists(fs::path(dir) / "model.safetensors"), dir,
+            ": not a wxe checkpoint (neither index.json nor model.safetensors in it)");
+  auto whole = std::make_shared<std::map<std::string, Tensor>>();
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "ema.safetensors"}) {
+    const std::string path = dir + "/" + f;
+    if (!fs::exists(path)) continue;
+    const std::string prefix = std::string(f) == "ema.safetensors" ? "ema." : "";
+    std::map<std::string, std::string> m;
+    for (auto& [n, t] : read_safetensors(path, &m)) {
+      ck.names.push_back(prefix + n);
+      (*whole)[prefix + n] = t;
+    }
+    if (std::string(f) == "optimizer.safetensors") ck.meta = m;
+  }
+  ck.get = [whole, dir](const std::string& name, const TensorSlice& s) {
+    auto it = whole->find(name);
+    WXE_CHECK(it != whole->end(), dir, ": no tensor '", name,
+              "' (a checkpoint of another model, or saved with other options?)");
+    return take_block(it->second, s);
+  };
+  return ck;
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  TrainCheckpoint ck = open_train_checkpoint(dir);
   auto slice_of = [&](const std::string& param) {
     auto it = slices_.find(param);
     return it == slices_.end() ? TensorSlice{} : it->second;
   };
   for (auto& [name, t] : parameters()) {
-    Tensor src = get(name, slice_of(name));
+    Tensor src = ck.get(name, slice_of(name));
     WXE_CHECK(src.numel() == t.numel() && src.dtype == t.dtype, dir, ": '", name, "' is ", shape_str(src.shape),
               ", the model's is ", shape_str(t.shape));
     std::memcpy(const_cast<Tensor&>(t).raw(), src.raw(), t.nbytes());  // in place: the executor shares it
@@ -494,8 +522,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   std::vector<const Tensor*> pm, pv;
   for (int p : trainable_) {
     const std::string& name = graph_.values[p].name;
-    m.push_back(get("exp_avg." + name, slice_of(name)));
-    v.push_back(get("exp_avg_sq." + name, slice_of(name)));
+    m.push_back(ck.get("exp_avg." + name, slice_of(name)));
+    v.push_back(ck.get("exp_avg_sq." + name, slice_of(name)));
     WXE_CHECK(m.back().numel() == graph_.values[p].constant->numel(), dir, ": optimizer state of '", name,
               "' does not fit the parameter");
   }
@@ -503,13 +531,14 @@ void Trainer::load_checkpoint(const std::string& dir) {
     pm.push_back(&m[i]);
     pv.push_back(&v[i]);
   }
+  std::map<std::string, std::string>& meta = ck.meta;
   WXE_CHECK(meta.count("adam_step") || meta.count("step"), dir, ": no optimizer step in the metadata");
   const int64_t t = std::stoll(meta.count("adam_step") ? meta["adam_step"] : meta["step"]);
   adam_.set_state(t, {pack_block(pm, dp_rank_)}, {pack_block(pv, dp_rank_)});
   if (ema_)
     for (size_t i = 0; i < trainable_.size(); ++i) {
       const std::string& name = graph_.values[trainable_[i]].name;
-      ema_->shadow()[i] = get("ema." + name, slice_of(name)).clone().reshaped(graph_.values[trainable_[i]].shape);
+      ema_->shadow()[i] = ck.get("ema." + name, slice_of(name)).clone().reshaped(graph_.values[trainable_[i]].shape);
     }
   WXE_CHECK(meta.count("step"), dir, ": no step in the metadata");
   step_ = std::stoll(meta["step"]);
@@ -579,9 +608,15 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   note("wxe: data: %s\n", data->describe().c_str());
   Trainer t(cfg, std::move(data), mesh);
   const bool lead = !mesh || mesh->rank == 0;
+  if (mesh && mesh->tp > 1)
+    note("wxe: tensor parallel over %d ranks: %d column- and %d row-parallel layers, %d + %d all-reduces per "
+         "forward + backward, %zu parameters sharded\n",
+         mesh->tp, t.tp_stats().column, t.tp_stats().row, t.tp_stats().all_reduces, t.tp_stats().copies,
+         t.tp_slices().size());
   if (mesh && mesh->world > 1)
-    note("wxe: data parallel over %d ranks: %d micro-batches per step each; optimizer state %.1f MiB per rank\n",
-         mesh->dp, cfg.accum / mesh->dp, t.optimizer_bytes() / 1048576.0);
+    note("wxe: mesh dp %d x tp %d: %d micro-batches per step per data-parallel group; optimizer state %.1f MiB "
+         "per rank\n",
+         mesh->dp, mesh->tp, cfg.accum / mesh->dp, t.optimizer_bytes() / 1048576.0);
   note("wxe: training %lld parameters (%zu tensors); %zu nodes; accum %d, forecast_len %d\n",
        (long long)t.trainable_count(), t.executor().trainable().size(), t.graph().nodes.size(), cfg.accum,
        cfg.forecast_len);

@@ -19,7 +19,9 @@
 // when EMA is on, and trainer_state.json; SAVE/latest names the newest complete one and is
 // replaced last (atomic rename), so a killed save leaves the previous checkpoint in force.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,6 +34,7 @@
 #include "engine/samples.h"
 #include "engine/safetensors.h"
 #include "parallel/mesh.h"
+#include "parallel/shard.h"
 
 namespace wxe {
 
@@ -51,6 +54,7 @@ struct FinetuneConfig {
   uint64_t seed = 0;
   bool plain_mse = false;          // no latitude / channel weights
   std::vector<std::string> freeze; // parameter-name globs
+  std::string plan;                // tensor-parallel plan file (parallel/shard.h), with tp > 1
   int threads = 0;
   bool reference = false;          // reference kernels only
   int64_t save_every = 0;          // 0: only at the end
@@ -73,12 +77,18 @@ class Trainer {
   // Loads the model (training graph) and weights; with cfg.resume and a checkpoint in
   // cfg.save, continues from it. With a mesh (null: a world of one) the micro-batches are
   // divided over the dp groups, gradients summed over them, and the optimizer state sharded
-  // over them (ZeRO-1). Tensor parallelism (tp > 1) is not implemented for training yet.
+  // over them (ZeRO-1). With tp > 1 each tp group holds one copy of the model sharded
+  // Megatron style (parallel/shard.h shard_training_graph): attention heads and feed-forward
+  // columns split over the tp ranks, replicated parameters' gradients equal on all of them.
   Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, Mesh* mesh = nullptr);
   // One optimizer step. Fails with a message (and leaves parameters as they were before the
   // step's update) if the loss or the gradient norm is not finite.
   StepLog step();
   // Writes SAVE/step_NNNNNN atomically and points SAVE/latest at it; returns its path.
+  // One process: model/optimizer/ema.safetensors. Under a mesh of more than one rank: a
+  // sharded checkpoint (parallel/sharded_checkpoint.h; every tensor under the names of
+  // open_train_checkpoint, tp shards as pieces, AdamW moments gathered over dp first), which
+  // any mesh (one process too) resumes from. Collective under a mesh.
   std::string save_checkpoint();
   int64_t steps_done() const { return step_; }
   // Trained parameters by name (training names: SN layers legacy, others Linear layout), as
@@ -89,13 +99,17 @@ class Trainer {
   const Graph& graph() const { return graph_; }
   const GradExecutor& executor() const { return *exec_; }
   int64_t trainable_count() const;
+  // What tensor parallelism did (zero without it) and which parameters are sharded how.
+  const ShardStats& tp_stats() const { return tp_stats_; }
+  const std::map<std::string, TensorSlice>& tp_slices() const { return slices_; }
 
  private:
   FinetuneConfig cfg_;
   std::unique_ptr<SampleSource> data_;
   Mesh* mesh_ = nullptr;
   int dp_ = 1, dp_rank_ = 0, tp_ = 1, tp_rank_ = 0;
-  std::map<std::string, TensorSlice> slices_;  // tp-sharded parameters (none until tp training)
+  std::map<std::string, TensorSlice> slices_;  // tp-sharded parameters: this rank's block of each
+  ShardStats tp_stats_;
   Graph graph_;
   std::unique_ptr<GradExecutor> exec_;
   std::vector<int> trainable_;       // value ids
@@ -119,6 +133,19 @@ class Trainer {
   void check_same_plan();
   int64_t sample_index(int64_t micro);
 };
+
+// A fine-tuning checkpoint (SAVE/step_NNNNNN) of either layout, as one set of tensors:
+// the parameters under their names, "exp_avg.P" / "exp_avg_sq.P" (AdamW moments of P),
+// "ema.P" (EMA shadow). get(name, slice) reads block `slice` (whole: parts 1) of one, from a
+// sharded checkpoint reading only the bytes of that block. Errors name the directory.
+struct TrainCheckpoint {
+  std::vector<std::string> names;
+  std::map<std::string, std::string> meta;  // step, adam_step, hyper-parameters
+  std::function<Tensor(const std::string&, const TensorSlice&)> get;
+  bool has(const std::string& name) const { return std::find(names.begin(), names.end(), name) != names.end(); }
+};
+TrainCheckpoint open_train_checkpoint(const std::string& dir);
+bool is_train_checkpoint(const std::string& dir);
 
 // A non-finite loss or gradient norm (the same on every rank: both are all-reduced).
 struct NonFiniteLoss : Error {

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "importers/torch/torch_checkpoint.h"
+#include "tools/finetune.h"
 
 namespace wxe {
 
@@ -24,8 +25,17 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 NamedTensors read_weights(const std::string& path, layout::ConvertReport* report,
                           const std::map<std::string, TensorSlice>* slices, bool keep_spectral_norm) {
-  NamedTensors raw = ends_with(path, ".safetensors") ? read_safetensors(path, nullptr, slices)
-                                                     : read_torch_state_dict(path).tensors;
+  NamedTensors raw;
+  if (is_train_checkpoint(path)) {  // a wxe finetune step directory: its parameters
+    TrainCheckpoint ck = open_train_checkpoint(path);
+    for (const std::string& n : ck.names) {
+      if (n.rfind("exp_avg", 0) == 0 || n.rfind("ema.", 0) == 0) continue;
+      auto it = slices ? slices->find(n) : std::map<std::string, TensorSlice>::const_iterator();
+      raw.push_back({n, ck.get(n, slices && it != slices->end() ? it->second : TensorSlice{})});
+    }
+  } else {
+    raw = ends_with(path, ".safetensors") ? read_safetensors(path, nullptr, slices) : read_torch_state_dict(path).tensors;
+  }
   try {
     return layout::convert_state_dict(raw, report, keep_spectral_norm);
   } catch (const Error& e) {
@@ -53,6 +63,25 @@ void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, con
            opt.weights.c_str(), unused[0].c_str());
   }
   if (!opt.training) finalize_graph(g);
+}
+
+TpPlan plan_for(const Graph& g, const std::string& plan_file, int tp, bool training) {
+  TpPlan plan = discover_plan(g);
+  if (!plan_file.empty()) apply_plan_file(plan, g, plan_file);
+  std::vector<std::string> replicated;
+  plan = fit_plan(g, plan, tp, training, &replicated);
+  if (!replicated.empty()) {
+    std::string list;
+    for (const std::string& b : replicated) list += (list.empty() ? "" : ", ") + b;
+    note("wxe: tp %d: %zu blocks replicated (fewer heads or a width not divisible by %d): %s\n", tp,
+         replicated.size(), tp, list.c_str());
+  }
+  bool any = std::any_of(plan.by_weight.begin(), plan.by_weight.end(),
+                         [](const auto& e) { return e.second != TpSplit::Replicate; });
+  WXE_CHECK(tp == 1 || any || !plan_file.empty(), g.source, ": --tp ", tp,
+            " would shard nothing: no attention or feed-forward layer of this model can be split over ", tp,
+            " ranks; run without --tp, or give a --plan file that replicates on purpose");
+  return plan;
 }
 
 }  // namespace wxe

@@ -10,6 +10,7 @@
 #include "engine/layout_rules.h"
 #include "engine/passes.h"
 #include "engine/safetensors.h"
+#include "parallel/shard.h"
 
 namespace wxe {
 
@@ -36,5 +37,11 @@ struct LoadOptions {
 void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, const LoadOptions& opt);
 
 bool ends_with(const std::string& s, const std::string& suffix);
+
+// The tensor-parallel plan of a prepared graph for tp ranks: discovered (parallel/shard.h),
+// the plan file's overrides, then fit_plan: blocks that cannot be split over tp (fewer heads
+// than tp) replicated, listed once in a note. With tp > 1, a plan that shards nothing is an
+// error unless a plan file asked for it.
+TpPlan plan_for(const Graph& g, const std::string& plan_file, int tp, bool training = false);
 
 }  // namespace wxe

@@ -145,15 +145,9 @@ void count_params(const Graph& g, int64_t& count, size_t& bytes, bool only_param
   }
 }
 
-// The tp plan of a simplified graph: discovered, then the plan file's overrides.
-TpPlan plan_for(const Graph& g, const std::string& plan_file) {
-  TpPlan plan = discover_plan(g);
-  if (!plan_file.empty()) apply_plan_file(plan, g, plan_file);
-  return plan;
-}
 
 void print_plan(const Graph& full, const std::string& plan_file, int tp) {
-  TpPlan plan = plan_for(full, plan_file);
+  TpPlan plan = plan_for(full, plan_file, tp);
   Graph g = full;
   ShardStats st = shard_graph(g, plan, tp, 0);
   std::map<std::string, Shape> shapes;
@@ -239,12 +233,19 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   Graph g = import_model(a.model);
   std::map<std::string, Tensor> all_inputs = read_inputs(g, a.inputs);
   std::map<std::string, Tensor> inputs = mesh.dp > 1 ? batch_slice(all_inputs, mesh.dp, mesh.dp_rank) : all_inputs;
+  TpPlan plan;  // found once, on the prepared graph
+  bool have_plan = false;
+  auto tp_plan = [&](const Graph& pg) -> const TpPlan& {
+    if (!have_plan) plan = plan_for(pg, a.plan, mesh.tp);
+    have_plan = true;
+    return plan;
+  };
   SlicesOf slices_of;  // what this rank reads of each sharded weight
   if (mesh.tp > 1 && ends_with(a.weights, ".safetensors"))
-    slices_of = [&](const Graph& pg) { return parameter_slices(plan_for(pg, a.plan), pg, mesh.tp, mesh.tp_rank); };
+    slices_of = [&](const Graph& pg) { return parameter_slices(tp_plan(pg), pg, mesh.tp, mesh.tp_rank); };
   simplify_model(g, inputs, a.weights, slices_of);
   if (mesh.tp > 1) {
-    ShardStats st = shard_graph(g, plan_for(g, a.plan), mesh.tp, mesh.tp_rank);
+    ShardStats st = shard_graph(g, tp_plan(g), mesh.tp, mesh.tp_rank);
     set_tp_communicator(mesh.tp_comm.get());
     note("wxe: tp %d: %d column- and %d row-parallel layers, %d all-reduces per forward\n", mesh.tp, st.column,
          st.row, st.all_reduces);
@@ -541,7 +542,8 @@ int main(int argc, char** argv) {
   finetune->add_option("--save-every", fc.save_every, "also write a checkpoint every N steps (default: only at the end)");
   finetune->add_option("--keep", fc.keep, "checkpoints kept (default 2)");
   int finetune_tp = 1;
-  finetune->add_option("--tp", finetune_tp, "tensor-parallel ranks (only 1 for now; under mpirun every rank is a data-parallel group)");
+  finetune->add_option("--tp", finetune_tp, "tensor-parallel ranks per model copy (world = dp x tp; run under mpirun)");
+  finetune->add_option("--plan", fc.plan, "tensor-parallel plan file (JSON: weight-name glob -> colwise/rowwise/replicate)");
 
   CLI11_PARSE(app, argc, argv);
   if (*finetune) {
