@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mpirun -n N wxe infer --tp T: tp 2, tp 4 and dp 2 x tp 2 against tp 1 (max abs 1e-5) and
-# against PyTorch (1e-4); a world --tp does not divide, heads --tp does not divide, and a bad
-# input on every rank end with one error and a non-zero exit, never a hang.
+# against PyTorch (1e-4); blocks with fewer heads than tp replicated; a world --tp does not
+# divide and a bad input on every rank end with one error and a non-zero exit, never a hang.
 # Usage: tp_cli_test.sh MPIEXEC WXE SOURCE_DIR
 set -u
 mpiexec=$1 wxe=$2 src=$3
@@ -65,8 +65,15 @@ expect_fail() {
 }
 expect_fail world-not-divisible "world size 3 is not divisible by --tp 2" 3 \
   infer "$d/crossformer_tp_snbaked.onnx" -i "$d/crossformer_tp_x.npy" --tp 2
-expect_fail heads-not-divisible "block layers.0.1.layers.0.0: 2 heads are not divisible by --tp 4" 4 \
-  infer "$d/crossformer_tiny_snbaked_opset17.onnx" -i "$d/crossformer_tiny_x.npy" --tp 4
+# 2 heads in stage 0 at tp 4: those blocks replicated (listed once), the rest sharded
+if run -n 4 "$wxe" infer "$d/crossformer_tiny_snbaked_opset17.onnx" -i "$d/crossformer_tiny_x.npy" --tp 4 --threads 1 \
+     --compare "$d/crossformer_tiny_y.npy" --tolerance 1e-4 >"$tmp/out" 2>"$tmp/err" \
+   && [ "$(grep -c "2 blocks replicated (fewer heads" "$tmp/err")" = 1 ] \
+   && grep -q "layers.0.1.layers.0.0, layers.0.1.layers.0.2" "$tmp/err"; then
+  echo "ok   fewer-heads-than-tp-replicated"
+else
+  echo "FAIL fewer-heads-than-tp-replicated"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
 expect_fail batch-not-divisible "cannot split evenly" 4 \
   infer "$d/crossformer_tiny_snbaked_opset17.onnx" -i "$d/crossformer_tiny_x.npy" --tp 2
 expect_fail missing-input "nope.npy: cannot open" 2 \
