@@ -6,7 +6,7 @@ Usage (the Python peers need the venv described in models/export_credit.py):
     /root/wxe-venv/bin/python bench/compare_peers.py MODEL.onnx INPUT.npy \\
         [--threads N] [--runs R] [--wxe build/wxe] \\
         [--torch-model {crossformer_tiny,wxformer_tiny,wxformer_v2026}] \\
-        [--torch-weights FILE] [--expected Y.npy] [--peers wxe,ort,torch] [--json OUT]
+        [--torch-weights FILE] [--expected Y.npy] [--peers wxe,ort,torch] [--json OUT] [--device cpu|cuda]
 
     e.g. at 1 and 2 threads on the benchmark model:
     F=/work/shared/fixtures/credit
@@ -125,7 +125,14 @@ def child_ort(a):
     so.intra_op_num_threads = a.threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    sess = ort.InferenceSession(a.model, so, providers=["CPUExecutionProvider"])
+    if a.device == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise SystemExit(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
+                             f"(providers: {ort.get_available_providers()}); install onnxruntime-gpu")
+        providers = ["CUDAExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(a.model, so, providers=providers)
     name = sess.get_inputs()[0].name
     load_s = time.perf_counter() - t0
     times, out = _time_runs(lambda: sess.run(None, {name: x})[0], a.runs)
@@ -218,10 +225,19 @@ def child_torch(a):
         log(f"{a.torch_model}, spectral norm {'in eval form' if sn else 'baked'}, "
             f"{sum(p.numel() for p in model.parameters()):,} params")
     load_s = time.perf_counter() - t0
+    if a.device == "cuda":  # fp32; cuDNN's default TF32 convolutions off, so both sides are fp32
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        model, x = model.cuda(), x.cuda()
+        log(f"on {torch.cuda.get_device_name()}, TF32 off")
 
     def run():
         with torch.inference_mode():
-            return model(x)
+            y = model(x)
+            if a.device == "cuda":
+                torch.cuda.synchronize()
+                y = y.cpu()
+            return y
 
     times, out = _time_runs(run, a.runs)
     res = _summary(times)
@@ -294,8 +310,9 @@ def peer_wxe(a):
     exe = a.wxe
     if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
         return {"error": f"wxe binary not found: {exe}"}
+    dev = ["--device", a.device] if a.device != "cpu" else []
     cmd = [exe, "bench", a.model, "--input", a.input, "--threads", str(a.threads),
-           "--runs", str(a.runs), "--json"] + a.wxe_arg
+           "--runs", str(a.runs), "--json"] + dev + a.wxe_arg
     rc, out, err, rss = run_child(cmd)
     if rc != 0:
         tail = (err.strip().splitlines() or ["(no stderr)"])[-1]
@@ -309,7 +326,7 @@ def peer_wxe(a):
     res.setdefault("peak_rss_mb", rss)
     if a.expected:  # accuracy from a separate `wxe infer --compare` (not timed)
         cmd = [exe, "infer", a.model, "--input", a.input, "--threads", str(a.threads),
-               "--compare", a.expected] + a.wxe_arg
+               "--compare", a.expected] + dev + a.wxe_arg
         rc, out, err, _ = run_child(cmd)
         for ln in out.splitlines():
             if "max abs diff" in ln:
@@ -320,7 +337,7 @@ def peer_wxe(a):
 
 def peer_py(kind, a):
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", kind, a.model, a.input,
-           "--threads", str(a.threads), "--runs", str(a.runs)]
+           "--threads", str(a.threads), "--runs", str(a.runs), "--device", a.device]
     if a.expected:
         cmd += ["--expected", a.expected]
     if kind == "torch":
@@ -353,6 +370,8 @@ def main(argv=None):
     p.add_argument("--expected", help="expected output .npy: report each peer's max abs error (wxe: from a "
                    "separate untimed `wxe infer --compare` run)")
     p.add_argument("--peers", default="wxe,ort,torch")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: wxe --device cuda, ONNX Runtime's CUDA provider, PyTorch on the GPU (fp32, TF32 off)")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--_child", choices=["ort", "torch"], help=argparse.SUPPRESS)
     a = p.parse_args(argv)
