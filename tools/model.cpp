@@ -1,6 +1,7 @@
 #include "tools/model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdarg>
 #include <cstdio>
 
@@ -82,6 +83,64 @@ TpPlan plan_for(const Graph& g, const std::string& plan_file, int tp, bool train
             " would shard nothing: no attention or feed-forward layer of this model can be split over ", tp,
             " ranks; run without --tp, or give a --plan file that replicates on purpose");
   return plan;
+}
+
+int64_t traced_batch(const Graph& g, const std::map<std::string, Tensor>& inputs) {
+  int64_t traced = 0, given = 0;
+  for (int id : g.inputs) {
+    const Value& v = g.values[id];
+    auto it = inputs.find(v.name);
+    if (it == inputs.end()) continue;
+    const Shape& s = it->second.shape;
+    if (s.size() != v.shape.size() || s.empty() || v.shape[0] < 0 || v.shape[0] == s[0]) return 0;
+    for (size_t d = 1; d < s.size(); ++d)
+      if (v.shape[d] >= 0 && v.shape[d] != s[d]) return 0;  // another mismatch: bind_inputs names it
+    if (traced && (traced != v.shape[0] || given != s[0])) return 0;
+    traced = v.shape[0];
+    given = s[0];
+  }
+  return traced;
+}
+
+std::map<std::string, InputSpec> specs_at_batch(const std::map<std::string, Tensor>& inputs, int64_t batch) {
+  std::map<std::string, InputSpec> r;
+  for (auto& [name, t] : inputs) {
+    r[name] = {t.dtype, t.shape};
+    if (batch > 0) r[name].shape[0] = batch;
+  }
+  return r;
+}
+
+std::vector<Tensor> run_any_batch(Executor& ex, const std::map<std::string, Tensor>& inputs, int64_t batch) {
+  if (batch <= 0) return ex.run(inputs);
+  const int64_t rows = inputs.begin()->second.shape[0];
+  std::vector<Tensor> joined;
+  for (int64_t r0 = 0; r0 < rows; r0 += batch) {
+    const int64_t n = std::min(batch, rows - r0);
+    std::map<std::string, Tensor> piece;
+    for (auto& [name, t] : inputs) {
+      Shape s = t.shape;
+      s[0] = batch;
+      Tensor p = Tensor::zeros(t.dtype, s);
+      const size_t row = t.nbytes() / (size_t)t.shape[0];
+      std::memcpy(p.raw(), (const uint8_t*)t.raw() + r0 * row, n * row);
+      piece[name] = std::move(p);
+    }
+    std::vector<Tensor> outs = ex.run(piece);
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const Tensor& o = outs[k];
+      WXE_CHECK(o.rank() >= 1 && o.shape[0] == batch, "output ", k, " is ", shape_str(o.shape),
+                ": not batch-major, so the model cannot run another batch than the ", batch, " it was exported with");
+      if (joined.size() <= k) {
+        Shape s = o.shape;
+        s[0] = rows;
+        joined.push_back(Tensor(o.dtype, s));
+      }
+      const size_t row = o.nbytes() / (size_t)batch;
+      std::memcpy((uint8_t*)joined[k].raw() + r0 * row, o.raw(), n * row);
+    }
+  }
+  return joined;
 }
 
 }  // namespace wxe

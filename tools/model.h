@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/executor.h"
 #include "engine/graph.h"
 #include "engine/layout_rules.h"
 #include "engine/passes.h"
@@ -37,6 +38,18 @@ struct LoadOptions {
 void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, const LoadOptions& opt);
 
 bool ends_with(const std::string& s, const std::string& suffix);
+
+// Static-batch exports (the exporter traced the batch into every shape): the batch the graph
+// was traced with when `inputs` differ from its declared input shapes in dim 0 alone (every
+// input the same way), 0 when they fit as they are. Call before the passes bind the inputs.
+int64_t traced_batch(const Graph& g, const std::map<std::string, Tensor>& inputs);
+// The inputs' type and shape, dim 0 set to `batch` (0: as they are).
+std::map<std::string, InputSpec> specs_at_batch(const std::map<std::string, Tensor>& inputs, int64_t batch = 0);
+// One forward pass over inputs of any batch on a graph prepared at `batch` rows (0: one run,
+// the inputs as they are): the rows in runs of `batch`, the last run padded with zeros, each
+// output joined along dim 0 and cut to the inputs' rows. Inference samples are independent,
+// so this is the answer a graph traced at the inputs' batch gives.
+std::vector<Tensor> run_any_batch(Executor& ex, const std::map<std::string, Tensor>& inputs, int64_t batch);
 
 // The tensor-parallel plan of a prepared graph for tp ranks: discovered (parallel/shard.h),
 // the plan file's overrides, then fit_plan: blocks that cannot be split over tp (fewer heads

@@ -81,14 +81,21 @@ Graph import_model(const std::string& model) {
 
 // Binds the inputs and runs the passes (tools/model.h), loading `weights_path` if given;
 // `slices_of`, given the prepared graph, says which parts of each weight this rank reads.
-void simplify_model(Graph& g, const std::map<std::string, Tensor>& inputs, const std::string& weights_path,
-                    const SlicesOf& slices_of = nullptr) {
+// A static-batch export given another batch is prepared at its own batch (returned; 0 when the
+// inputs fit as they are) and run with run_any_batch.
+int64_t simplify_model(Graph& g, const std::map<std::string, Tensor>& inputs, const std::string& weights_path,
+                       const SlicesOf& slices_of = nullptr) {
   auto t1 = std::chrono::steady_clock::now();
   LoadOptions opt;
   opt.weights = weights_path;
   opt.slices_of = slices_of;
-  prepare_model(g, specs_of(inputs), opt);
+  const int64_t batch = traced_batch(g, inputs);
+  if (batch)
+    note("wxe: %s was exported with batch %lld; running the %lld rows in runs of %lld\n", g.source.c_str(),
+         (long long)batch, (long long)inputs.begin()->second.shape[0], (long long)batch);
+  prepare_model(g, specs_at_batch(inputs, batch), opt);
   note("wxe: simplified to %zu nodes (%.2f s)\n", g.nodes.size(), seconds_since(t1));
+  return batch;
 }
 
 struct Stats {
@@ -243,7 +250,7 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   SlicesOf slices_of;  // what this rank reads of each sharded weight
   if (mesh.tp > 1 && ends_with(a.weights, ".safetensors"))
     slices_of = [&](const Graph& pg) { return parameter_slices(tp_plan(pg), pg, mesh.tp, mesh.tp_rank); };
-  simplify_model(g, inputs, a.weights, slices_of);
+  const int64_t batch = simplify_model(g, inputs, a.weights, slices_of);
   if (mesh.tp > 1) {
     ShardStats st = shard_graph(g, tp_plan(g), mesh.tp, mesh.tp_rank);
     set_tp_communicator(mesh.tp_comm.get());
@@ -267,7 +274,7 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
   Executor ex(g, opt);
   auto t2 = std::chrono::steady_clock::now();
-  std::vector<Tensor> outs = ex.run(inputs);
+  std::vector<Tensor> outs = run_any_batch(ex, inputs, batch);
   double run_s = seconds_since(t2);
   if (mesh.dp > 1)  // every dp group's rows, in dp order, to each group's ranks
     for (Tensor& o : outs) {
@@ -405,18 +412,18 @@ int cmd_bench(const BenchArgs& a) {
   WXE_CHECK(a.runs >= 1, "--runs must be at least 1");
   Graph g = import_model(a.model);
   std::map<std::string, Tensor> inputs = read_inputs(g, a.inputs);
-  simplify_model(g, inputs, a.weights);
+  const int64_t batch = simplify_model(g, inputs, a.weights);
   ExecOptions opt;
   opt.threads = a.threads;
   opt.profile = true;
   opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
   Executor ex(g, opt);
-  ex.run(inputs);  // warm-up: primitive creation, weight reorders, page faults
+  run_any_batch(ex, inputs, batch);  // warm-up: primitive creation, weight reorders, page faults
   std::map<std::string, OpProfile> warm = ex.profile();
   std::vector<double> ms;
   for (int r = 0; r < a.runs; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    ex.run(inputs);
+    run_any_batch(ex, inputs, batch);
     ms.push_back(seconds_since(t0) * 1e3);
     std::fprintf(stderr, "wxe: run %d/%d: %.1f ms\n", r + 1, a.runs, ms.back());
   }

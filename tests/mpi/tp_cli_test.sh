@@ -41,6 +41,15 @@ else
   echo "FAIL nextgen-np4-tp4"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
 
+# a static-batch export (nextgen_block: batch 2 traced in) split over 2 dp groups of 1 row
+if run -n 2 "$wxe" infer "$d/nextgen_block.onnx" -i "$d/nextgen_block_x.npy" --threads 1 \
+     --compare "$d/nextgen_block_y.npy" --tolerance 1e-5 >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "exported with batch 2; running the 1 rows in runs of 2" "$tmp/err"; then
+  echo "ok   static-batch-np2-dp2"
+else
+  echo "FAIL static-batch-np2-dp2"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+
 # --weights from safetensors: each rank reads only its slices; a graph from another
 # initialization gives the checkpoint's outputs
 "$wxe" convert "$d/crossformer_tiny_checkpoint.pt" -o "$tmp/ct.safetensors" >/dev/null 2>&1
