@@ -13,6 +13,7 @@ void register_cpu_kernels() {
   cpu::register_norm_ops();
   cpu::register_linalg_ops();
   cpu::register_conv_ops();
+  cpu::register_pool_ops();
   cpu::register_fused_ops();
   cpu::register_fast_kernels();
   cpu::register_dnnl_kernels();
