@@ -163,9 +163,9 @@ TEST(HostileInput, ExternalDataOffsetsCannotOverflow) {
   std::string e = load_error(save(external_model("w.bin", "9223372036854775800", "16"), root / "big.onnx"));
   EXPECT_NE(e.find("w.bin is truncated"), std::string::npos) << e;
   e = load_error(save(external_model("w.bin", "-8", "16"), root / "neg.onnx"));
-  EXPECT_NE(e.find("not a non-negative number"), std::string::npos) << e;
+  EXPECT_NE(e.find("not a non-negative 64-bit number"), std::string::npos) << e;
   e = load_error(save(external_model("w.bin", "0", "99999999999999999999"), root / "huge.onnx"));
-  EXPECT_NE(e.find("not a non-negative number"), std::string::npos) << e;
+  EXPECT_NE(e.find("not a non-negative 64-bit number"), std::string::npos) << e;
 }
 
 // Element counts and byte sizes that overflow: an Error, never a small allocation written past.

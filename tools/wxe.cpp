@@ -491,7 +491,7 @@ int main(int argc, char** argv) {
   bool dump_graph = false;
   auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters and op counts before/after the passes");
   inspect->add_option("model", inspect_model, "model .onnx")->required();
-  inspect->add_option("--input,-i", inspect_inputs, "bind input shapes from tensors: [NAME=]X.npy")->expected(1);
+  inspect->add_option("--input,-i", inspect_inputs, "bind input shapes from tensors: [NAME=]X.npy")->allow_extra_args(false);
   inspect->add_flag("--dump", dump_graph, "print the simplified graph");
   int inspect_tp = 1;
   std::string inspect_plan;
@@ -501,8 +501,8 @@ int main(int argc, char** argv) {
   InferArgs ia;
   auto* infer = app.add_subcommand("infer", "run the model on .npy inputs");
   infer->add_option("model", ia.model, "model .onnx")->required();
-  infer->add_option("--input,-i", ia.inputs, "[NAME=]X.npy (repeat for several inputs)")->required()->expected(1);
-  infer->add_option("--output,-o", ia.outputs, "[NAME=]Y.npy (first output without NAME)")->expected(1);
+  infer->add_option("--input,-i", ia.inputs, "[NAME=]X.npy (repeat for several inputs)")->required()->allow_extra_args(false);
+  infer->add_option("--output,-o", ia.outputs, "[NAME=]Y.npy (first output without NAME)")->allow_extra_args(false);
   infer->add_option("--threads,-t", ia.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
   auto* compare_opt = infer->add_option("--compare", ia.compare, "reference output .npy: print max abs and relative L2 difference");
   infer->add_option("--tolerance", ia.tolerance, "with --compare: exit 3 if max abs difference exceeds it")->needs(compare_opt);
@@ -516,7 +516,7 @@ int main(int argc, char** argv) {
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "time the forward pass: min/median/max, peak memory, time per op type");
   bench->add_option("model", ba.model, "model .onnx")->required();
-  bench->add_option("--input,-i", ba.inputs, "[NAME=]X.npy (repeat for several inputs)")->required()->expected(1);
+  bench->add_option("--input,-i", ba.inputs, "[NAME=]X.npy (repeat for several inputs)")->required()->allow_extra_args(false);
   bench->add_option("--threads,-t", ba.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
   bench->add_option("--runs,-r", ba.runs, "timed runs after one warm-up (default 5)");
   bench->add_flag("--json", ba.json, "print one JSON object as the last line");
@@ -534,7 +534,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"safetensors", "credit"}));
   convert->add_option("--like", ca.like, "with --to credit: the CREDIT checkpoint fine-tuning started from (order, shapes, untrained tensors, optimizer indices)");
   convert->add_option("--onnx", ca.onnx, "check every tensor against this model's rewritten parameters");
-  convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)")->expected(1);
+  convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)")->allow_extra_args(false);
   convert->add_option("--shard", ca.shard, "write --output as a sharded checkpoint directory of N files, tensors of 2+ dims split along "
                       "axis 0 (input: .safetensors or a sharded checkpoint; a sharded checkpoint without --shard becomes one .safetensors)")
       ->check(CLI::PositiveNumber);
@@ -570,7 +570,7 @@ int main(int argc, char** argv) {
   std::string loss = "lat-mse";
   finetune->add_option("--loss", loss, "lat-mse (default: CREDIT's latitude- and channel-weighted MSE) or mse")
       ->check(CLI::IsMember({"lat-mse", "mse"}));
-  finetune->add_option("--freeze", fc.freeze, "freeze parameters whose name matches this glob (repeatable)")->expected(1);
+  finetune->add_option("--freeze", fc.freeze, "freeze parameters whose name matches this glob (repeatable)")->allow_extra_args(false);
   finetune->add_option("--threads,-t", fc.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
   finetune->add_flag("--reference", fc.reference, "reference kernels only (slow; the oracle)");
   finetune->add_option("--save-every", fc.save_every, "also write a checkpoint every N steps (default: only at the end)");

@@ -910,7 +910,7 @@ std::vector<TypeShape> tile_shape(const Node& n, const Values& in) {
   Shape o = x.shape;
   for (size_t d = 0; d < rep.size(); ++d) {
     NCHECK(rep[d] >= 0, "negative repeat ", rep[d]);
-    o[d] *= rep[d];
+    NCHECK(!__builtin_mul_overflow(o[d], rep[d], &o[d]), "repeat ", rep[d], " overflows dim ", d);
   }
   return {{x.dtype, o}};
 }

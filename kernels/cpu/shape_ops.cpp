@@ -65,7 +65,8 @@ std::vector<TypeShape> reshape_shape(const Node& n, const std::vector<const Valu
     }
     WXE_CHECK(d >= 0, "node ", n.name, " (Reshape): invalid dimension ", d);
     out[i] = d;
-    known *= d;
+    WXE_CHECK(!__builtin_mul_overflow(known, d, &known), "node ", n.name, " (Reshape): target shape ",
+              shape_str(target), " has too many elements");
   }
   if (infer >= 0) {
     WXE_CHECK(known != 0 && numel(s) % known == 0, "node ", n.name, " (Reshape): cannot reshape ",
