@@ -281,6 +281,7 @@ TEST(HostileInput, EveryOpHasAnArityRuleOrIsInternal) {
 
 // INT_MIN / -1 and INT_MIN % -1 trap (SIGFPE) in C++: integer Div/Mod wrap instead.
 TEST(HostileInput, IntegerDivModOfIntMinByMinusOne) {
+  register_cpu_kernels();
   for (const char* op : {"Div", "Mod"}) {
     Node n;
     n.op = op;
