@@ -61,7 +61,7 @@ void Executor::plan_memory() {
   for (size_t v = 0; v < nv; ++v)
     if (root[v] == (int)v && def[v] >= 0 && !is_view_[def[v]] && !fresh[v]) order.push_back((int)v);
   auto bytes = [&](int v) {
-    const size_t b = (size_t)numel(g.values[v].shape) * dtype_size(g.values[v].dtype);
+    const size_t b = tensor_bytes(g.values[v].dtype, g.values[v].shape);
     return (b + 63) / 64 * 64;
   };
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return bytes(a) > bytes(b); });

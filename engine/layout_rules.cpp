@@ -109,8 +109,8 @@ Tensor fold_spectral_norm(const Tensor& w_orig, const Tensor& u, const Tensor& v
 }
 
 std::array<Tensor, 3> split_qkv(const Tensor& w, const std::string& name) {
-  WXE_CHECK(w.rank() >= 1 && w.shape[0] % 3 == 0, name, ": fused qkv ", shape_str(w.shape),
-            " has a first dimension not divisible by 3");
+  WXE_CHECK(w.rank() >= 1 && w.shape[0] > 0 && w.shape[0] % 3 == 0, name, ": fused qkv ", shape_str(w.shape),
+            " needs a first dimension that is a positive multiple of 3");
   bool is_bias = w.rank() == 1;
   if (!is_bias)
     for (int d = 2; d < w.rank(); ++d)

@@ -40,6 +40,7 @@ std::string dict_field(const std::string& h, const std::string& key, const std::
 
 // Reads the magic and header of an open .npy stream, leaving it at the first data byte.
 NpyHeader read_header(std::ifstream& f, const std::string& path) {
+  check_regular_file(path);
   WXE_CHECK(f.good(), path, ": cannot open file");
   char magic[8];
   f.read(magic, 8);
@@ -82,6 +83,12 @@ NpyHeader read_header(std::ifstream& f, const std::string& path) {
     }
     p = e;
   }
+  for (int64_t d : shape) WXE_CHECK(d >= 0, path, ": negative dimension in .npy shape ", shp);
+  try {
+    tensor_bytes(type->dtype, shape);
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
   return {type->dtype, shape};
 }
 
@@ -95,43 +102,18 @@ NpyHeader read_npy_header(const std::string& path) {
 Tensor read_npy(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   NpyHeader h = read_header(f, path);
+  const std::streamoff data_at = f.tellg();
+  f.seekg(0, std::ios::end);
+  const std::streamoff have = f.tellg() - data_at;
+  f.seekg(data_at);
+  const size_t need = tensor_bytes(h.dtype, h.shape);
+  WXE_CHECK(have >= 0 && (uint64_t)have >= need, path, ": truncated .npy data (expected ", need, " bytes for ",
+            dtype_name(h.dtype), " ", shape_str(h.shape), ", found ", have, ")");  // before allocating
   Tensor t(h.dtype, h.shape);
   f.read((char*)t.raw(), (std::streamsize)t.nbytes());
   WXE_CHECK((size_t)f.gcount() == t.nbytes(), path, ": truncated .npy data (expected ",
             t.nbytes(), " bytes for ", dtype_name(h.dtype), " ", shape_str(h.shape), ", found ", f.gcount(), ")");
   return t;
-}
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  WXE_CHECK(fd >= 0, path, ": cannot write (", std::strerror(errno), ")");
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w <= 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail(path, ": write failed (", std::strerror(err), ")");
-    }
-    done += (size_t)w;
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    fail(path, ": fsync failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    fail(path, ": rename failed (", std::strerror(err), ")");
-  }
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 void write_npy(const std::string& path, const Tensor& t) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <string>
 
+#include "engine/file_util.h"  // write_file_atomic
 #include "engine/tensor.h"
 
 namespace wxe {
@@ -16,8 +17,5 @@ struct NpyHeader {
 NpyHeader read_npy_header(const std::string& path);
 // Writes atomically (temporary file, fsync, rename).
 void write_npy(const std::string& path, const Tensor& t);
-
-// Writes `bytes` to `path` atomically: `path.tmp.<pid>`, fsync, rename, fsync of the folder.
-void write_file_atomic(const std::string& path, const std::string& bytes);
 
 }  // namespace wxe

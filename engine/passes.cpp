@@ -32,6 +32,19 @@ void apply_shape_rule(Graph& g, const Node& n) {
             n.outputs.size(), " outputs, shape rule gives ", ts.size());
   for (size_t k = 0; k < n.outputs.size(); ++k) {
     Value& v = g.values[n.outputs[k]];
+    // every size computed from here on (numel, bytes, strides) fits: a hostile shape stops here
+    for (int64_t d : ts[k].shape)
+      WXE_CHECK(d >= 0, g.source, ": node ", n.name, " (", n.op, "): output shape ", shape_str(ts[k].shape),
+                " has a negative dimension");
+    size_t bytes = 0;
+    try {
+      bytes = tensor_bytes(ts[k].dtype, ts[k].shape);
+    } catch (const Error& e) {
+      fail(g.source, ": node ", n.name, " (", n.op, "): ", e.what());
+    }
+    WXE_CHECK(bytes <= max_alloc_bytes(), g.source, ": node ", n.name, " (", n.op, "): output shape ",
+              shape_str(ts[k].shape), " needs ", bytes, " bytes, more than the ", max_alloc_bytes(),
+              " bytes of memory this machine has");
     v.dtype = ts[k].dtype;
     v.shape = ts[k].shape;
     v.shape_known = true;
@@ -439,16 +452,34 @@ std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, con
     x.constant = std::make_shared<Tensor>(std::move(t));
   }
   if (!missing.empty() || !mismatched.empty()) {
+    // the first few names of each list, not thousands: the error stays one readable line
+    auto some = [](const std::vector<std::string>& v) {
+      std::string r;
+      for (size_t i = 0; i < v.size() && i < 4; ++i) r += (i ? ", " : "") + v[i];
+      return v.size() > 4 ? r + ", ... and " + std::to_string(v.size() - 4) + " more" : r;
+    };
     std::string msg = source + ": weights do not fit the model:";
+    if (!missing.empty()) msg += " missing " + std::to_string(missing.size()) + " (" + some(missing) + ")";
+    if (!mismatched.empty())
+      msg += std::string(missing.empty() ? "" : ";") + " shape mismatch " + std::to_string(mismatched.size()) + " (" +
+             some(mismatched) + ")";
+    // names that differ by a common prefix (DDP's "module.", a wrapper's "model."): say which
     if (!missing.empty()) {
-      msg += " missing " + std::to_string(missing.size()) + " (";
-      for (size_t i = 0; i < missing.size(); ++i) msg += (i ? ", " : "") + missing[i];
-      msg += ")";
-    }
-    if (!mismatched.empty()) {
-      msg += std::string(missing.empty() ? "" : ";") + " shape mismatch " + std::to_string(mismatched.size()) + " (";
-      for (size_t i = 0; i < mismatched.size(); ++i) msg += (i ? ", " : "") + mismatched[i];
-      msg += ")";
+      const std::string& m = missing[0];
+      for (auto& kv : weights) {
+        const std::string& c = kv.first;
+        bool extra = c.size() > m.size() && c.compare(c.size() - m.size(), m.size(), m) == 0;
+        bool lacks = m.size() > c.size() && m.compare(m.size() - c.size(), c.size(), c) == 0;
+        if (!extra && !lacks) continue;
+        std::string prefix = extra ? c.substr(0, c.size() - m.size()) : m.substr(0, m.size() - c.size());
+        size_t hits = 0;
+        for (const std::string& x : missing)
+          hits += extra ? by_name.count(prefix + x) : (x.rfind(prefix, 0) == 0 && by_name.count(x.substr(prefix.size())));
+        if (2 * hits < missing.size()) continue;
+        msg += extra ? "; the checkpoint's names carry the prefix '" + prefix + "': strip it"
+                     : "; the checkpoint's names lack the model's prefix '" + prefix + "': add it";
+        break;
+      }
     }
     fail(msg);
   }

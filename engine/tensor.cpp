@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 
 namespace wxe {
 
@@ -38,9 +39,30 @@ const char* dtype_name(DType t) {
 
 int64_t numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n)) fail("shape ", shape_str(s), " has too many elements (overflow)");
   return n;
 }
+
+size_t tensor_bytes(DType t, const Shape& s) {
+  int64_t n = numel(s), b = 0;
+  if (n < 0 || __builtin_mul_overflow(n, (int64_t)dtype_size(t), &b))
+    fail("shape ", shape_str(s), " of ", dtype_name(t), " has no valid byte size");
+  return (size_t)b;
+}
+
+namespace {
+size_t g_max_alloc = 0;  // 0: physical memory, looked up once
+}
+
+size_t max_alloc_bytes() {
+  if (!g_max_alloc) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    g_max_alloc = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : ((size_t)1 << 40);
+  }
+  return g_max_alloc;
+}
+void set_max_alloc_bytes(size_t n) { g_max_alloc = n; }
 
 std::string shape_str(const Shape& s) {
   std::string r = "(";
@@ -59,6 +81,8 @@ std::vector<int64_t> strides_of(const Shape& s) {
 }
 
 Storage::Storage(size_t n) : nbytes(n) {
+  WXE_CHECK(n <= max_alloc_bytes(), "cannot allocate ", n, " bytes (more than the ", max_alloc_bytes(),
+            " bytes of memory this machine has; corrupt or hostile shape?)");
   size_t rounded = (n + 63) / 64 * 64;
   data = static_cast<uint8_t*>(std::aligned_alloc(64, rounded ? rounded : 64));
   if (!data) fail("out of memory allocating ", n, " bytes");
@@ -67,7 +91,10 @@ Storage::~Storage() { std::free(data); }
 
 Tensor::Tensor(DType t, Shape s) : dtype(t), shape(std::move(s)) {
   for (int64_t d : shape) WXE_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
-  storage = std::make_shared<Storage>(nbytes());
+  size_t n = nbytes();
+  WXE_CHECK(n <= max_alloc_bytes(), "a tensor of shape ", shape_str(shape), " ", dtype_name(dtype), " needs ", n,
+            " bytes, more than the ", max_alloc_bytes(), " bytes of memory this machine has");
+  storage = std::make_shared<Storage>(n);
 }
 
 Tensor Tensor::zeros(DType t, Shape s) {

@@ -17,7 +17,15 @@ const char* dtype_name(DType t);
 
 using Shape = std::vector<int64_t>;
 
+// Element count; an Error when it overflows int64 (a hostile shape such as (2^62, 4)).
+// Unknown dims (-1) are not checked here.
 int64_t numel(const Shape& s);
+// Bytes of a tensor of this dtype and shape; an Error on overflow.
+size_t tensor_bytes(DType t, const Shape& s);
+// Allocations larger than this are an Error naming the size (default: the machine's physical
+// memory), so a corrupt shape fails cleanly instead of faulting or being killed later.
+size_t max_alloc_bytes();
+void set_max_alloc_bytes(size_t n);
 std::string shape_str(const Shape& s);          // "(1, 7, 32, 64)"
 std::vector<int64_t> strides_of(const Shape& s);  // contiguous strides in elements
 
@@ -45,7 +53,7 @@ struct Tensor {
   static Tensor from_f32(Shape s, const std::vector<float>& v);
 
   int64_t numel() const { return wxe::numel(shape); }
-  size_t nbytes() const { return (size_t)numel() * dtype_size(dtype); }
+  size_t nbytes() const { return tensor_bytes(dtype, shape); }
   int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
   int rank() const { return (int)shape.size(); }
   bool defined() const { return storage != nullptr; }

@@ -27,4 +27,20 @@ Mesh make_mesh(std::unique_ptr<Communicator> world, int tp) {
   return m;
 }
 
+uint64_t fingerprint(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what) {
+  if (m.world <= 1) return;
+  Tensor mine = Tensor::from_i64({(int64_t)(fp >> 1)});
+  Tensor all(DType::I64, {m.world});
+  m.world_comm->all_gather(mine, all);
+  for (int r = 1; r < m.world; ++r)
+    WXE_CHECK(all.data<int64_t>()[r] == all.data<int64_t>()[0], "rank ", r, " built a different ", what,
+              " than rank 0 (different model, plan file or options?)");
+}
+
 }  // namespace wxe

@@ -28,4 +28,12 @@ Mesh make_mesh(int tp);
 // The same over a given world (tests, or a world of one).
 Mesh make_mesh(std::unique_ptr<Communicator> world, int tp);
 
+// FNV-1a of a text: a fingerprint of what a rank built (plan, parameter shapes, options).
+uint64_t fingerprint(const std::string& text);
+// Every rank must have built the same plan, or the collectives would pair up unrelated
+// tensors and corrupt memory: gathers each rank's fingerprint over the world (call it before
+// the first collective that depends on the plan) and throws the same Error on every rank when
+// one differs from rank 0's, naming the rank and `what`.
+void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what);
+
 }  // namespace wxe

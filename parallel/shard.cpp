@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 
+#include "engine/glob.h"
 #include "engine/json.h"
 #include "engine/layout_rules.h"
 #include "engine/passes.h"
@@ -28,13 +29,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string weight_of(const Graph& g, const Node& n) {
   return n.op == "Linear" && n.inputs.size() >= 2 && n.inputs[1] >= 0 ? g.values[n.inputs[1]].name : "";
-}
-
-// '*' matches any run of characters
-bool glob_match(const char* p, const char* s) {
-  if (*p == 0) return *s == 0;
-  if (*p == '*') return glob_match(p + 1, s) || (*s && glob_match(p, s + 1));
-  return *s && *p == *s && glob_match(p + 1, s + 1);
 }
 
 // Rows [r*n/T, (r+1)*n/T) of dim `axis` of t.
@@ -170,7 +164,7 @@ void apply_plan_file(TpPlan& plan, const Graph& g, const std::string& path) {
     else fail(path, ": '", pattern, "': unknown split '", v.s, "' (colwise, rowwise, replicate)");
     int hits = 0;
     for (auto& w : weights)
-      if (glob_match(pattern.c_str(), w.c_str())) {
+      if (glob_match(pattern, w)) {
         plan.by_weight[w] = s;
         ++hits;
       }

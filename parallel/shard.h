@@ -39,7 +39,7 @@ struct TpPlan {
 // .weight or <block>.layers.1/layers.4.weight (feed-forward).
 TpPlan discover_plan(const Graph& g);
 
-// A JSON object {"pattern": "colwise" | "rowwise" | "replicate", ...}; patterns match Linear
+// A JSON object {"pattern": "colwise" | "rowwise" | "replicate", ...}; patterns (engine/glob.h) match Linear
 // weight names, '*' matching any run of characters; later entries win. Entries matching no
 // Linear weight are an error naming them.
 void apply_plan_file(TpPlan& plan, const Graph& g, const std::string& path);

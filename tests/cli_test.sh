@@ -17,7 +17,7 @@ expect_fail() {
   shift 2
   "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
-  if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then
+  if [ $rc -ne 1 ]; then  # README: bad input and usage errors exit 1
     echo "FAIL $name: exit $rc"; fails=$((fails + 1)); return
   fi
   # progress lines may precede it; the error itself is the one last line
@@ -137,5 +137,43 @@ else
 fi
 expect_fail convert-shard-user-dir "refusing to replace it" "$wxe" convert "$tmp/w.safetensors" --output "$tmp/data" --shard 2
 [ -e "$tmp/data/x_0000.npy" ] || { echo "FAIL convert-shard-user-dir touched the folder"; fails=$((fails + 1)); }
+
+# careless command lines (issue 11): usage errors exit 1 with the "wxe: error:" line; options
+# that would do nothing are refused; files are checked before the forward pass
+expect_fail usage-no-model "model is required" "$wxe" infer --input "$x"
+expect_fail usage-unknown-option "--nope" "$wxe" infer "$model" --input "$x" --nope
+expect_fail usage-no-command "A subcommand is required" "$wxe"
+for t in 0 -1 100000; do
+  expect_fail "threads-$t" "threads" "$wxe" infer "$model" --input "$x" --threads "$t"
+done
+expect_fail tolerance-without-compare "requires --compare" "$wxe" infer "$model" --input "$x" --tolerance 1
+echo '{}' > "$tmp/plan.json"
+expect_fail plan-without-tp "--plan needs --tp" "$wxe" infer "$model" --input "$x" --plan "$tmp/plan.json"
+expect_fail reference-bf16 "--precision bf16 does not apply" "$wxe" infer "$model" --input "$x" --reference --precision bf16
+expect_fail model-is-directory "$tmp: is a directory" "$wxe" infer "$tmp" --input "$x"
+expect_fail compare-missing-before-run "nope.npy: cannot open" "$wxe" infer "$model" --input "$x" --compare "$tmp/nope.npy"
+grep -q "forward:" "$tmp/out" && { echo "FAIL compare-missing-before-run ran the model first"; fails=$((fails + 1)); }
+expect_fail output-unwritable-before-run "cannot write here" "$wxe" infer "$model" --input "$x" -o "$tmp/no/such/dir/y.npy"
+grep -q "forward:" "$tmp/out" && { echo "FAIL output-unwritable-before-run ran the model first"; fails=$((fails + 1)); }
+"$wxe" infer "$model" --input "$x" --weights "$src/tests/data/crossformer_tiny_checkpoint.pt" >/dev/null 2>"$tmp/err"
+if [ "$(wc -c < "$tmp/err")" -lt 1500 ] && grep -q "more" "$tmp/err"; then
+  echo "ok   weights-mismatch-short"
+else
+  echo "FAIL weights-mismatch-short: $(wc -c < "$tmp/err") bytes"; fails=$((fails + 1))
+fi
+if "$wxe" --version >"$tmp/out" 2>&1 && grep -q "^wxe [0-9]" "$tmp/out" \
+   && "$wxe" help >"$tmp/out" 2>&1 && grep -q "infer" "$tmp/out" \
+   && "$wxe" help infer >"$tmp/out" 2>&1 && grep -q -- "--compare" "$tmp/out"; then
+  echo "ok   version-and-help"
+else
+  echo "FAIL version-and-help"; cat "$tmp/out"; fails=$((fails + 1))
+fi
+# -i before the model does not swallow it; paths with '=' are paths
+cp "$x" "$tmp/a=b.npy"
+if "$wxe" infer -i "$tmp/a=b.npy" "$model" -o "$tmp/o=1.npy" --threads 2 >"$tmp/out" 2>"$tmp/err" && [ -s "$tmp/o=1.npy" ]; then
+  echo "ok   option-order-and-equals-paths"
+else
+  echo "FAIL option-order-and-equals-paths"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
 
 exit $((fails > 0))

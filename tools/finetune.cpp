@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "engine/glob.h"
 #include "engine/json.h"
 #include "engine/npy.h"
 #include "engine/safetensors.h"
@@ -25,27 +26,6 @@
 namespace fs = std::filesystem;
 
 namespace wxe {
-
-bool glob_match(const std::string& p, const std::string& s) {
-  // greedy two-pointer match, backtracking only to the last '*': O(|p| * |s|) at worst
-  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
-  while (j < s.size()) {
-    if (i < p.size() && (p[i] == '?' || p[i] == s[j])) {
-      ++i;
-      ++j;
-    } else if (i < p.size() && p[i] == '*') {
-      star = i++;
-      mark = j;
-    } else if (star != std::string::npos) {
-      i = star + 1;
-      j = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (i < p.size() && p[i] == '*') ++i;
-  return i == p.size();
-}
 
 namespace {
 
@@ -193,23 +173,14 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
 // Every rank must have built the same plan (same parameters, shapes and shards), or the
 // collectives would pair up unrelated tensors: a hash, gathered and compared before the first one.
 void Trainer::check_same_plan() {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const std::string& s) {
-    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  };
-  mix(str("tp", tp_, "dp", dp_));
+  std::string text = str("tp", tp_, "dp", dp_);
   for (int v : trainable_) {
     const Value& x = graph_.values[v];
-    mix(x.name + shape_str(x.shape));
+    text += x.name + shape_str(x.shape);
     auto it = slices_.find(x.name);
-    if (it != slices_.end()) mix(str("/", it->second.axis, "/", it->second.parts));
+    if (it != slices_.end()) text += str("/", it->second.axis, "/", it->second.parts);
   }
-  Tensor mine = Tensor::from_i64({(int64_t)(h >> 1)});
-  Tensor all(DType::I64, {mesh_->world});
-  mesh_->world_comm->all_gather(mine, all);
-  for (int r = 1; r < mesh_->world; ++r)
-    WXE_CHECK(all.data<int64_t>()[r] == all.data<int64_t>()[0], "rank ", r,
-              " built a different training plan than rank 0 (different model, plan file or options?)");
+  check_same_on_all_ranks(*mesh_, fingerprint(text), "training plan");  // parallel/mesh.h
 }
 
 int64_t Trainer::trainable_count() const {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
+#include "engine/glob.h"  // glob_match, for --freeze
 #include "engine/layout_rules.h"
 #include "engine/loss.h"
 #include "engine/optim.h"
@@ -161,8 +162,5 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh = nullptr);
 // against a zero target, after one warm-up step. Prints a table and, with json, one JSON line.
 int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
                     int runs, bool json);
-
-// Glob with * and ? over a whole name, linear time.
-bool glob_match(const std::string& pattern, const std::string& name);
 
 }  // namespace wxe

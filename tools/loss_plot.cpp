@@ -1,6 +1,7 @@
 #include "tools/loss_plot.h"
 
 #include <plplot.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <mutex>
 
 #include "engine/error.h"
+#include "engine/file_util.h"
 
 namespace wxe {
 
@@ -101,7 +103,8 @@ void plot_loss_curve(const std::string& png_path, const std::string& title, cons
   y1 += pad;
   WXE_CHECK(has_device("pngcairo"), png_path,
             ": PLplot has no pngcairo driver (install plplot-driver-cairo)");  // plinit would exit()
-  const std::string tmp = png_path + ".tmp" + std::to_string(getpid()) + ".png";
+  TempFile tmp_file(png_path, ".png");  // PLplot writes it by name; a fresh name, removed on error
+  const std::string tmp = tmp_file.name();
   PLINT stream = 0;
   plmkstrm(&stream);  // a fresh stream per plot; plend1 frees it and returns to stream 0
   WXE_CHECK(stream >= 0, png_path, ": PLplot could not open a stream");
@@ -132,13 +135,10 @@ void plot_loss_curve(const std::string& png_path, const std::string& title, cons
   plwidth(1);
   legend(x0, x1, y0, y1, {&tx, &vx}, {&ty, &vy}, !vx.empty());
   plend1();
-  FILE* f = std::fopen(tmp.c_str(), "rb");
-  WXE_CHECK(f, png_path, ": PLplot wrote nothing (is plplot-driver-cairo installed?)");
-  std::fclose(f);
-  if (std::rename(tmp.c_str(), png_path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail(png_path, ": cannot write the loss curve");
-  }
+  struct stat st;
+  WXE_CHECK(::stat(tmp.c_str(), &st) == 0 && st.st_size > 0, png_path,
+            ": PLplot wrote nothing (is plplot-driver-cairo installed?)");
+  tmp_file.commit();
 }
 
 }  // namespace wxe

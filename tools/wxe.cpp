@@ -3,11 +3,13 @@
 #include <cstring>
 #include <functional>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <set>
@@ -43,7 +45,9 @@ std::map<std::string, Tensor> read_inputs(const Graph& g, const std::vector<std:
   for (const std::string& a : args) {
     size_t eq = a.find('=');
     std::string name, path = a;
-    if (eq != std::string::npos) {
+    // NAME=path when NAME is an input of the model, or when the whole argument is no file
+    // (then NAME is a typo, reported below); a path that merely contains '=' is a path
+    if (eq != std::string::npos && (g.find_value(a.substr(0, eq)) >= 0 || !std::filesystem::exists(a))) {
       name = a.substr(0, eq);
       path = a.substr(eq + 1);
     } else {
@@ -236,8 +240,37 @@ std::map<std::string, Tensor> batch_slice(const std::map<std::string, Tensor>& i
   return r;
 }
 
+// "path" for the first output, or NAME=path when NAME is an output of the model (or the
+// model has several outputs: then an unknown NAME is an error, not a file name with '=').
+std::pair<size_t, std::string> output_target(const Graph& g, const std::string& model, const std::string& o) {
+  size_t eq = o.find('=');
+  if (eq == std::string::npos) return {0, o};
+  std::string name = o.substr(0, eq);
+  for (size_t k = 0; k < g.outputs.size(); ++k)
+    if (g.values[g.outputs[k]].name == name) return {k, o.substr(eq + 1)};
+  WXE_CHECK(g.outputs.size() == 1, model, ": the model has no output named '", name, "'");
+  return {0, o};
+}
+
+// Before the forward pass: the output folders can be written, the reference can be read.
+void check_outputs_writable(const std::vector<std::string>& paths) {
+  for (const std::string& p : paths) {
+    std::filesystem::path dir = std::filesystem::path(p).parent_path();
+    std::string d = dir.empty() ? "." : dir.string();
+    WXE_CHECK(!std::filesystem::is_directory(p), p, ": is a directory, not an output file");
+    WXE_CHECK(std::filesystem::is_directory(d) && ::access(d.c_str(), W_OK | X_OK) == 0, p,
+              ": cannot write here (folder ", d, " is missing or not writable)");
+  }
+}
+
 int cmd_infer(const InferArgs& a, Mesh& mesh) {
   Graph g = import_model(a.model);
+  if (mesh.rank == 0) {
+    std::vector<std::string> paths;
+    for (const std::string& o : a.outputs) paths.push_back(output_target(g, a.model, o).second);
+    check_outputs_writable(paths);
+    if (!a.compare.empty()) read_npy_header(a.compare);  // exists and is a .npy
+  }
   std::map<std::string, Tensor> all_inputs = read_inputs(g, a.inputs);
   std::map<std::string, Tensor> inputs = mesh.dp > 1 ? batch_slice(all_inputs, mesh.dp, mesh.dp_rank) : all_inputs;
   TpPlan plan;  // found once, on the prepared graph
@@ -252,7 +285,13 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
     slices_of = [&](const Graph& pg) { return parameter_slices(tp_plan(pg), pg, mesh.tp, mesh.tp_rank); };
   const int64_t batch = simplify_model(g, inputs, a.weights, slices_of);
   if (mesh.tp > 1) {
-    ShardStats st = shard_graph(g, tp_plan(g), mesh.tp, mesh.tp_rank);
+    const TpPlan& plan = tp_plan(g);
+    // all ranks must agree on the plan before the first all-reduce (parallel/mesh.h)
+    std::string text = str("tp", mesh.tp, "dp", mesh.dp);
+    for (auto& [w, split] : plan.by_weight) text += w + split_name(split) + ";";
+    for (auto& [name, t] : graph_parameters(g)) text += name + shape_str(t.shape) + ";";
+    check_same_on_all_ranks(mesh, fingerprint(text), "tensor-parallel plan");
+    ShardStats st = shard_graph(g, plan, mesh.tp, mesh.tp_rank);
     set_tp_communicator(mesh.tp_comm.get());
     note("wxe: tp %d: %d column- and %d row-parallel layers, %d all-reduces per forward\n", mesh.tp, st.column,
          st.row, st.all_reduces);
@@ -288,19 +327,8 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   std::printf("forward: %.1f ms, %s activations at peak%s\n", run_s * 1e3,
               human_bytes(ex.peak_activation_bytes()).c_str(),
               mesh.world > 1 ? str(" (rank 0; dp ", mesh.dp, " x tp ", mesh.tp, ")").c_str() : "");
-  // outputs: "path" for the first output, or NAME=path
   for (const std::string& o : a.outputs) {
-    size_t eq = o.find('=');
-    size_t idx = 0;
-    std::string path = o;
-    if (eq != std::string::npos) {
-      std::string name = o.substr(0, eq);
-      path = o.substr(eq + 1);
-      idx = g.outputs.size();
-      for (size_t k = 0; k < g.outputs.size(); ++k)
-        if (g.values[g.outputs[k]].name == name) idx = k;
-      WXE_CHECK(idx < g.outputs.size(), a.model, ": the model has no output named '", name, "'");
-    }
+    auto [idx, path] = output_target(g, a.model, o);
     write_npy(path, outs[idx]);
   }
   for (size_t k = 0; k < outs.size(); ++k) {
@@ -453,18 +481,25 @@ int cmd_bench(const BenchArgs& a) {
   return 0;
 }
 
+constexpr const char* kVersion = "0.3.0";
+constexpr int kMaxThreads = 1024;
+
 }  // namespace
 
+// Exit codes: 0 success; 1 bad input or a usage error (one line "wxe: error: ..." on stderr);
+// 3 infer --compare difference above --tolerance; 4 finetune stopped on a non-finite loss or
+// gradient. A rank's error under mpirun ends the job through MPI_Abort (mpirun's exit code).
 int main(int argc, char** argv) {
   CLI::App app{"wxe: run and fine-tune CREDIT wxformer-style weather models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("wxe ") + kVersion);
 
   std::string inspect_model;
   std::vector<std::string> inspect_inputs;
   bool dump_graph = false;
   auto* inspect = app.add_subcommand("inspect", "inputs, outputs, parameters and op counts before/after the passes");
   inspect->add_option("model", inspect_model, "model .onnx")->required();
-  inspect->add_option("--input", inspect_inputs, "bind input shapes from tensors: [NAME=]X.npy");
+  inspect->add_option("--input,-i", inspect_inputs, "bind input shapes from tensors: [NAME=]X.npy")->allow_extra_args(false);
   inspect->add_flag("--dump", dump_graph, "print the simplified graph");
   int inspect_tp = 1;
   std::string inspect_plan;
@@ -474,11 +509,11 @@ int main(int argc, char** argv) {
   InferArgs ia;
   auto* infer = app.add_subcommand("infer", "run the model on .npy inputs");
   infer->add_option("model", ia.model, "model .onnx")->required();
-  infer->add_option("--input,-i", ia.inputs, "[NAME=]X.npy (repeat for several inputs)")->required();
-  infer->add_option("--output,-o", ia.outputs, "[NAME=]Y.npy (first output without NAME)");
-  infer->add_option("--threads,-t", ia.threads, "CPU threads (default: all cores)");
-  infer->add_option("--compare", ia.compare, "reference output .npy: print max abs and relative L2 difference");
-  infer->add_option("--tolerance", ia.tolerance, "with --compare: exit 3 if max abs difference exceeds it");
+  infer->add_option("--input,-i", ia.inputs, "[NAME=]X.npy (repeat for several inputs)")->required()->allow_extra_args(false);
+  infer->add_option("--output,-o", ia.outputs, "[NAME=]Y.npy (first output without NAME)")->allow_extra_args(false);
+  infer->add_option("--threads,-t", ia.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
+  auto* compare_opt = infer->add_option("--compare", ia.compare, "reference output .npy: print max abs and relative L2 difference");
+  infer->add_option("--tolerance", ia.tolerance, "with --compare: exit 3 if max abs difference exceeds it")->needs(compare_opt);
   infer->add_flag("--reference", ia.reference, "run the plain reference kernels only (slow; the oracle)");
   infer->add_option("--tp", ia.tp, "tensor-parallel ranks (world = dp x tp; run under mpirun)");
   infer->add_option("--plan", ia.plan, "plan file (JSON: weight-name pattern -> colwise|rowwise|replicate)");
@@ -489,8 +524,8 @@ int main(int argc, char** argv) {
   BenchArgs ba;
   auto* bench = app.add_subcommand("bench", "time the forward pass: min/median/max, peak memory, time per op type");
   bench->add_option("model", ba.model, "model .onnx")->required();
-  bench->add_option("--input,-i", ba.inputs, "[NAME=]X.npy (repeat for several inputs)")->required();
-  bench->add_option("--threads,-t", ba.threads, "CPU threads (default: all cores)");
+  bench->add_option("--input,-i", ba.inputs, "[NAME=]X.npy (repeat for several inputs)")->required()->allow_extra_args(false);
+  bench->add_option("--threads,-t", ba.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
   bench->add_option("--runs,-r", ba.runs, "timed runs after one warm-up (default 5)");
   bench->add_flag("--json", ba.json, "print one JSON object as the last line");
   bench->add_option("--weights,-w", ba.weights, "load parameters by name (.safetensors or legacy .pt)");
@@ -507,7 +542,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"safetensors", "credit"}));
   convert->add_option("--like", ca.like, "with --to credit: the CREDIT checkpoint fine-tuning started from (order, shapes, untrained tensors, optimizer indices)");
   convert->add_option("--onnx", ca.onnx, "check every tensor against this model's rewritten parameters");
-  convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)");
+  convert->add_option("--input", ca.inputs, "with --onnx: bind input shapes [NAME=]X.npy (for dynamic inputs)")->allow_extra_args(false);
   convert->add_option("--shard", ca.shard, "write --output as a sharded checkpoint directory of N files, tensors of 2+ dims split along "
                       "axis 0 (input: .safetensors or a sharded checkpoint; a sharded checkpoint without --shard becomes one .safetensors)")
       ->check(CLI::PositiveNumber);
@@ -543,8 +578,8 @@ int main(int argc, char** argv) {
   std::string loss = "lat-mse";
   finetune->add_option("--loss", loss, "lat-mse (default: CREDIT's latitude- and channel-weighted MSE) or mse")
       ->check(CLI::IsMember({"lat-mse", "mse"}));
-  finetune->add_option("--freeze", fc.freeze, "freeze parameters whose name matches this glob (repeatable)");
-  finetune->add_option("--threads,-t", fc.threads, "CPU threads (default: all cores)");
+  finetune->add_option("--freeze", fc.freeze, "freeze parameters whose name matches this glob (repeatable)")->allow_extra_args(false);
+  finetune->add_option("--threads,-t", fc.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
   finetune->add_flag("--reference", fc.reference, "reference kernels only (slow; the oracle)");
   finetune->add_option("--save-every", fc.save_every, "also write a checkpoint every N steps (default: only at the end)");
   finetune->add_option("--keep", fc.keep, "checkpoints kept (default 2)");
@@ -552,7 +587,29 @@ int main(int argc, char** argv) {
   finetune->add_option("--tp", finetune_tp, "tensor-parallel ranks per model copy (world = dp x tp; run under mpirun)");
   finetune->add_option("--plan", fc.plan, "tensor-parallel plan file (JSON: weight-name glob -> colwise/rowwise/replicate)");
 
-  CLI11_PARSE(app, argc, argv);
+  // `wxe help [COMMAND]`: the same as --help
+  if (argc >= 2 && std::string(argv[1]) == "help") {
+    CLI::App* sub = nullptr;
+    for (CLI::App* c : app.get_subcommands([](CLI::App*) { return true; }))
+      if (argc >= 3 && c->get_name() == argv[2]) sub = c;
+    std::printf("%s", sub ? sub->help().c_str() : app.help().c_str());
+    return 0;
+  }
+  auto usage_error = [](const std::string& msg) {
+    std::fprintf(stderr, "wxe: error: %s (see wxe --help)\n", msg.c_str());
+    return 1;
+  };
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    return usage_error(e.what());
+  }
+  // options that would do nothing here are refused rather than silently ignored
+  if (*infer && !ia.plan.empty() && ia.tp <= 1) return usage_error("--plan needs --tp 2 or more");
+  if (*inspect && !inspect_plan.empty() && inspect_tp <= 1) return usage_error("--plan needs --tp 2 or more");
+  if (*infer && ia.reference && ia.precision == "bf16")
+    return usage_error("--reference runs the float32 reference kernels; --precision bf16 does not apply");
   if (*finetune) {
     fc.schedule.kind = schedule == "constant" ? ScheduleKind::Constant : ScheduleKind::LinearWarmupCosine;
     fc.schedule.total_steps = total_steps > 0 ? total_steps : fc.steps;

@@ -2,12 +2,20 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 
+#include "engine/file_util.h"
 #include "engine/ops.h"
 
 namespace wxe {
@@ -31,30 +39,66 @@ DType from_onnx_type(int t, const std::string& what) {
   fail(what, ": unsupported element type ", t);
 }
 
-// Reads `length` bytes at `offset` of an external data file next to the model.
+// An external-data offset or length: a plain decimal number, or an error naming the tensor.
+int64_t parse_size(const std::string& v, const std::string& key, const std::string& where) {
+  int64_t r = -1;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), r);
+  WXE_CHECK(ec == std::errc() && end == v.data() + v.size() && r >= 0, where, ": external data ", key, " '", v,
+            "' is not a non-negative 64-bit number");
+  return r;
+}
+
+// Reads `length` bytes at `offset` of an external data file. Only regular files inside the
+// model's directory (after resolving symlinks) are read: `location` comes from the file and
+// must not reach /etc/passwd through an absolute path, `..` or a link, nor block on a FIFO.
 void read_external(const onnx::TensorProto& tp, const std::filesystem::path& dir, Tensor& t,
                    const std::string& where) {
+  namespace fs = std::filesystem;
   std::string location;
   int64_t offset = 0, length = -1;
   for (auto& kv : tp.external_data()) {
     if (kv.key() == "location") location = kv.value();
-    else if (kv.key() == "offset") offset = std::stoll(kv.value());
-    else if (kv.key() == "length") length = std::stoll(kv.value());
+    else if (kv.key() == "offset") offset = parse_size(kv.value(), "offset", where);
+    else if (kv.key() == "length") length = parse_size(kv.value(), "length", where);
   }
   WXE_CHECK(!location.empty(), where, ": external data without a location");
-  std::filesystem::path file = dir / location;
-  std::ifstream f(file, std::ios::binary);
-  WXE_CHECK(f.good(), where, ": cannot open external data file ", file.string());
-  f.seekg(0, std::ios::end);
-  int64_t size = f.tellg();
+  WXE_CHECK(location.find('\0') == std::string::npos && !fs::path(location).is_absolute(), where,
+            ": external data location '", location, "' must be a relative path inside the model's directory");
+  std::error_code ec;
+  fs::path root = fs::canonical(dir.empty() ? fs::path(".") : dir, ec);
+  WXE_CHECK(!ec, where, ": cannot resolve the model's directory ", dir.string());
+  fs::path file = fs::weakly_canonical(root / location, ec);
+  WXE_CHECK(!ec, where, ": cannot resolve external data file ", (dir / location).string());
+  auto rel = file.lexically_relative(root);
+  WXE_CHECK(!rel.empty() && *rel.begin() != "..", where, ": external data location '", location,
+            "' resolves to ", file.string(), ", outside the model's directory ", root.string());
+  WXE_CHECK(fs::is_regular_file(file, ec), where, ": external data ", file.string(),
+            " is not a regular file (missing, a directory, a FIFO or a device)");
+  // O_NONBLOCK: should the path have become a FIFO since the check, open does not wait
+  int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  WXE_CHECK(fd >= 0, where, ": cannot open external data file ", file.string(), " (", std::strerror(errno), ")");
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(where, ": external data ", file.string(), " is not a regular file");
+  }
+  int64_t size = st.st_size;
   if (length < 0) length = (int64_t)t.nbytes();
-  WXE_CHECK(length == (int64_t)t.nbytes(), where, ": external data length ", length,
-            " does not match shape ", shape_str(t.shape), " (", t.nbytes(), " bytes)");
-  WXE_CHECK(offset >= 0 && offset + length <= size, where, ": external data ", file.string(),
-            " is truncated (needs bytes ", offset, "..", offset + length, ", file has ", size, ")");
-  f.seekg(offset);
-  f.read((char*)t.raw(), length);
-  WXE_CHECK(f.good(), where, ": failed reading external data ", file.string());
+  if (length != (int64_t)t.nbytes() || offset > size || length > size - offset) {
+    ::close(fd);
+    WXE_CHECK(length == (int64_t)t.nbytes(), where, ": external data length ", length, " does not match shape ",
+              shape_str(t.shape), " (", t.nbytes(), " bytes)");
+    fail(where, ": external data ", file.string(), " is truncated (needs ", length, " bytes at offset ", offset,
+         ", file has ", size, ")");
+  }
+  int64_t done = 0;
+  while (done < length) {
+    ssize_t r = ::pread(fd, (char*)t.raw() + done, (size_t)(length - done), offset + done);
+    if (r <= 0) break;
+    done += r;
+  }
+  ::close(fd);
+  WXE_CHECK(done == length, where, ": failed reading external data ", file.string());
 }
 
 Tensor tensor_from_proto(const onnx::TensorProto& tp, const std::filesystem::path& dir,
@@ -131,10 +175,64 @@ Attr attr_from_proto(const onnx::AttributeProto& a, const std::filesystem::path&
   return r;
 }
 
+// Inputs and outputs per ONNX op: the first min_in inputs and min_out outputs must be given
+// (non-empty names); at most max_in / max_out. Ops not listed (wxe's own fused and collective
+// ops) are not ONNX ops and are refused at import. A new ONNX op needs its line here
+// (tests/hostile_input_test.cpp fails for a registered op that is in neither list).
+struct Arity {
+  int min_in, max_in, min_out = 1, max_out = 1;
+};
+const std::map<std::string, Arity>& onnx_arities() {
+  static const std::map<std::string, Arity> t = {
+      {"Abs", {1, 1}}, {"Add", {2, 2}}, {"AveragePool", {1, 1}}, {"And", {2, 2}}, {"Cast", {1, 1}}, {"CastLike", {2, 2}},
+      {"Ceil", {1, 1}}, {"Clip", {1, 3}}, {"Concat", {1, INT_MAX}}, {"Constant", {0, 0}},
+      {"ConstantOfShape", {1, 1}}, {"Conv", {2, 3}}, {"ConvTranspose", {2, 3}}, {"Cos", {1, 1}},
+      {"DepthToSpace", {1, 1}}, {"Div", {2, 2}}, {"Einsum", {1, INT_MAX}}, {"Equal", {2, 2}},
+      {"Erf", {1, 1}}, {"Exp", {1, 1}}, {"Expand", {2, 2}}, {"Flatten", {1, 1}}, {"Floor", {1, 1}},
+      {"Gather", {2, 2}}, {"GatherND", {2, 2}}, {"Gelu", {1, 1}}, {"Gemm", {2, 3}}, {"Greater", {2, 2}},
+      {"GreaterOrEqual", {2, 2}}, {"GroupNormalization", {3, 3}}, {"Identity", {1, 1}},
+      {"InstanceNormalization", {3, 3}}, {"LayerNormalization", {2, 3, 1, 3}}, {"LeakyRelu", {1, 1}},
+      {"Less", {2, 2}}, {"LessOrEqual", {2, 2}}, {"Log", {1, 1}}, {"MatMul", {2, 2}},
+      {"Max", {1, INT_MAX}}, {"Min", {1, INT_MAX}}, {"Mod", {2, 2}}, {"Mul", {2, 2}}, {"Neg", {1, 1}},
+      {"Not", {1, 1}}, {"Or", {2, 2}}, {"Pad", {2, 4}}, {"Pow", {2, 2}}, {"Range", {3, 3}},
+      {"Reciprocal", {1, 1}}, {"ReduceL1", {1, 2}}, {"ReduceL2", {1, 2}}, {"ReduceLogSum", {1, 2}},
+      {"ReduceLogSumExp", {1, 2}}, {"ReduceMax", {1, 2}}, {"ReduceMean", {1, 2}}, {"ReduceMin", {1, 2}},
+      {"ReduceProd", {1, 2}}, {"ReduceSum", {1, 2}}, {"ReduceSumSquare", {1, 2}}, {"Relu", {1, 1}}, {"Reshape", {2, 2}}, {"Resize", {1, 4}}, {"Shape", {1, 1}},
+      {"Sigmoid", {1, 1}}, {"Sin", {1, 1}}, {"Size", {1, 1}}, {"Slice", {3, 5}}, {"Softmax", {1, 1}},
+      {"Softplus", {1, 1}}, {"Split", {1, 2, 1, INT_MAX}}, {"Sqrt", {1, 1}}, {"Squeeze", {1, 2}},
+      {"Sub", {2, 2}}, {"Sum", {1, INT_MAX}}, {"Tanh", {1, 1}}, {"Tile", {2, 2}}, {"Transpose", {1, 1}},
+      {"Unsqueeze", {2, 2}}, {"Where", {3, 3}}, {"Xor", {2, 2}},
+  };
+  return t;
+}
+
+void check_arity(const onnx::NodeProto& np, const std::string& op, const std::string& where) {
+  auto it = onnx_arities().find(op);
+  WXE_CHECK(it != onnx_arities().end(), where, ": ", op, " is not an ONNX op wxe reads");
+  const Arity& a = it->second;
+  WXE_CHECK(np.input_size() >= a.min_in && np.input_size() <= a.max_in, where, " (", op, "): has ",
+            np.input_size(), " inputs, needs ", a.min_in, a.max_in == a.min_in ? "" : " or more",
+            a.max_in == a.min_in || a.max_in == INT_MAX ? "" : str(" (at most ", a.max_in, ")"));
+  WXE_CHECK(np.output_size() >= a.min_out && np.output_size() <= a.max_out, where, " (", op, "): has ",
+            np.output_size(), " outputs, needs ", a.min_out,
+            a.max_out == a.min_out ? "" : a.max_out == INT_MAX ? " or more" : str(" to ", a.max_out));
+  for (int i = 0; i < a.min_in; ++i)
+    WXE_CHECK(!np.input(i).empty(), where, " (", op, "): required input ", i, " is empty");
+  for (int i = 0; i < a.min_out; ++i)
+    WXE_CHECK(!np.output(i).empty(), where, " (", op, "): required output ", i, " is empty");
+}
+
 }  // namespace
+
+std::vector<std::string> onnx_importable_ops() {
+  std::vector<std::string> r;
+  for (auto& kv : onnx_arities()) r.push_back(kv.first);
+  return r;
+}
 
 Graph import_onnx(const std::string& path) {
   register_cpu_kernels();
+  check_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   WXE_CHECK(f.good(), path, ": cannot open file");
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -203,6 +301,7 @@ Graph import_onnx(const std::string& path) {
     for (auto& d : tt.shape().dim()) v.shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
     g.inputs.push_back(id);
   }
+  std::set<int> produced;
   for (auto& np : gp.node()) {
     Node n;
     n.op = np.op_type();
@@ -210,6 +309,7 @@ Graph import_onnx(const std::string& path) {
     if (!n.domain.empty()) n.op = n.domain + "." + n.op;
     n.name = np.name();
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
+    if (n.domain.empty()) check_arity(np, n.op, where);
     for (auto& a : np.attribute()) n.attrs[a.name()] = attr_from_proto(a, dir, where);
     // torch.onnx.export shares one initializer between parameters of equal value and gives
     // each other parameter its name back through an Identity: make it a parameter again.
@@ -222,7 +322,20 @@ Graph import_onnx(const std::string& path) {
       continue;
     }
     for (auto& in : np.input()) n.inputs.push_back(in.empty() ? -1 : value_of(in));
-    for (auto& out : np.output()) n.outputs.push_back(value_of(out));
+    for (auto& out : np.output()) {
+      if (out.empty()) {  // an optional output nobody reads: a value of its own
+        Value v;
+        v.name = n.name + ":unused" + std::to_string(n.outputs.size());
+        n.outputs.push_back(g.add_value(v));
+        continue;
+      }
+      int id = value_of(out);
+      WXE_CHECK(!produced.count(id) && !g.values[id].is_const() &&
+                    std::find(g.inputs.begin(), g.inputs.end(), id) == g.inputs.end(),
+                where, ": output '", out, "' is already an initializer, an input or another node's output");
+      produced.insert(id);
+      n.outputs.push_back(id);
+    }
     g.nodes.push_back(std::move(n));
   }
   for (auto& vi : gp.output()) {

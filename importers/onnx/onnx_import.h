@@ -1,6 +1,7 @@
 // ONNX ModelProto -> wxe Graph.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "engine/graph.h"
 
@@ -10,6 +11,12 @@ namespace wxe {
 // initializers become constant values; initializers become parameters (is_param).
 // Fails with one line naming the file for malformed or truncated files, and, before any
 // other work, with one line listing every unsupported op type (one node name each).
+// External data is read only from regular files inside the model's directory (symlinks
+// resolved). Every node's inputs and outputs are checked against its op (count, required ones
+// non-empty); wxe's own ops (Linear, WindowAttention, ...) are not accepted from a file.
 Graph import_onnx(const std::string& path);
+
+// The ONNX op types import_onnx accepts (those with an arity rule).
+std::vector<std::string> onnx_importable_ops();
 
 }  // namespace wxe

@@ -41,6 +41,8 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool trans
   g.group = n.i("group", 1);
   WXE_CHECK(g.group >= 1, "node ", n.name, " (", op, "): group must be >= 1, got ", g.group);
   g.C_in = x[1];
+  WXE_CHECK(g.group <= std::max<int64_t>(g.C_in, 1), "node ", n.name, " (", op, "): group ", g.group,
+            " exceeds the input channels ", g.C_in);
   WXE_CHECK(g.C_in % g.group == 0, "node ", n.name, " (", op, "): input channels ", g.C_in,
             " not divisible by group ", g.group);
   if (!transpose) {
@@ -74,6 +76,17 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool trans
               " (ConvTranspose): output_shape has ", oshape.size(), " values, expected ", ns);
     if (oshape.size() == ns + 2) oshape.erase(oshape.begin(), oshape.begin() + 2);
   }
+  // attributes come from the file: bounded, so the geometry below cannot overflow int64
+  const int64_t kMaxAttr = int64_t(1) << 32;
+  for (const std::vector<int64_t>* v : {&ks, &strides, &dil, &pads, &opad, &oshape})
+    for (int64_t e : *v)
+      WXE_CHECK(e >= -kMaxAttr && e <= kMaxAttr, "node ", n.name, " (", op, "): attribute value ", e, " out of range");
+  auto mul = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    WXE_CHECK(!__builtin_mul_overflow(a, b, &r) && r < (int64_t(1) << 62), "node ", n.name, " (", op,
+              "): output size overflows (input ", shape_str(x), ")");
+    return r;
+  };
   for (size_t i = 0; i < ns; ++i) {
     const int a = f + (int)i;
     g.in[a] = x[2 + i];
@@ -103,11 +116,11 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool trans
     } else {
       WXE_CHECK(opad[i] >= 0 && (opad[i] < g.s[a] || opad[i] < g.d[a]), "node ", n.name,
                 " (ConvTranspose): output_padding ", opad[i], " must be >= 0 and smaller than the stride or dilation");
-      const int64_t natural = g.s[a] * (g.in[a] - 1) + opad[i] + ext;
+      const int64_t natural = mul(g.s[a], g.in[a] - 1) + opad[i] + ext;
       if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
         // ONNX spec: output = input * stride (or output_shape); odd total padding puts the
         // extra element at the end for SAME_UPPER and at the beginning for SAME_LOWER.
-        g.out[a] = oshape.empty() ? g.in[a] * g.s[a] : oshape[i];
+        g.out[a] = oshape.empty() ? mul(g.in[a], g.s[a]) : oshape[i];
         const int64_t total = natural - g.out[a];
         const int64_t small = floor_div(total, 2);
         g.pb[a] = ap == "SAME_UPPER" ? small : total - small;

@@ -533,10 +533,13 @@ std::vector<TypeShape> d2s_shape(const Node& n, const Values& in) {
   d2s_crd(n);
   NCHECK(x.shape.size() == 4, "input must be 4-D, got ", shape_str(x.shape));
   const int64_t b = n.i("blocksize", 0);
-  NCHECK(b > 0, "blocksize must be positive");
-  NCHECK(x.shape[1] % (b * b) == 0, "channels ", x.shape[1], " not divisible by blocksize^2 = ",
-         b * b);
-  return {{x.dtype, {x.shape[0], x.shape[1] / (b * b), x.shape[2] * b, x.shape[3] * b}}};
+  NCHECK(b > 0 && b <= x.shape[1], "blocksize ", b, " must be in 1..channels (", x.shape[1], ")");
+  int64_t bb = 0, ho = 0, wo = 0;
+  NCHECK(!__builtin_mul_overflow(b, b, &bb) && !__builtin_mul_overflow(x.shape[2], b, &ho) &&
+             !__builtin_mul_overflow(x.shape[3], b, &wo),
+         "blocksize ", b, " overflows the output shape");
+  NCHECK(x.shape[1] % bb == 0, "channels ", x.shape[1], " not divisible by blocksize^2 = ", bb);
+  return {{x.dtype, {x.shape[0], x.shape[1] / bb, ho, wo}}};
 }
 
 void d2s_kernel(const Node& n, const Ins& in, const Outs& out) {
@@ -907,7 +910,7 @@ std::vector<TypeShape> tile_shape(const Node& n, const Values& in) {
   Shape o = x.shape;
   for (size_t d = 0; d < rep.size(); ++d) {
     NCHECK(rep[d] >= 0, "negative repeat ", rep[d]);
-    o[d] *= rep[d];
+    NCHECK(!__builtin_mul_overflow(o[d], rep[d], &o[d]), "repeat ", rep[d], " overflows dim ", d);
   }
   return {{x.dtype, o}};
 }

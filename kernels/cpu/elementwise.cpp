@@ -95,7 +95,10 @@ inline T apply(Bin op, T a, T b) {
     case Bin::Mul: return a * b;
     case Bin::Div:
       if constexpr (std::is_integral_v<T>) {
-        return b == 0 ? 0 : a / b;
+        if (b == 0) return 0;
+        if constexpr (std::is_signed_v<T>)  // INT_MIN / -1 overflows (SIGFPE): wrap instead
+          if (b == -1) return (T)(0 - (std::make_unsigned_t<T>)a);
+        return a / b;
       } else {
         return a / b;
       }
@@ -105,6 +108,8 @@ inline T apply(Bin op, T a, T b) {
     case Bin::Mod:
       if constexpr (std::is_integral_v<T>) {
         if (b == 0) return 0;
+        if constexpr (std::is_signed_v<T>)
+          if (b == -1) return 0;  // INT_MIN % -1 traps
         T m = a % b;
         return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;  // fmod=0: sign of divisor
       } else {

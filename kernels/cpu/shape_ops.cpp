@@ -65,7 +65,8 @@ std::vector<TypeShape> reshape_shape(const Node& n, const std::vector<const Valu
     }
     WXE_CHECK(d >= 0, "node ", n.name, " (Reshape): invalid dimension ", d);
     out[i] = d;
-    known *= d;
+    WXE_CHECK(!__builtin_mul_overflow(known, d, &known), "node ", n.name, " (Reshape): target shape ",
+              shape_str(target), " has too many elements");
   }
   if (infer >= 0) {
     WXE_CHECK(known != 0 && numel(s) % known == 0, "node ", n.name, " (Reshape): cannot reshape ",
@@ -201,11 +202,14 @@ void expand_kernel(const Node& n, const std::vector<const Tensor*>& in,
 // Range(start, limit, delta)
 std::vector<TypeShape> range_shape(const Node& n, const std::vector<const Value*>& in) {
   for (int i = 0; i < 3; ++i)
-    WXE_CHECK(in[i] && in[i]->is_const(), "node ", n.name, " (Range): inputs must be constants");
+    WXE_CHECK(in[i] && in[i]->is_const() && in[i]->constant->numel() == 1, "node ", n.name,
+              " (Range): inputs must be constant scalars");
   Tensor s = in[0]->constant->to_f32(), l = in[1]->constant->to_f32(), d = in[2]->constant->to_f32();
   double start = s.data<float>()[0], limit = l.data<float>()[0], delta = d.data<float>()[0];
   WXE_CHECK(delta != 0, "node ", n.name, " (Range): delta is 0");
-  int64_t cnt = std::max<int64_t>(0, (int64_t)std::ceil((limit - start) / delta));
+  double count = std::ceil((limit - start) / delta);
+  WXE_CHECK(std::isfinite(count) && count < 4.6e18, "node ", n.name, " (Range): ", count, " elements");
+  int64_t cnt = std::max<int64_t>(0, (int64_t)count);
   return {{in[0]->dtype, {cnt}}};
 }
 void range_kernel(const Node& n, const std::vector<const Tensor*>& in,
@@ -214,7 +218,8 @@ void range_kernel(const Node& n, const std::vector<const Tensor*>& in,
   if (o.dtype == DType::I64 || o.dtype == DType::I32) {
     int64_t start = in[0]->to_i64()[0], delta = in[2]->to_i64()[0];
     Tensor tmp(DType::I64, o.shape);
-    for (int64_t i = 0; i < o.numel(); ++i) tmp.data<int64_t>()[i] = start + i * delta;
+    for (int64_t i = 0; i < o.numel(); ++i)  // wraps like the int64 arithmetic it models, no UB
+      tmp.data<int64_t>()[i] = (int64_t)((uint64_t)start + (uint64_t)i * (uint64_t)delta);
     convert(tmp, o);
   } else {
     float start = in[0]->to_f32().data<float>()[0], delta = in[2]->to_f32().data<float>()[0];
@@ -229,7 +234,10 @@ Tensor constant_value(const Node& n) {
   WXE_CHECK(n.attrs.size() == 1, "node ", n.name, " (Constant): needs exactly one value attribute");
   const std::string& key = n.attrs.begin()->first;
   const Attr& a = n.attrs.begin()->second;
-  if (key == "value") return *a.t;
+  if (key == "value") {
+    WXE_CHECK(a.t, "node ", n.name, " (Constant): attribute 'value' is not a tensor");
+    return *a.t;
+  }
   if (key == "value_float") return Tensor::scalar_f32(a.f);
   if (key == "value_floats") return Tensor::from_f32({(int64_t)a.floats.size()}, a.floats);
   if (key == "value_int") return Tensor::from_i64({a.i}).reshaped({});

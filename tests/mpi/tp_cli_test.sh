@@ -87,4 +87,20 @@ expect_fail batch-not-divisible "cannot split evenly" 4 \
   infer "$d/crossformer_tiny_snbaked_opset17.onnx" -i "$d/crossformer_tiny_x.npy" --tp 2
 expect_fail missing-input "nope.npy: cannot open" 2 \
   infer "$d/crossformer_tp_snbaked.onnx" -i "$tmp/nope.npy" --tp 2
+# hostile or inconsistent plans (issue 11): a pattern that used to match in exponential time
+# ends at once; ranks holding different plans stop before the first all-reduce
+echo "{\"*********************Z\": \"colwise\"}" > "$tmp/slow.json"
+expect_fail plan-glob-linear "matches no Linear weight" 2 \
+  infer "$d/crossformer_tp_snbaked.onnx" -i "$d/crossformer_tp_x.npy" --tp 2 --plan "$tmp/slow.json"
+echo '{}' > "$tmp/plan_a.json"
+echo '{"*.weight": "replicate"}' > "$tmp/plan_b.json"
+run -n 1 "$wxe" infer "$d/crossformer_tp_snbaked.onnx" -i "$d/crossformer_tp_x.npy" --tp 2 --plan "$tmp/plan_a.json" : \
+    -n 1 "$wxe" infer "$d/crossformer_tp_snbaked.onnx" -i "$d/crossformer_tp_x.npy" --tp 2 --plan "$tmp/plan_b.json" \
+    >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 1 built a different tensor-parallel plan than rank 0" "$tmp/err"; then
+  echo "ok   plans-differ"
+else
+  echo "FAIL plans-differ (exit $rc)"; cat "$tmp/err"; fails=$((fails + 1))
+fi
 exit $((fails > 0))
