@@ -65,10 +65,22 @@ void matmul_op(const Node& n, const Ins& in, const Outs& out) {
   NCHECK(b[b.size() - 2] == K, "inner dims differ: ", shape_str(in[0]->shape), " and ", shape_str(in[1]->shape));
   const int64_t ba = numel(Shape(a.begin(), a.end() - 2)), bb = numel(Shape(b.begin(), b.end() - 2));
   const int64_t batch = out[0]->numel() / std::max<int64_t>(M * N, 1);
-  NCHECK((ba == batch || ba == 1) && (bb == batch || bb == 1),
-         "batch broadcasting of ", shape_str(in[0]->shape), " and ", shape_str(in[1]->shape),
-         " is not supported on cuda");
   if (out[0]->numel() == 0) return;
+  if (!((ba == batch || ba == 1) && (bb == batch || bb == 1))) {  // partial broadcast: one GEMM per batch
+    const Shape& os = out[0]->shape;
+    const Shape ob(os.begin(), os.end() - 2);
+    Walk w;
+    NCHECK(make_walk(ob, broadcast_strides(Shape(a.begin(), a.end() - 2), ob),
+                     broadcast_strides(Shape(b.begin(), b.end() - 2), ob), 0, 0, &w),
+           "too many batch dims");
+    for (int64_t i = 0; i < batch; ++i) {
+      int64_t ia, ib;
+      walk_offsets(w, i, &ia, &ib);
+      gemm_rowmajor(1, M, N, K, in[0]->data<float>() + ia * M * K, false, 0, in[1]->data<float>() + ib * K * N,
+                    false, 0, out[0]->data<float>() + i * M * N, 0);
+    }
+    return;
+  }
   gemm_rowmajor(batch, M, N, K, in[0]->data<float>(), false, ba == 1 ? 0 : M * K, in[1]->data<float>(), false,
                 bb == 1 ? 0 : K * N, out[0]->data<float>(), M * N);
 }
@@ -207,7 +219,8 @@ void einsum_op(const Node& n, const Ins& in, const Outs& out) {
 }
 
 // ---------------------------------------------------------------- Conv, ConvTranspose
-// cuDNN descriptors and algorithm per geometry, made once.
+// cuDNN descriptors and algorithm per geometry, made once: the first of cuDNN's heuristic
+// choices that is float32 FMA math (no TF32) and deterministic (runs give equal bits).
 struct ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
@@ -275,7 +288,8 @@ const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
     for (int i = 0; i < found && !ok; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH && perf[i].memory <= kMaxWs) {
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH &&
+          perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
         p.algo = perf[i].algo;
         ok = true;
       }
@@ -287,7 +301,8 @@ const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
                                                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
     for (int i = 0; i < found && !ok; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH && perf[i].memory <= kMaxWs) {
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH &&
+          perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
         p.algo = perf[i].algo;
         ok = true;
       }
@@ -295,7 +310,7 @@ const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs
       CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx().dnn, p.w, p.y, p.conv, p.x,
                                                                (cudnnConvolutionBwdDataAlgo_t)p.algo, &p.ws));
   }
-  NCHECK(ok, "cuDNN has no float32 (FMA) algorithm for this convolution");
+  NCHECK(ok, "cuDNN has no deterministic float32 (FMA) algorithm for this convolution");
   return plans().emplace(key, p).first->second;
 }
 
@@ -350,20 +365,19 @@ void conv_transpose_op(const Node& n, const Ins& in, const Outs& out) {
   cpu::ConvGeom g = cpu::conv_geometry(n, x.shape, w.shape, true);
   NCHECK(g.out_shape() == out[0]->shape, "output shape mismatch");
   if (out[0]->numel() == 0) return;
-  // unequal begin/end pads: compute the unpadded result (begin pads 0, end pads
-  // pe - pb' chosen so the size is natural) and crop
+  // unequal or negative begin/end pads: compute the natural result (no pads) and pad it to
+  // the output (negative pads crop, positive ones, from output_shape, add zeros)
   bool asym = false;
-  for (int i = 0; i < 3; ++i) {
-    asym = asym || g.pb[i] != g.pe[i];
-    NCHECK(g.pb[i] >= 0 && g.pe[i] >= 0, "negative pads (output_shape larger than natural) are not supported on cuda");
-  }
+  for (int i = 0; i < 3; ++i) asym = asym || g.pb[i] != g.pe[i] || g.pb[i] < 0;
   const Shape& os = out[0]->shape;
   Shape full = os;
-  int64_t crop[3] = {0, 0, 0};
+  std::vector<int64_t> begin(os.size(), 0), end(os.size(), 0);
   if (asym) {
     for (int i = g.first(); i < 3; ++i) {
-      full[2 + i - g.first()] = os[2 + i - g.first()] + g.pb[i] + g.pe[i];
-      crop[i] = g.pb[i];
+      const size_t d = 2 + i - g.first();
+      full[d] = os[d] + g.pb[i] + g.pe[i];
+      begin[d] = -g.pb[i];
+      end[d] = -g.pe[i];
       g.pb[i] = g.pe[i] = 0;
     }
   }
@@ -376,12 +390,9 @@ void conv_transpose_op(const Node& n, const Ins& in, const Outs& out) {
                                            (cudnnConvolutionBwdDataAlgo_t)p.algo, ws + full_bytes, p.ws, &zero, p.x,
                                            y));
   if (asym) {
-    const auto fst = strides_of(full);
-    int64_t off = 0;
-    for (int i = g.first(); i < 3; ++i) off += crop[i] * fst[2 + i - g.first()];
-    Walk wk;
-    NCHECK(make_walk(os, fst, strides_of(os), off, 0, &wk), "too many dims");
-    launch_copy(wk, y, out[0]->data<float>(), 4);
+    PadIndex pi;
+    NCHECK(make_pad(full, begin, end, PadMode::Constant, &pi), "too many dims");
+    launch_pad(pi, out[0]->numel(), y, out[0]->data<float>(), 0.f);
   }
   launch_bias_act(out[0]->data<float>(), bias ? bias->data<float>() : nullptr, os[0], os[1],
                   out[0]->numel() / std::max<int64_t>(os[0] * os[1], 1), false);

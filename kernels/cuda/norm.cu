@@ -71,8 +71,13 @@ void reduce_op(const Node& n, const Ins& in, const Outs& out) {
   std::vector<int64_t> axes;
   if (in.size() > 1 && in[1]) axes = in[1]->to_i64();
   else if (n.has("axes")) axes = n.ints("axes");
+  if (axes.empty() && n.i("noop_with_empty_axes", 0)) {  // the input as it is (as the CPU kernel)
+    Walk w;
+    make_walk({x.numel()}, {1}, {1}, 0, 0, &w);
+    launch_copy(w, x.raw(), out[0]->raw(), 4);
+    return;
+  }
   std::vector<bool> reduced(r, axes.empty());
-  if (axes.empty() && n.i("noop_with_empty_axes", 0)) reduced.assign(r, false);
   for (int64_t a : axes) reduced[norm_axis(a, r, n)] = true;
   ReduceIndex ri;
   NCHECK(make_reduce(x.shape, reduced, &ri), "too many dims");
@@ -162,7 +167,7 @@ void softmax_op(const Node& n, const Ins& in, const Outs& out) {
 // passes per-element parameters via pe_g/pe_b).
 __global__ void group_norm_kernel(const float* x, float* y, int64_t G, int64_t M, int64_t S, int64_t cpg,
                                   bool per_channel, float eps, const float* g, const float* b,
-                                  const float* pe_g, const float* pe_b) {
+                                  const float* pe_g, const float* pe_b, float* mean_out, float* inv_out) {
   __shared__ double shared[32];
   const int64_t ng = blockIdx.x;
   const float* a = x + ng * M;
@@ -175,6 +180,8 @@ __global__ void group_norm_kernel(const float* x, float* y, int64_t G, int64_t M
   const double var = M ? block_sum(v, shared) / M : 0;
   const float inv = (float)(1.0 / sqrt(var + eps));
   const float m = (float)mean;
+  if (threadIdx.x == 0 && mean_out) mean_out[ng] = m;
+  if (threadIdx.x == 0 && inv_out) inv_out[ng] = inv;
   const int64_t grp = ng % G;
   for (int64_t k = threadIdx.x; k < M; k += blockDim.x) {
     float gs = 1.f, bs = 0.f;
@@ -199,7 +206,7 @@ void group_norm(const Node& n, const Tensor& x, Tensor& y, int64_t G, float eps,
   if (x.numel() == 0) return;
   group_norm_kernel<<<(unsigned)(N * G), kThreads, 0, ctx().stream>>>(
       x.data<float>(), y.data<float>(), G, cpg * S, S, cpg, g.numel() == C, eps, g.data<float>(), b.data<float>(),
-      nullptr, nullptr);
+      nullptr, nullptr, nullptr, nullptr);
   CUDA_LAUNCHED();
 }
 
@@ -213,21 +220,35 @@ void groupnorm_op(const Node& n, const Ins& in, const Outs& out) {
   group_norm(n, *in[0], *out[0], n.i("num_groups", 0), n.f("epsilon", 1e-5f), *in[1], *in[2]);
 }
 
-// LayerNormalization over axes [axis, rank): rows of M elements, scale/bias with M elements.
+// LayerNormalization over axes [axis, rank): rows of M elements; scale and bias broadcast to
+// the normalized dims (expanded into the workspace when smaller); optional Mean and
+// InvStdDev outputs, one value per row.
 void layernorm_op(const Node& n, const Ins& in, const Outs& out) {
   require_f32(n, in);
   const Tensor& x = *in[0];
-  NCHECK(out.size() == 1, "the cuda kernel writes only Y (no Mean / InvStdDev outputs)");
   const int64_t axis = norm_axis(n.i("axis", -1), x.rank(), n);
   int64_t rows = 1, M = 1;
   for (int64_t d = 0; d < x.rank(); ++d) (d < axis ? rows : M) *= x.shape[d];
   const Tensor* b = in.size() > 2 ? in[2] : nullptr;
-  NCHECK(in[1]->numel() == M && (!b || b->numel() == M), "scale and bias must have ", M,
-         " elements (the normalized dims) on cuda");
   if (x.numel() == 0) return;
+  const Shape inner(x.shape.begin() + axis, x.shape.end());
+  float* ws = (float*)workspace(2 * M * sizeof(float));
+  auto expanded = [&](const Tensor* t, float* dst) -> const float* {
+    if (!t || t->numel() == M) return t ? t->data<float>() : nullptr;
+    NCHECK(t->rank() <= (int)inner.size(), "scale/bias ", shape_str(t->shape), " does not broadcast to ",
+           shape_str(inner));
+    Walk w;
+    NCHECK(make_walk(inner, broadcast_strides(t->shape, inner), strides_of(inner), 0, 0, &w), "too many dims");
+    launch_copy(w, t->raw(), dst, 4);
+    return dst;
+  };
+  const float* g = expanded(in[1], ws);
+  const float* bb = expanded(b, ws + M);
+  float* mean = out.size() > 1 && out[1] ? out[1]->data<float>() : nullptr;
+  float* inv = out.size() > 2 && out[2] ? out[2]->data<float>() : nullptr;
   group_norm_kernel<<<(unsigned)rows, kThreads, 0, ctx().stream>>>(x.data<float>(), out[0]->data<float>(), 1, M, M, 1,
-                                                                   false, n.f("epsilon", 1e-5f), nullptr, nullptr,
-                                                                   in[1]->data<float>(), b ? b->data<float>() : nullptr);
+                                                                   false, n.f("epsilon", 1e-5f), nullptr, nullptr, g,
+                                                                   bb, mean, inv);
   CUDA_LAUNCHED();
 }
 

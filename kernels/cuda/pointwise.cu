@@ -76,6 +76,11 @@ __global__ void binary_same_kernel(Bin op, int64_t n, const float* a, const floa
   GRID_LOOP(i, n) out[i] = bin_apply(op, a[i], b[i]);
 }
 
+template <class T>
+__global__ void to_float_kernel(int64_t n, const T* x, float* y) {
+  GRID_LOOP(i, n) y[i] = (float)x[i];
+}
+
 __global__ void unary_kernel(Un op, int64_t n, const float* x, float* y) {
   GRID_LOOP(i, n) y[i] = un_apply(op, x[i]);
 }
@@ -128,14 +133,26 @@ Un un_of(const Node& n) {
 }
 
 void binary_op(const Node& n, const Ins& in, const Outs& out) {
-  require_f32(n, in);
   NCHECK(in.size() == 2, "the cuda kernel takes 2 inputs, got ", in.size());
   const Bin op = bin_of(n.op);
+  // Pow with an integer exponent (as the CPU kernel allows): the exponent as float32
+  const Tensor& e = *in[1];
+  const bool int_exp = op == Bin::Pow && (e.dtype == DType::I64 || e.dtype == DType::I32);
+  require_f32(n, int_exp ? Ins{in[0]} : in);
   const Shape& os = out[0]->shape;
   const int64_t total = out[0]->numel();
   if (total == 0) return;
   const float* a = in[0]->data<float>();
   const float* b = in[1]->data<float>();
+  if (int_exp) {
+    float* f = (float*)workspace(std::max<int64_t>(e.numel(), 1) * sizeof(float));
+    if (e.dtype == DType::I64)
+      to_float_kernel<<<blocks_for(e.numel()), kThreads, 0, ctx().stream>>>(e.numel(), e.data<int64_t>(), f);
+    else
+      to_float_kernel<<<blocks_for(e.numel()), kThreads, 0, ctx().stream>>>(e.numel(), e.data<int32_t>(), f);
+    CUDA_LAUNCHED();
+    b = f;
+  }
   float* y = out[0]->data<float>();
   if (in[0]->shape == os && in[1]->shape == os) {
     binary_same_kernel<<<blocks_for(total), kThreads, 0, ctx().stream>>>(op, total, a, b, y);
