@@ -5,6 +5,7 @@
 // the device those tests skip. The coverage tests read only the kernel tables and run
 // everywhere: every op a backend has needs a case, and every op in the CREDIT model graphs
 // (as the backend's prepare() leaves them) needs a kernel.
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -108,7 +109,7 @@ std::vector<std::string> device_backends(std::string* why) {
   register_gpu_backends();
   std::vector<std::string> r;
   for (const std::string& name : backend_names()) {
-    if (name == "cpu") continue;
+    if (find_backend(name)->device() == DeviceKind::CPU) continue;  // cpu, host test backends
     std::string w;
     if (find_backend(name)->available(&w))
       r.push_back(name);
@@ -179,7 +180,7 @@ TEST(Backends, EveryDeviceOpHasACase) {
   register_gpu_backends();
   register_cpu_kernels();
   for (const std::string& name : backend_names()) {
-    if (name == "cpu") continue;
+    if (find_backend(name)->device() == DeviceKind::CPU) continue;
     for (const std::string& op : find_backend(name)->ops()) {
       EXPECT_TRUE(op_known(op)) << name << " has a kernel for " << op << ", which has no CPU reference";
       EXPECT_FALSE(cases_for(op).empty()) << name << " has a kernel for " << op << " but no test case";
@@ -236,8 +237,8 @@ TEST(Backends, CreditModelOpsHaveDeviceKernels) {
   register_gpu_backends();
   int checked = 0;
   for (const std::string& name : backend_names()) {
-    if (name == "cpu") continue;
     Backend* b = find_backend(name);
+    if (b->device() == DeviceKind::CPU) continue;
     for (const ModelCase& m : credit_models()) {
       if (!std::filesystem::exists(m.model)) continue;
       SCOPED_TRACE(m.model);
@@ -299,4 +300,78 @@ TEST(Backends, UnavailableDeviceIsAClearError) {
   EXPECT_NE(msg.find("device 'cuda' is not available"), std::string::npos) << msg;
   opt.device = "tpu";
   EXPECT_NE(error_of([&] { Executor ex(b.g, opt); }).find("unknown device 'tpu'"), std::string::npos);
+}
+
+namespace {
+
+// A backend on host memory whose table has only Add (the CPU reference kernel): runs the
+// executor's device path (uploads, device arena, host outputs, the missing-kernel error)
+// without a GPU.
+class HostTestBackend : public TableBackend {
+ public:
+  const char* name() const override { return "hosttest"; }
+  DeviceKind device() const override { return DeviceKind::CPU; }
+  bool available(std::string*) const override { return true; }
+  std::shared_ptr<Storage> allocate(size_t nbytes) override {
+    ++allocations;
+    return std::make_shared<Storage>(nbytes);
+  }
+  void copy_to_device(void* dst, const void* src, size_t n) override {
+    ++uploads;
+    std::memcpy(dst, src, n);
+  }
+  void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void synchronize() override {}
+  void prepare(Graph&, Precision) override {}
+  int allocations = 0, uploads = 0;
+};
+
+HostTestBackend& host_test_backend() {
+  static HostTestBackend* b = [] {
+    register_cpu_kernels();
+    auto p = std::make_unique<HostTestBackend>();
+    p->register_kernel("Add", kernel_for("Add", KernelKind::Reference));
+    HostTestBackend* raw = p.get();
+    register_backend(std::move(p));
+    return raw;
+  }();
+  return *b;
+}
+
+}  // namespace
+
+TEST(Backends, ExecutorDevicePathOnAHostBackend) {
+  HostTestBackend& dev = host_test_backend();
+  GraphBuilder b;
+  int x = b.input("x", {2, 3});
+  int c = b.constant("c", randn({3}, 40));
+  int r = b.node("Reshape", {b.node("Add", {b.node("Add", {x, c}), c}), b.constant("s", Tensor::from_i64({3, 2}))});
+  b.g.outputs.push_back(r);
+  simplify(b.g, {{"x", {DType::F32, {2, 3}}}});
+  Tensor xin = randn({2, 3}, 41);
+  Executor cpu(b.g);
+  ExecOptions opt;
+  opt.device = "hosttest";
+  const int uploads0 = dev.uploads;
+  Executor ex(b.g, opt);
+  EXPECT_GE(dev.uploads - uploads0, 1);  // the constant, once
+  const int after_build = dev.uploads;
+  for (int run = 0; run < 2; ++run) {
+    Tensor y = ex.run({{"x", xin}})[0];
+    expect_close(y, cpu.run({{"x", xin}})[0], 0, 0);
+    EXPECT_EQ(y.device(), DeviceKind::CPU);
+  }
+  EXPECT_EQ(dev.uploads - after_build, 2);  // only the input, at each run
+}
+
+TEST(Backends, MissingDeviceKernelNamesTheNode) {
+  host_test_backend();
+  GraphBuilder b;
+  int x = b.input("x", {4});
+  b.g.outputs.push_back(b.node("Relu", {x}));
+  simplify(b.g, {{"x", {DType::F32, {4}}}});
+  ExecOptions opt;
+  opt.device = "hosttest";
+  const std::string msg = error_of([&] { Executor ex(b.g, opt); });
+  EXPECT_NE(msg.find("node /Relu_0 (Relu): no hosttest kernel for op Relu"), std::string::npos) << msg;
 }
