@@ -23,6 +23,34 @@ bool view_op(const std::string& op) {
 }  // namespace
 
 Executor::Executor(const Graph& graph, ExecOptions opt) : g_(&graph), opt_(opt) {
+  if (opt.device != "cpu") {
+    dev_ = &backend_for(opt.device);
+    own_ = graph;
+    if (opt.optimize) dev_->prepare(own_, opt.precision);
+    g_ = &own_;
+    const Graph& g = *g_;
+    dev_const_.resize(g.values.size());
+    for (const Node& n : g.nodes) {
+      const bool view = view_op(n.op);
+      const BackendKernel* k = view ? nullptr : dev_->kernel(n.op);
+      WXE_CHECK(view || k, g.source, ": node ", n.name, " (", n.op, "): no ", dev_->name(),
+                " kernel for op ", n.op);
+      kernels_.push_back(k ? k->forward : nullptr);
+      host_inputs_.push_back(k ? k->host_inputs : 0);
+      is_view_.push_back(view);
+      for (int o : n.outputs)
+        WXE_CHECK(g.values[o].shape_known, g.source, ": value '", g.values[o].name,
+                  "' has no static shape; run the passes first");
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const int v = n.inputs[i];
+        const bool host = i < 32 && (host_inputs_.back() >> i & 1);
+        if (v >= 0 && !host && g.values[v].is_const() && !dev_const_[v].defined())
+          dev_const_[v] = dev_->upload(*g.values[v].constant);
+      }
+    }
+    plan_memory();
+    return;
+  }
   if (opt.optimize && opt.kernels == KernelKind::Fast) {
     own_ = graph;
     optimize_for_cpu(own_, opt.precision);
@@ -90,6 +118,7 @@ void Executor::plan_memory() {
 Executor::~Executor() = default;
 
 std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
+  if (dev_) return run_device(inputs);
   set_threads(opt_.threads);
   std::vector<Tensor> vals(g_->values.size());
   for (size_t v = 0; v < g_->values.size(); ++v)
@@ -149,6 +178,83 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
   }
   std::vector<Tensor> result;
   for (int o : g_->outputs) result.push_back(vals[o]);
+  return result;
+}
+
+std::vector<Tensor> Executor::run_device(const std::map<std::string, Tensor>& inputs) {
+  set_threads(opt_.threads);
+  const Graph& g = *g_;
+  std::vector<Tensor> vals(g.values.size());
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (g.values[v].is_const()) vals[v] = dev_const_[v].defined() ? dev_const_[v] : *g.values[v].constant;
+  for (int id : g.inputs) {
+    const Value& v = g.values[id];
+    auto it = inputs.find(v.name);
+    WXE_CHECK(it != inputs.end(), "no tensor given for input '", v.name, "'");
+    WXE_CHECK(it->second.dtype == v.dtype && it->second.shape == v.shape, "input '", v.name,
+              "' expects ", dtype_name(v.dtype), " ", shape_str(v.shape), ", got ",
+              dtype_name(it->second.dtype), " ", shape_str(it->second.shape));
+    vals[id] = dev_->upload(it->second);
+  }
+  if (!arena_ && arena_bytes_) arena_ = dev_->allocate(arena_bytes_);
+  peak_bytes_ = arena_bytes_;
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+  std::vector<Tensor> host_in;  // inputs a kernel reads on the host, for the current node
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    in.clear();
+    out.clear();
+    host_in.assign(n.inputs.size(), Tensor());
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const int v = n.inputs[i];
+      if (v < 0) {
+        in.push_back(nullptr);
+      } else if (i < 32 && (host_inputs_[k] >> i & 1)) {
+        host_in[i] = g.values[v].is_const() ? *g.values[v].constant : dev_->download(vals[v]);
+        in.push_back(&host_in[i]);
+      } else {
+        in.push_back(&vals[v]);
+      }
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    if (is_view_[k]) {
+      vals[n.outputs[0]] = in[0]->reshaped(g.values[n.outputs[0]].shape);
+    } else {
+      for (int o : n.outputs) {
+        const Value& v = g.values[o];
+        Tensor t;
+        t.dtype = v.dtype;
+        t.shape = v.shape;
+        if (offset_[o] >= 0) {
+          t.storage = arena_;
+          t.offset = (size_t)offset_[o];
+        } else {
+          t.storage = dev_->allocate(t.nbytes());
+          peak_bytes_ += t.nbytes();
+        }
+        vals[o] = std::move(t);
+        out.push_back(&vals[o]);
+      }
+      try {
+        kernels_[k](n, in, out);
+        if (opt_.profile) dev_->synchronize();
+      } catch (const Error& e) {
+        throw Error(g.source + ": node " + n.name + " (" + n.op + "): " + e.what());
+      }
+    }
+    if (opt_.profile) {
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (node_ms_.size() != g.nodes.size()) node_ms_.assign(g.nodes.size(), 0.0);
+      node_ms_[k] += ms;
+      auto& p = profile_[n.op];
+      p.ms += ms;
+      ++p.calls;
+    }
+  }
+  std::vector<Tensor> result;
+  for (int o : g.outputs) result.push_back(dev_->download(vals[o]));
+  dev_->synchronize();
   return result;
 }
 

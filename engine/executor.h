@@ -1,5 +1,9 @@
 // Runs a simplified graph: nodes in their (topological) order, view ops (Reshape, Squeeze,
-// ...) as aliases of their input. With the fast kernels it first applies the CPU fusion
+// ...) as aliases of their input. On a device other than the CPU (ExecOptions.device, a
+// backend from engine/backend.h) the kernels come from that backend's table, the graph is
+// prepared by the backend's own passes, constants are uploaded once at construction, the
+// arena lives in device memory, inputs are uploaded at every run and the outputs come back as
+// host tensors. With the fast kernels it first applies the CPU fusion
 // passes (engine/fuse.h) to its own copy of the graph, made at construction; the caller's
 // graph is left as it is (the copy shares its constants).
 // Memory plan (shapes are static): every activation but the graph outputs gets an offset in
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/fuse.h"
 #include "engine/graph.h"
 #include "engine/ops.h"
@@ -25,6 +30,7 @@ struct ExecOptions {
   bool profile = false;                  // accumulate time per op type
   bool optimize = true;                  // with Fast kernels: run optimize_for_cpu() first
   Precision precision = Precision::F32;  // with optimize: BF16 convs and Linear (engine/fuse.h)
+  std::string device = "cpu";            // a backend name (engine/backend.h): "cpu", "cuda"
 };
 
 struct OpProfile {
@@ -59,6 +65,11 @@ class Executor {
   size_t arena_bytes_ = 0;
   std::shared_ptr<Storage> arena_;    // allocated at the first run, kept
   void plan_memory();
+  // device backends (nullptr: the CPU path above)
+  Backend* dev_ = nullptr;
+  std::vector<uint32_t> host_inputs_;  // per node: inputs its kernel reads on the host
+  std::vector<Tensor> dev_const_;      // per value: the constant in device memory, if used there
+  std::vector<Tensor> run_device(const std::map<std::string, Tensor>& inputs);
 };
 
 // Sets the OpenMP thread count used by kernels (and oneDNN).

@@ -87,7 +87,16 @@ Storage::Storage(size_t n) : nbytes(n) {
   data = static_cast<uint8_t*>(std::aligned_alloc(64, rounded ? rounded : 64));
   if (!data) fail("out of memory allocating ", n, " bytes");
 }
-Storage::~Storage() { std::free(data); }
+Storage::Storage(void* p, size_t n, DeviceKind dev, FreeFn f)
+    : data(static_cast<uint8_t*>(p)), nbytes(n), device(dev), free_fn(f) {}
+Storage::~Storage() {
+  if (free_fn)
+    free_fn(data);
+  else
+    std::free(data);
+}
+
+const char* device_name(DeviceKind d) { return d == DeviceKind::CUDA ? "cuda" : "cpu"; }
 
 Tensor::Tensor(DType t, Shape s) : dtype(t), shape(std::move(s)) {
   for (int64_t d : shape) WXE_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));

@@ -1,4 +1,5 @@
-// Tensor: dtype, shape and a reference to host storage. Always contiguous, row-major.
+// Tensor: dtype, shape and a reference to storage on a device (host memory unless a backend
+// allocated it: engine/backend.h). Always contiguous, row-major.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,14 +30,23 @@ void set_max_alloc_bytes(size_t n);
 std::string shape_str(const Shape& s);          // "(1, 7, 32, 64)"
 std::vector<int64_t> strides_of(const Shape& s);  // contiguous strides in elements
 
-// A block of 64-byte aligned bytes. Storage is shared between tensors (views, reshapes).
+// Where a storage's bytes live. Host code may dereference only CPU storage.
+enum class DeviceKind : uint8_t { CPU, CUDA };
+const char* device_name(DeviceKind d);  // "cpu", "cuda"
+
+// A block of bytes shared between tensors (views, reshapes). Host storage is 64-byte
+// aligned; device storage comes from a backend with the deleter that frees it.
 struct Storage {
-  explicit Storage(size_t nbytes);
+  using FreeFn = void (*)(void*);
+  explicit Storage(size_t nbytes);  // host memory
+  Storage(void* data, size_t nbytes, DeviceKind device, FreeFn free_fn);  // a backend's memory
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   uint8_t* data = nullptr;
   size_t nbytes = 0;
+  DeviceKind device = DeviceKind::CPU;
+  FreeFn free_fn = nullptr;  // nullptr: host memory from aligned_alloc
 };
 
 struct Tensor {
@@ -57,6 +67,7 @@ struct Tensor {
   int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
   int rank() const { return (int)shape.size(); }
   bool defined() const { return storage != nullptr; }
+  DeviceKind device() const { return storage ? storage->device : DeviceKind::CPU; }
 
   void* raw() { return storage->data + offset; }
   const void* raw() const { return storage->data + offset; }

@@ -223,6 +223,7 @@ struct InferArgs {
   bool reference = false;
   std::string weights, plan;
   std::string precision = "fp32";
+  std::string device = "cpu";
 };
 
 // This dp group's share of dim 0 of every input.
@@ -311,6 +312,9 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   opt.threads = a.threads;
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
   opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
+  opt.device = a.device;
+  WXE_CHECK(a.device == "cpu" || (!a.reference && mesh.world == 1),
+            "--device ", a.device, " runs one process without --reference (no --tp or mpirun yet)");
   Executor ex(g, opt);
   auto t2 = std::chrono::steady_clock::now();
   std::vector<Tensor> outs = run_any_batch(ex, inputs, batch);
@@ -367,6 +371,7 @@ struct BenchArgs {
   bool json = false;
   std::string weights;
   std::string precision = "fp32";
+  std::string device = "cpu";
 };
 
 struct ConvertArgs {
@@ -445,6 +450,11 @@ int cmd_bench(const BenchArgs& a) {
   opt.threads = a.threads;
   opt.profile = true;
   opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
+  opt.device = a.device;
+  // On a device, timing per op waits for each kernel: the timed runs go without it and one
+  // more run with it gives the table (per-op times then include the waits).
+  const bool device = a.device != "cpu";
+  if (device) opt.profile = false;
   Executor ex(g, opt);
   run_any_batch(ex, inputs, batch);  // warm-up: primitive creation, weight reorders, page faults
   std::map<std::string, OpProfile> warm = ex.profile();
@@ -459,11 +469,21 @@ int cmd_bench(const BenchArgs& a) {
   std::sort(sorted.begin(), sorted.end());
   double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
                                     : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
-  // per op type over the timed runs only
+  // per op type over the timed runs only (on a device: one synchronized run of its own)
+  int prof_runs = a.runs;
+  std::unique_ptr<Executor> prof;
+  if (device) {
+    opt.profile = true;
+    prof = std::make_unique<Executor>(g, opt);
+    prof->run(inputs);
+    warm.clear();
+    prof_runs = 1;
+  }
+  const Executor& pe = device ? *prof : ex;
   std::vector<std::pair<double, std::string>> by_op;
   double total = 0;
-  for (auto& kv : ex.profile()) {
-    double t = (kv.second.ms - warm[kv.first].ms) / a.runs;
+  for (auto& kv : pe.profile()) {
+    double t = (kv.second.ms - warm[kv.first].ms) / prof_runs;
     by_op.push_back({t, kv.first});
     total += t;
   }
@@ -471,13 +491,16 @@ int cmd_bench(const BenchArgs& a) {
   std::printf("%-24s %10s %6s %8s\n", "op type", "ms/run", "%", "calls");
   for (auto& [t, op] : by_op)
     std::printf("%-24s %10.2f %6.1f %8d\n", op.c_str(), t, 100 * t / std::max(total, 1e-9),
-                (ex.profile().at(op).calls - warm[op].calls) / a.runs);
-  std::printf("forward over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d\n",
-              a.runs, sorted.front(), median, sorted.back(), peak_rss_mb(), a.threads);
+                (pe.profile().at(op).calls - warm[op].calls) / prof_runs);
+  if (device) std::printf("(per-op times from one run that waits for every kernel)\n");
+  std::printf("forward over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; %s\n",
+              a.runs, sorted.front(), median, sorted.back(), peak_rss_mb(),
+              device ? ("device " + a.device).c_str() : str("threads ", a.threads).c_str());
   if (a.json)
-    std::printf("{\"model\": \"%s\", \"threads\": %d, \"runs\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, "
-                "\"max_ms\": %.3f, \"peak_rss_mb\": %.1f}\n",
-                a.model.c_str(), a.threads, a.runs, median, sorted.front(), sorted.back(), peak_rss_mb());
+    std::printf("{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"runs\": %d, \"median_ms\": %.3f, "
+                "\"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f}\n",
+                a.model.c_str(), a.device.c_str(), a.threads, a.runs, median, sorted.front(), sorted.back(),
+                peak_rss_mb());
   return 0;
 }
 
@@ -518,6 +541,8 @@ int main(int argc, char** argv) {
   infer->add_option("--tp", ia.tp, "tensor-parallel ranks (world = dp x tp; run under mpirun)");
   infer->add_option("--plan", ia.plan, "plan file (JSON: weight-name pattern -> colwise|rowwise|replicate)");
   infer->add_option("--weights,-w", ia.weights, "load parameters by name: .safetensors, or a legacy CREDIT .pt (converted on the fly)");
+  infer->add_option("--device", ia.device, "cpu (default) or cuda: run on the first GPU (float32)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   infer->add_option("--precision", ia.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation")
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
@@ -531,6 +556,8 @@ int main(int argc, char** argv) {
   bench->add_option("--weights,-w", ba.weights, "load parameters by name (.safetensors or legacy .pt)");
   bool bench_train = false;
   bench->add_flag("--train", bench_train, "time a training step (forward, backward, clipping, AdamW) instead of the forward pass");
+  bench->add_option("--device", ba.device, "cpu (default) or cuda: run on the first GPU (float32)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   bench->add_option("--precision", ba.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation")
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
@@ -629,6 +656,8 @@ int main(int argc, char** argv) {
     g_quiet = mesh.rank != 0;
   }
   try {
+    register_gpu_backends();
+    if (*bench && bench_train) WXE_CHECK(ba.device == "cpu", "bench --train runs on the cpu only (no --device cuda yet)");
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan);
     if (*infer) return cmd_infer(ia, mesh);
     if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json);

@@ -34,6 +34,23 @@ struct ResizeAxisTaps {
   std::vector<float> w;      // [out_len * k]
 };
 std::vector<ResizeAxisTaps> resize_axis_taps(const Node& n, const Ins& in, const Shape& out);
+// Slice (data_ops.cpp): per dim of the input, the first index, the step and the output length
+// (starts/ends clamped as ONNX says); the GPU kernels read attributes through it too.
+struct SliceDim {
+  int64_t start = 0, step = 1, len = 0;
+};
+std::vector<SliceDim> slice_plan(const Node& n, const Shape& s, const std::vector<int64_t>& starts,
+                                 const std::vector<int64_t>& ends, std::vector<int64_t> axes,
+                                 std::vector<int64_t> steps);
+// Pad (data_ops.cpp): mode attribute and per-dim begin/end pads (negative: crop), output shape.
+enum class PadMode { Constant, Reflect, Edge, Wrap };
+PadMode pad_mode(const Node& n);
+struct PadPlan {
+  std::vector<int64_t> begin, end;  // per dim, may be negative
+  Shape out;
+};
+PadPlan pad_plan(const Node& n, const Shape& s, const std::vector<int64_t>& pads,
+                 std::vector<int64_t> axes);
 // Backward kernels (engine/ops.h BackwardFn), checked by tests/grad_test.cpp:
 void register_pointwise_backward();  // backward_pointwise.cpp: elementwise, shape and data ops
 void register_layer_backward();      // backward_layers.cpp: norms, reductions, linalg, SpectralNorm

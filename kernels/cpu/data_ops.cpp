@@ -145,9 +145,7 @@ void strided_copy(const uint8_t* src, int64_t base, const std::vector<int64_t>& 
 // ---------------------------------------------------------------------------------------
 // Slice (opset 13): inputs data, starts, ends, axes?, steps?
 
-struct SliceDim {
-  int64_t start = 0, step = 1, len = 0;
-};
+}  // namespace
 
 std::vector<SliceDim> slice_plan(const Node& n, const Shape& s, const std::vector<int64_t>& starts,
                                  const std::vector<int64_t>& ends, std::vector<int64_t> axes,
@@ -190,6 +188,8 @@ std::vector<SliceDim> slice_plan(const Node& n, const Shape& s, const std::vecto
   }
   return plan;
 }
+
+namespace {
 
 std::vector<TypeShape> slice_shape(const Node& n, const Values& in) {
   const Value& x = req_v(n, in, 0);
@@ -366,7 +366,7 @@ void transpose_kernel(const Node& n, const Ins& in, const Outs& out) {
 // Pad (opset 13-19): data, pads, constant_value?, axes? (18); mode constant/reflect/edge/wrap.
 // Negative pads crop first; the positive pads then extend the cropped tensor.
 
-enum class PadMode { Constant, Reflect, Edge, Wrap };
+}  // namespace
 
 PadMode pad_mode(const Node& n) {
   std::string m = n.s("mode", "constant");
@@ -376,11 +376,6 @@ PadMode pad_mode(const Node& n) {
   if (m == "wrap") return PadMode::Wrap;
   fail("node ", n.name, " (", n.op, "): unsupported mode '", m, "'");
 }
-
-struct PadPlan {
-  std::vector<int64_t> begin, end;  // per dim, may be negative
-  Shape out;
-};
 
 PadPlan pad_plan(const Node& n, const Shape& s, const std::vector<int64_t>& pads,
                  std::vector<int64_t> axes) {
@@ -410,6 +405,8 @@ PadPlan pad_plan(const Node& n, const Shape& s, const std::vector<int64_t>& pads
   }
   return p;
 }
+
+namespace {
 
 std::vector<int64_t> pads_of(const Node& n, const Values& in) {
   if (opt_v(in, 1)) return const_ints(n, in, 1);

@@ -1,0 +1,126 @@
+// The CUDA backend: device 0, one stream, memory from cudaMalloc, the kernel table of
+// kernels/cuda, and its own graph preparation.
+#include <mutex>
+
+#include "engine/fuse.h"
+#include "kernels/cuda/cuda_util.h"
+
+namespace wxe::cuda {
+
+namespace {
+
+bool device_present(std::string* why) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    if (why) *why = std::string("no CUDA GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+    cudaGetLastError();
+    return false;
+  }
+  if (count == 0) {
+    if (why) *why = "no CUDA GPU found";
+    return false;
+  }
+  return true;
+}
+
+void free_device(void* p) { cudaFree(p); }  // at exit the context may be gone: ignore errors
+
+struct Workspace {
+  void* p = nullptr;
+  size_t cap = 0;
+};
+Workspace& ws() {
+  static Workspace w;
+  return w;
+}
+
+class CudaBackend : public TableBackend {
+ public:
+  const char* name() const override { return "cuda"; }
+  DeviceKind device() const override { return DeviceKind::CUDA; }
+  bool available(std::string* why) const override { return device_present(why); }
+  std::shared_ptr<Storage> allocate(size_t nbytes) override {
+    ctx();
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, nbytes ? nbytes : 256));
+    return std::make_shared<Storage>(p, nbytes, DeviceKind::CUDA, free_device);
+  }
+  void copy_to_device(void* dst, const void* src, size_t n) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, ctx().stream));
+    CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
+  }
+  void copy_to_host(void* dst, const void* src, size_t n) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ctx().stream));
+    CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(ctx().stream)); }
+  // The CPU fusions whose products have CUDA kernels: fewer launches, same numbers up to
+  // float rounding. No layout passes (cuDNN runs NCHW) and no fused window attention yet.
+  void prepare(Graph& g, Precision precision) override {
+    WXE_CHECK(precision == Precision::F32, "device 'cuda' runs float32 only (bf16 is not done yet)");
+    remove_identity_ops(g);
+    fuse_gelu(g);
+    fuse_channel_layernorm(g);
+    fuse_linear_gelu(g);
+  }
+};
+
+}  // namespace
+
+Context& ctx() {
+  static Context c = [] {
+    std::string why;
+    WXE_CHECK(device_present(&why), "device 'cuda' is not available: ", why);
+    Context r;
+    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&r.blas));
+    CUBLAS_CHECK(cublasSetStream(r.blas, r.stream));
+    // exact float32 products (no TF32), as the CPU reference computes them
+    CUBLAS_CHECK(cublasSetMathMode(r.blas, CUBLAS_PEDANTIC_MATH));
+    CUDNN_CHECK(cudnnCreate(&r.dnn));
+    CUDNN_CHECK(cudnnSetStream(r.dnn, r.stream));
+    return r;
+  }();
+  return c;
+}
+
+void* workspace(size_t bytes) {
+  Workspace& w = ws();
+  if (bytes > w.cap) {
+    if (w.p) {
+      CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
+      CUDA_CHECK(cudaFree(w.p));
+    }
+    w.p = nullptr;
+    w.cap = 0;
+    CUDA_CHECK(cudaMalloc(&w.p, bytes));
+    w.cap = bytes;
+  }
+  return w.p;
+}
+
+void require_f32(const Node& n, const Ins& in) {
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i])
+      NCHECK(in[i]->dtype == DType::F32, "input ", i, " is ", dtype_name(in[i]->dtype),
+             ", the cuda kernel supports float32 only");
+}
+
+}  // namespace wxe::cuda
+
+namespace wxe {
+
+void register_gpu_backends() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto b = std::make_unique<cuda::CudaBackend>();
+    cuda::register_pointwise(*b);
+    cuda::register_norm(*b);
+    cuda::register_linalg(*b);
+    register_backend(std::move(b));
+  });
+}
+
+}  // namespace wxe

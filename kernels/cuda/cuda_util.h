@@ -1,0 +1,77 @@
+// Private plumbing of the CUDA backend: error checks, the process-wide context (device 0, one
+// stream, cuBLAS and cuDNN handles, a grow-only workspace), and the launchers that the op
+// files share. Every CUDA, cuBLAS and cuDNN call and every kernel launch is checked.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/ops.h"
+#include "kernels/cuda/index_math.h"
+
+namespace wxe::cuda {
+
+#define CUDA_CHECK(call)                                                                    \
+  do {                                                                                      \
+    cudaError_t err_ = (call);                                                              \
+    if (err_ != cudaSuccess) ::wxe::fail("cuda: ", cudaGetErrorString(err_), " (", #call, ")"); \
+  } while (0)
+#define CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                      \
+    cublasStatus_t st_ = (call);                                                            \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      ::wxe::fail("cublas: ", cublasGetStatusString(st_), " (", #call, ")");                \
+  } while (0)
+#define CUDNN_CHECK(call)                                                                   \
+  do {                                                                                      \
+    cudnnStatus_t st_ = (call);                                                             \
+    if (st_ != CUDNN_STATUS_SUCCESS) ::wxe::fail("cudnn: ", cudnnGetErrorString(st_), " (", #call, ")"); \
+  } while (0)
+// After a kernel launch.
+#define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+// Bad input in a kernel, naming the node.
+#define NCHECK(cond, ...) WXE_CHECK(cond, "node ", n.name, " (", n.op, "): ", __VA_ARGS__)
+
+using Ins = std::vector<const Tensor*>;
+using Outs = std::vector<Tensor*>;
+
+struct Context {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  cudnnHandle_t dnn = nullptr;
+};
+// Created at the first use (never at registration: the tables exist without a GPU).
+Context& ctx();
+// Device scratch of at least `bytes`, valid until the next call (kernels run in stream order,
+// so consecutive users may share it).
+void* workspace(size_t bytes);
+
+inline unsigned blocks_for(int64_t n, int threads = 256) {
+  int64_t b = (n + threads - 1) / threads;
+  return (unsigned)(b < 1 ? 1 : (b > 65535LL * 512 ? 65535LL * 512 : b));
+}
+
+// Fails naming the node unless every present input is float32.
+void require_f32(const Node& n, const Ins& in);
+
+// dst[walk side b] = src[walk side a], elements of elem_size bytes (1, 2, 4 or 8).
+void launch_copy(const Walk& w, const void* src, void* dst, size_t elem_size);
+// y (P, N, Q) += bias[j] (if bias), then GELU (if gelu).
+void launch_bias_act(float* y, const float* bias, int64_t P, int64_t N, int64_t Q, bool gelu);
+
+// y = x padded as p says (constant value where p gives no source), y contiguous.
+void launch_pad(const PadIndex& p, int64_t total, const float* x, float* y, float value);
+// y (contiguous, total elements) = the einsum of up to 3 operands (EinsumIndex in index_math.h).
+void launch_einsum_generic(const EinsumIndex& e, const std::vector<const float*>& src, float* y, int64_t total);
+
+// Registration of each op group into the CUDA backend's table (kernels/cuda/*).
+void register_pointwise(TableBackend& b);  // pointwise.cu: elementwise, copies, Pad, Resize
+void register_norm(TableBackend& b);       // norm.cu: reductions, Softmax, norms, Einsum (generic)
+void register_linalg(TableBackend& b);     // linalg.cpp: Linear, MatMul, Gemm, Einsum, Conv, ConvTranspose
+
+}  // namespace wxe::cuda

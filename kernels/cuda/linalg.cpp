@@ -1,0 +1,412 @@
+// Linear algebra on the CUDA backend: Linear, MatMul, Gemm and matmul-shaped Einsum on cuBLAS
+// (float32, no TF32: the default math mode), Conv and ConvTranspose on cuDNN (FMA math only,
+// no TF32). Host code only; the small kernels it needs (bias, copies, padding, the generic
+// Einsum) are launched through cuda_util.h. Attributes are read by the CPU helpers
+// (kernels/cpu/dnnl_util.h: parse_einsum, conv_geometry), so both backends agree on them.
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/cuda/cuda_util.h"
+
+namespace wxe::cuda {
+
+namespace {
+
+// C (row-major, per batch M x N) = A (M x K, or K x M if ta) * B (K x N, or N x K if tb),
+// batched with element strides (0: shared by every batch).
+void gemm_rowmajor(int64_t batch, int64_t M, int64_t N, int64_t K, const float* A, bool ta, int64_t sa,
+                   const float* B, bool tb, int64_t sb, float* C, int64_t sc, float alpha = 1.f, float beta = 0.f) {
+  // row-major C = A B  <=>  column-major C^T = B^T A^T
+  const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int ldb = (int)(tb ? K : N), lda = (int)(ta ? M : K), ldc = (int)N;
+  if (batch == 1)
+    CUBLAS_CHECK(cublasSgemm(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+  else
+    CUBLAS_CHECK(cublasSgemmStridedBatched(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, ldb, sb, A, lda,
+                                           sa, &beta, C, ldc, sc, (int)batch));
+}
+
+// ---------------------------------------------------------------- Linear
+// Y (P, N, Q) = W (N, K) X (P, K, Q) + b, X viewed around `axis` (kernels/cpu/linalg.cpp).
+void linear_op(const Node& n, const Ins& in, const Outs& out) {
+  require_f32(n, in);
+  const Tensor& x = *in[0];
+  const Tensor& w = *in[1];
+  const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
+  const std::string act = n.s("activation", "");
+  NCHECK(act.empty() || act == "gelu", "unknown activation '", act, "'");
+  NCHECK(w.rank() == 2, "W must be 2-D");
+  const int64_t axis = norm_axis(n.i("axis", -1), x.rank(), n);
+  const int64_t K = x.shape[axis], N = w.shape[0];
+  NCHECK(w.shape[1] == K, "X ", shape_str(x.shape), " and W ", shape_str(w.shape), " disagree on K");
+  int64_t P = 1, Q = 1;
+  for (int64_t d = 0; d < axis; ++d) P *= x.shape[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) Q *= x.shape[d];
+  float* y = out[0]->data<float>();
+  if (P * N * Q == 0) return;
+  if (Q == 1)  // Y (P, N) = X (P, K) W^T
+    gemm_rowmajor(1, P, N, K, x.data<float>(), false, 0, w.data<float>(), true, 0, y, 0);
+  else  // per p: Y_p (N, Q) = W (N, K) X_p (K, Q)
+    gemm_rowmajor(P, N, Q, K, w.data<float>(), false, 0, x.data<float>(), false, K * Q, y, N * Q);
+  launch_bias_act(y, bias ? bias->data<float>() : nullptr, P, N, Q, act == "gelu");
+}
+
+// ---------------------------------------------------------------- MatMul
+// numpy matmul; batch dims must be equal or one side's batch a single matrix.
+void matmul_op(const Node& n, const Ins& in, const Outs& out) {
+  require_f32(n, in);
+  Shape a = in[0]->shape, b = in[1]->shape;
+  NCHECK(!a.empty() && !b.empty(), "scalar operands");
+  if (a.size() == 1) a.insert(a.begin(), 1);
+  if (b.size() == 1) b.push_back(1);
+  const int64_t M = a[a.size() - 2], K = a.back(), N = b.back();
+  NCHECK(b[b.size() - 2] == K, "inner dims differ: ", shape_str(in[0]->shape), " and ", shape_str(in[1]->shape));
+  const int64_t ba = numel(Shape(a.begin(), a.end() - 2)), bb = numel(Shape(b.begin(), b.end() - 2));
+  const int64_t batch = out[0]->numel() / std::max<int64_t>(M * N, 1);
+  if (out[0]->numel() == 0) return;
+  if (!((ba == batch || ba == 1) && (bb == batch || bb == 1))) {  // partial broadcast: one GEMM per batch
+    const Shape& os = out[0]->shape;
+    const Shape ob(os.begin(), os.end() - 2);
+    Walk w;
+    NCHECK(make_walk(ob, broadcast_strides(Shape(a.begin(), a.end() - 2), ob),
+                     broadcast_strides(Shape(b.begin(), b.end() - 2), ob), 0, 0, &w),
+           "too many batch dims");
+    for (int64_t i = 0; i < batch; ++i) {
+      int64_t ia, ib;
+      walk_offsets(w, i, &ia, &ib);
+      gemm_rowmajor(1, M, N, K, in[0]->data<float>() + ia * M * K, false, 0, in[1]->data<float>() + ib * K * N,
+                    false, 0, out[0]->data<float>() + i * M * N, 0);
+    }
+    return;
+  }
+  gemm_rowmajor(batch, M, N, K, in[0]->data<float>(), false, ba == 1 ? 0 : M * K, in[1]->data<float>(), false,
+                bb == 1 ? 0 : K * N, out[0]->data<float>(), M * N);
+}
+
+// ---------------------------------------------------------------- Gemm
+void gemm_op(const Node& n, const Ins& in, const Outs& out) {
+  require_f32(n, in);
+  const bool ta = n.i("transA", 0) != 0, tb = n.i("transB", 0) != 0;
+  const float alpha = n.f("alpha", 1.f), beta = n.f("beta", 1.f);
+  const Tensor &A = *in[0], &B = *in[1];
+  NCHECK(A.rank() == 2 && B.rank() == 2, "A and B must be 2-D");
+  const int64_t M = ta ? A.shape[1] : A.shape[0], K = ta ? A.shape[0] : A.shape[1];
+  const int64_t N = tb ? B.shape[0] : B.shape[1];
+  float* y = out[0]->data<float>();
+  const Tensor* C = in.size() > 2 ? in[2] : nullptr;
+  if (M * N == 0) return;
+  if (C) {  // Y = broadcast C, then Y = alpha A B + beta Y
+    const Shape os{M, N};
+    Walk w;
+    NCHECK(make_walk(os, broadcast_strides(C->shape, os), strides_of(os), 0, 0, &w), "C does not broadcast");
+    launch_copy(w, C->raw(), y, 4);
+  }
+  gemm_rowmajor(1, M, N, K, A.data<float>(), ta, 0, B.data<float>(), tb, 0, y, 0, alpha, C ? beta : 0.f);
+}
+
+// ---------------------------------------------------------------- Einsum
+// Two operands whose letters split into batch (both inputs and output), m (A and output),
+// n (B and output) and k (both inputs, summed): a batched GEMM over operands staged into
+// (batch, m, k), (batch, k, n) or (batch, n, k) order when they are not already in one of
+// them. Anything else runs the generic kernel.
+struct Letters {
+  std::map<char, int64_t> size;
+  std::string batch, m, nn, k;
+};
+
+bool matmul_letters(const cpu::EinsumEq& eq, const Ins& in, Letters* L) {
+  if (eq.in.size() != 2) return false;
+  const std::string &la = eq.in[0], &lb = eq.in[1], &lo = eq.out;
+  auto has = [](const std::string& s, char c) { return s.find(c) != std::string::npos; };
+  for (const std::string* s : {&la, &lb, &lo}) {
+    std::string t = *s;
+    std::sort(t.begin(), t.end());
+    if (std::adjacent_find(t.begin(), t.end()) != t.end()) return false;  // diagonals
+  }
+  for (size_t i = 0; i < la.size(); ++i) L->size[la[i]] = in[0]->shape[i];
+  for (size_t i = 0; i < lb.size(); ++i) L->size[lb[i]] = in[1]->shape[i];
+  for (char c : lo) {
+    if (has(la, c) && has(lb, c)) L->batch.push_back(c);
+    else if (has(la, c)) L->m.push_back(c);
+    else L->nn.push_back(c);
+  }
+  for (char c : la)
+    if (!has(lo, c)) {
+      if (!has(lb, c)) return false;  // summed over one operand only
+      L->k.push_back(c);
+    }
+  for (char c : lb)
+    if (!has(la, c) && !has(lo, c)) return false;
+  return true;
+}
+
+// Element strides of each letter of `sub` in a contiguous tensor of that shape.
+std::map<char, int64_t> letter_strides(const std::string& sub, const Shape& s) {
+  std::map<char, int64_t> r;
+  auto st = strides_of(s);
+  for (size_t i = 0; i < sub.size(); ++i) r[sub[i]] = st[i];
+  return r;
+}
+
+// Copies a tensor with subscripts `from` into contiguous order `to` (src -> dst), or the
+// reverse (scatter: contiguous `to` order -> tensor `from`).
+void permute_copy(const Node& n, const Letters& L, const std::string& from, const Shape& from_shape,
+                  const std::string& to, const float* src, float* dst, bool scatter) {
+  const auto fs = letter_strides(from, from_shape);
+  Shape tshape;
+  for (char c : to) tshape.push_back(L.size.at(c));
+  const auto tst = strides_of(tshape);
+  std::vector<int64_t> fst;
+  for (char c : to) fst.push_back(fs.at(c));
+  Walk w;
+  NCHECK(make_walk(tshape, scatter ? tst : fst, scatter ? fst : tst, 0, 0, &w), "too many dims");
+  launch_copy(w, src, dst, 4);
+}
+
+void einsum_op(const Node& n, const Ins& in, const Outs& out) {
+  require_f32(n, in);
+  const cpu::EinsumEq eq = cpu::parse_einsum(n, in.size());
+  const int64_t total = out[0]->numel();
+  if (total == 0) return;
+  Letters L;
+  if (matmul_letters(eq, in, &L)) {
+    auto prod = [&](const std::string& s) {
+      int64_t p = 1;
+      for (char c : s) p *= L.size.at(c);
+      return p;
+    };
+    const int64_t nb = prod(L.batch), M = prod(L.m), N = prod(L.nn), K = prod(L.k);
+    const std::string a_mk = L.batch + L.m + L.k, a_km = L.batch + L.k + L.m;
+    const std::string b_kn = L.batch + L.k + L.nn, b_nk = L.batch + L.nn + L.k;
+    const std::string o_mn = L.batch + L.m + L.nn;
+    const bool a_ok = eq.in[0] == a_mk || eq.in[0] == a_km, b_ok = eq.in[1] == b_kn || eq.in[1] == b_nk;
+    const bool o_ok = eq.out == o_mn;
+    const size_t need = (a_ok ? 0 : in[0]->numel()) + (b_ok ? 0 : in[1]->numel()) + (o_ok ? 0 : total);
+    float* ws = need ? (float*)workspace(need * sizeof(float)) : nullptr;
+    const float* A = in[0]->data<float>();
+    const float* B = in[1]->data<float>();
+    bool ta = eq.in[0] == a_km, tb = eq.in[1] == b_nk;
+    if (!a_ok) {
+      permute_copy(n, L, eq.in[0], in[0]->shape, a_mk, A, ws, false);
+      A = ws;
+      ws += in[0]->numel();
+      ta = false;
+    }
+    if (!b_ok) {
+      permute_copy(n, L, eq.in[1], in[1]->shape, b_kn, B, ws, false);
+      B = ws;
+      ws += in[1]->numel();
+      tb = false;
+    }
+    float* C = o_ok ? out[0]->data<float>() : ws;
+    gemm_rowmajor(nb, M, N, K, A, ta, M * K, B, tb, K * N, C, M * N);
+    if (!o_ok) permute_copy(n, L, eq.out, out[0]->shape, o_mn, C, out[0]->data<float>(), true);
+    return;
+  }
+  // generic: any equation of up to 3 operands
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<const float*> src;
+  for (const Tensor* t : in) {
+    shapes.push_back(t->shape);
+    src.push_back(t->data<float>());
+  }
+  EinsumIndex e;
+  NCHECK(make_einsum(eq.in, eq.out, shapes, &e), "the cuda kernel takes at most 3 operands and ", kMaxRank,
+         " output and summed letters");
+  launch_einsum_generic(e, src, out[0]->data<float>(), total);
+}
+
+// ---------------------------------------------------------------- Conv, ConvTranspose
+// cuDNN descriptors and algorithm per geometry, made once: the first of cuDNN's heuristic
+// choices that is float32 FMA math (no TF32) and deterministic (runs give equal bits).
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  int algo = 0;  // cudnnConvolutionFwdAlgo_t or cudnnConvolutionBwdDataAlgo_t
+  size_t ws = 0;
+};
+
+std::mutex plan_mu;
+std::map<std::string, ConvPlan>& plans() {
+  static std::map<std::string, ConvPlan> p;
+  return p;
+}
+
+std::vector<int> dims_of(const Shape& s) { return std::vector<int>(s.begin(), s.end()); }
+
+// Shapes with at least 2 spatial dims (a 1-D conv gets a leading spatial dim of 1).
+Shape nd(const Shape& s) {
+  Shape r = s;
+  if (r.size() == 3) r.insert(r.begin() + 2, 1);
+  return r;
+}
+
+void set_tensor(cudnnTensorDescriptor_t d, const Shape& s) {
+  auto dims = dims_of(s);
+  auto st = strides_of(s);
+  std::vector<int> sti(st.begin(), st.end());
+  CUDNN_CHECK(cudnnSetTensorNdDescriptor(d, CUDNN_DATA_FLOAT, (int)dims.size(), dims.data(), sti.data()));
+}
+
+// Conv: x (N, C_in, sp...) -> y (N, C_out, sp...), w (C_out, C_in/g, k...).
+// ConvTranspose as cuDNN's backward data: "x" is the transposed conv's output, "y" its input.
+const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs, const Shape& ws, const Shape& ys) {
+  const std::string key = std::string(g.transpose ? "T" : "F") + shape_str(xs) + shape_str(ws) + shape_str(ys) +
+                          str(g.group, "|", g.s[0], ",", g.s[1], ",", g.s[2], "|", g.d[0], ",", g.d[1], ",", g.d[2],
+                              "|", g.pb[0], ",", g.pb[1], ",", g.pb[2]);
+  std::lock_guard<std::mutex> lk(plan_mu);
+  auto it = plans().find(key);
+  if (it != plans().end()) return it->second;
+  ConvPlan p;
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.x));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.y));
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(&p.w));
+  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.conv));
+  set_tensor(p.x, nd(xs));
+  set_tensor(p.y, nd(ys));
+  auto wd = dims_of(nd(ws));
+  CUDNN_CHECK(cudnnSetFilterNdDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)wd.size(), wd.data()));
+  const int nsp = (int)wd.size() - 2, f = 3 - nsp;
+  std::vector<int> pad, stride, dil;
+  for (int i = f; i < 3; ++i) {
+    pad.push_back((int)g.pb[i]);
+    stride.push_back((int)g.s[i]);
+    dil.push_back((int)g.d[i]);
+  }
+  CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(p.conv, nsp, pad.data(), stride.data(), dil.data(),
+                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_CHECK(cudnnSetConvolutionGroupCount(p.conv, (int)g.group));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, CUDNN_FMA_MATH));  // no TF32
+  constexpr size_t kMaxWs = size_t(1) << 30;
+  int found = 0;
+  bool ok = false;
+  if (!g.transpose) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
+                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
+    for (int i = 0; i < found && !ok; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH &&
+          perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
+        p.algo = perf[i].algo;
+        ok = true;
+      }
+    if (ok)
+      CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(ctx().dnn, p.x, p.w, p.conv, p.y,
+                                                          (cudnnConvolutionFwdAlgo_t)p.algo, &p.ws));
+  } else {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
+                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
+    for (int i = 0; i < found && !ok; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH &&
+          perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
+        p.algo = perf[i].algo;
+        ok = true;
+      }
+    if (ok)
+      CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx().dnn, p.w, p.y, p.conv, p.x,
+                                                               (cudnnConvolutionBwdDataAlgo_t)p.algo, &p.ws));
+  }
+  NCHECK(ok, "cuDNN has no deterministic float32 (FMA) algorithm for this convolution");
+  return plans().emplace(key, p).first->second;
+}
+
+void conv_op(const Node& n, const Ins& in, const Outs& out) {
+  require_f32(n, in);
+  const Tensor &x = *in[0], &w = *in[1];
+  const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
+  cpu::ConvGeom g = cpu::conv_geometry(n, x.shape, w.shape, false);
+  NCHECK(g.out_shape() == out[0]->shape, "output shape mismatch");
+  if (out[0]->numel() == 0) return;
+  // asymmetric pads: pad the input explicitly first, then a conv without pads
+  bool asym = false;
+  for (int i = 0; i < 3; ++i) asym = asym || g.pb[i] != g.pe[i];
+  const float* xp = x.data<float>();
+  Shape xs = x.shape;
+  size_t pad_bytes = 0;
+  PadIndex pi;
+  if (asym) {
+    pi.rank = x.rank();
+    const auto st = strides_of(x.shape);
+    for (int d = 0; d < pi.rank; ++d) {
+      const int a = d < 2 ? -1 : g.first() + d - 2;
+      const int64_t b = a < 0 ? 0 : g.pb[a], e = a < 0 ? 0 : g.pe[a];
+      xs[d] = x.shape[d] + b + e;
+      pi.out[d] = xs[d];
+      pi.stride[d] = st[d];
+      pi.begin[d] = b;
+      pi.len[d] = x.shape[d];
+      if (a >= 0) g.pb[a] = g.pe[a] = 0;
+    }
+    pad_bytes = ((size_t)numel(xs) * 4 + 255) / 256 * 256;
+  }
+  const ConvPlan& p = conv_plan(n, g, xs, w.shape, out[0]->shape);
+  uint8_t* ws = (uint8_t*)workspace(pad_bytes + p.ws + 256);
+  if (asym) {
+    launch_pad(pi, numel(xs), xp, (float*)ws, 0.f);
+    xp = (const float*)ws;
+  }
+  const float one = 1.f, zero = 0.f;
+  CUDNN_CHECK(cudnnConvolutionForward(ctx().dnn, &one, p.x, xp, p.w, w.data<float>(), p.conv,
+                                      (cudnnConvolutionFwdAlgo_t)p.algo, ws + pad_bytes, p.ws, &zero, p.y,
+                                      out[0]->data<float>()));
+  const Shape& os = out[0]->shape;
+  launch_bias_act(out[0]->data<float>(), bias ? bias->data<float>() : nullptr, os[0], os[1],
+                  out[0]->numel() / std::max<int64_t>(os[0] * os[1], 1), false);
+}
+
+void conv_transpose_op(const Node& n, const Ins& in, const Outs& out) {
+  require_f32(n, in);
+  const Tensor &x = *in[0], &w = *in[1];
+  const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
+  cpu::ConvGeom g = cpu::conv_geometry(n, x.shape, w.shape, true);
+  NCHECK(g.out_shape() == out[0]->shape, "output shape mismatch");
+  if (out[0]->numel() == 0) return;
+  // unequal or negative begin/end pads: compute the natural result (no pads) and pad it to
+  // the output (negative pads crop, positive ones, from output_shape, add zeros)
+  bool asym = false;
+  for (int i = 0; i < 3; ++i) asym = asym || g.pb[i] != g.pe[i] || g.pb[i] < 0;
+  const Shape& os = out[0]->shape;
+  Shape full = os;
+  std::vector<int64_t> begin(os.size(), 0), end(os.size(), 0);
+  if (asym) {
+    for (int i = g.first(); i < 3; ++i) {
+      const size_t d = 2 + i - g.first();
+      full[d] = os[d] + g.pb[i] + g.pe[i];
+      begin[d] = -g.pb[i];
+      end[d] = -g.pe[i];
+      g.pb[i] = g.pe[i] = 0;
+    }
+  }
+  const ConvPlan& p = conv_plan(n, g, full, w.shape, x.shape);
+  const size_t full_bytes = asym ? ((size_t)numel(full) * 4 + 255) / 256 * 256 : 0;
+  uint8_t* ws = (uint8_t*)workspace(full_bytes + p.ws + 256);
+  float* y = asym ? (float*)ws : out[0]->data<float>();
+  const float one = 1.f, zero = 0.f;
+  CUDNN_CHECK(cudnnConvolutionBackwardData(ctx().dnn, &one, p.w, w.data<float>(), p.y, x.data<float>(), p.conv,
+                                           (cudnnConvolutionBwdDataAlgo_t)p.algo, ws + full_bytes, p.ws, &zero, p.x,
+                                           y));
+  if (asym) {
+    PadIndex pi;
+    NCHECK(make_pad(full, begin, end, PadMode::Constant, &pi), "too many dims");
+    launch_pad(pi, out[0]->numel(), y, out[0]->data<float>(), 0.f);
+  }
+  launch_bias_act(out[0]->data<float>(), bias ? bias->data<float>() : nullptr, os[0], os[1],
+                  out[0]->numel() / std::max<int64_t>(os[0] * os[1], 1), false);
+}
+
+}  // namespace
+
+void register_linalg(TableBackend& b) {
+  b.register_kernel("Linear", linear_op);
+  b.register_kernel("MatMul", matmul_op);
+  b.register_kernel("Gemm", gemm_op);
+  b.register_kernel("Einsum", einsum_op);
+  b.register_kernel("Conv", conv_op);
+  b.register_kernel("ConvTranspose", conv_transpose_op);
+}
+
+}  // namespace wxe::cuda

@@ -1,0 +1,8 @@
+// A build without CUDA (-DWXE_CUDA=OFF): no GPU backend to register.
+#include "engine/backend.h"
+
+namespace wxe {
+
+void register_gpu_backends() {}
+
+}  // namespace wxe

@@ -1,0 +1,377 @@
+// Every op on every available backend against the CPU reference kernels (ggml's
+// test-backend-ops): each op with a kernel on a non-CPU backend runs its cases (the gradient
+// cases of tests/grad_check.h plus the extra ones below) as a one-node graph through the
+// Executor on that device, and the outputs are compared with the reference kernel's. Without
+// the device those tests skip. The coverage tests read only the kernel tables and run
+// everywhere: every op a backend has needs a case, and every op in the CREDIT model graphs
+// (as the backend's prepare() leaves them) needs a kernel.
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "engine/backend.h"
+#include "engine/executor.h"
+#include "engine/npy.h"
+#include "engine/passes.h"
+#include "importers/onnx/onnx_import.h"
+#include "tests/grad_check.h"
+#include "tests/test_util.h"
+
+using namespace wxe;
+using namespace wxe::test;
+
+namespace {
+
+// Cases for ops that have no gradient case (fusion products, ops without a backward) and
+// for shapes the CREDIT graphs use.
+std::vector<GradCase> extra_cases() {
+  std::vector<GradCase> r;
+  r.push_back(grad_case("ChannelLayerNorm", "ChannelLayerNorm",
+                        {randn({2, 5, 3, 4}, 1), randn({1, 5, 1, 1}, 2), randn({1, 5, 1, 1}, 3)},
+                        {{"epsilon", attr_f(1e-5f)}}));
+  r.push_back(grad_case("ReduceL1", "ReduceL1", {randn({3, 4, 5}, 4)}, {{"axes", attr_ints({1})}}));
+  r.push_back(grad_case("ReduceL2", "ReduceL2", {randn({3, 4, 5}, 5)}, {{"axes", attr_ints({0, 2})}}));
+  r.push_back(grad_case("ReduceMean channel", "ReduceMean", {randn({1, 16, 8, 16}, 6)},
+                        {{"axes", attr_ints({1})}, {"keepdims", attr_i(1)}}));
+  r.push_back(grad_case("Softmax attention row", "Softmax", {randn({2, 3, 49, 49}, 7, 3.f)}, {{"axis", attr_i(-1)}}));
+  r.push_back(grad_case("Softmax axis 1", "Softmax", {randn({2, 7, 5}, 8)}, {{"axis", attr_i(1)}}));
+  r.push_back(grad_case("Einsum q k^T", "Einsum", {randn({2, 3, 16, 8}, 9), randn({2, 3, 16, 8}, 10)},
+                        {{"equation", attr_s("bhid,bhjd->bhij")}}));
+  r.push_back(grad_case("Einsum attn v", "Einsum", {randn({2, 3, 16, 16}, 11), randn({2, 3, 16, 8}, 12)},
+                        {{"equation", attr_s("bhij,bhjd->bhid")}}));
+  r.push_back(grad_case("Einsum permuted output", "Einsum", {randn({4, 3, 5}, 13), randn({3, 6}, 14)},
+                        {{"equation", attr_s("ikj,kl->lji")}}));
+  r.push_back(grad_case("Einsum trace", "Einsum", {randn({5, 5}, 15)}, {{"equation", attr_s("ii->i")}}));
+  r.push_back(grad_case("Linear axis 1 bias gelu", "Linear", {randn({2, 8, 4, 5}, 16), randn({6, 8}, 17), randn({6}, 18)},
+                        {{"axis", attr_i(1)}, {"activation", attr_s("gelu")}}));
+  r.push_back(grad_case("Linear last axis", "Linear", {randn({7, 3, 8}, 19), randn({5, 8}, 20), randn({5}, 21)}));
+  r.push_back(grad_case("Conv strided crossembed", "Conv", {randn({1, 7, 32, 64}, 22), randn({8, 7, 4, 4}, 23), randn({8}, 24)},
+                        {{"strides", attr_ints({2, 2})}, {"pads", attr_ints({1, 1, 1, 1})}}));
+  r.push_back(grad_case("Conv asymmetric pads groups", "Conv", {randn({2, 4, 9, 10}, 25), randn({6, 2, 3, 2}, 26)},
+                        {{"group", attr_i(2)}, {"pads", attr_ints({0, 1, 2, 0})}}));
+  r.push_back(grad_case("Conv 1-D dilated", "Conv", {randn({2, 3, 17}, 27), randn({4, 3, 3}, 28)},
+                        {{"dilations", attr_ints({2})}, {"pads", attr_ints({2, 2})}}));
+  r.push_back(grad_case("ConvTranspose stride 2", "ConvTranspose",
+                        {randn({1, 8, 8, 16}, 29), randn({8, 4, 2, 2}, 30), randn({4}, 31)},
+                        {{"strides", attr_ints({2, 2})}}));
+  r.push_back(grad_case("ConvTranspose asymmetric output_padding", "ConvTranspose",
+                        {randn({2, 4, 5, 6}, 32), randn({4, 3, 3, 3}, 33)},
+                        {{"strides", attr_ints({2, 2})}, {"pads", attr_ints({1, 0, 0, 1})},
+                         {"output_padding", attr_ints({1, 1})}}));
+  r.push_back(grad_case("Gelu", "Gelu", {randn({3, 70}, 34, 2.f)}));
+  r.push_back(grad_case("DepthToSpace CRD", "DepthToSpace", {randn({1, 8, 3, 5}, 35)},
+                        {{"blocksize", attr_i(2)}, {"mode", attr_s("CRD")}}));
+  r.push_back(grad_case("Transpose window", "Transpose", {randn({1, 4, 2, 3, 2, 5}, 36)},
+                        {{"perm", attr_ints({0, 2, 4, 1, 3, 5})}}));
+  return r;
+}
+
+// Every case for `op`: the registered gradient cases and the extras.
+std::vector<GradCase> cases_for(const std::string& op) {
+  std::vector<GradCase> r;
+  auto range = grad_case_registry().equal_range(op);
+  for (auto it = range.first; it != range.second; ++it)
+    for (auto& c : it->second()) r.push_back(c);
+  for (auto& c : extra_cases())
+    if (c.node.op == op) r.push_back(c);
+  return r;
+}
+
+// The case as a one-node graph whose inputs are constants (shape-carrying inputs must be).
+Graph one_node_graph(const GradCase& c) {
+  register_cpu_kernels();
+  Graph g;
+  g.source = "case '" + c.label + "'";
+  Node n = c.node;
+  n.name = c.label;
+  n.inputs.clear();
+  std::vector<const Value*> vin;
+  for (size_t i = 0; i < c.inputs.size(); ++i)
+    n.inputs.push_back(c.inputs[i].defined() ? g.add_constant("in" + std::to_string(i), c.inputs[i]) : -1);
+  for (int v : n.inputs) vin.push_back(v < 0 ? nullptr : &g.values[v]);
+  std::vector<TypeShape> ts = shape_rule(n.op)(n, vin);
+  n.outputs.clear();
+  for (size_t k = 0; k < ts.size(); ++k) {
+    Value v;
+    v.name = "out" + std::to_string(k);
+    v.dtype = ts[k].dtype;
+    v.shape = ts[k].shape;
+    v.shape_known = true;
+    n.outputs.push_back(g.add_value(v));
+    g.outputs.push_back(n.outputs.back());
+  }
+  g.nodes.push_back(n);
+  return g;
+}
+
+// The non-CPU backends this build has, with a device present.
+std::vector<std::string> device_backends(std::string* why) {
+  register_gpu_backends();
+  std::vector<std::string> r;
+  for (const std::string& name : backend_names()) {
+    if (find_backend(name)->device() == DeviceKind::CPU) continue;  // cpu, host test backends
+    std::string w;
+    if (find_backend(name)->available(&w))
+      r.push_back(name);
+    else
+      *why += name + ": " + w + "; ";
+  }
+  if (r.empty() && why->empty()) *why = "this build has no GPU backend";
+  return r;
+}
+
+// Compares every output; "" when all are within tolerance.
+std::string compare_case(const GradCase& c, const std::string& device, double* worst) {
+  std::vector<const Tensor*> p;
+  for (auto& t : c.inputs) p.push_back(t.defined() ? &t : nullptr);
+  Node rn = c.node;
+  std::vector<Tensor> ref = run_node(rn, p, KernelKind::Reference);
+  Graph g = one_node_graph(c);
+  ExecOptions opt;
+  opt.device = device;
+  opt.optimize = false;
+  std::vector<Tensor> got;
+  try {
+    Executor ex(g, opt);
+    got = ex.run({});
+  } catch (const Error& e) {
+    return std::string("error: ") + e.what();
+  }
+  std::string bad;
+  for (size_t k = 0; k < ref.size(); ++k) {
+    if (shape_str(got[k].shape) != shape_str(ref[k].shape) || got[k].dtype != ref[k].dtype) {
+      bad += str(" output ", k, " is ", dtype_name(got[k].dtype), " ", shape_str(got[k].shape), ", expected ",
+                 dtype_name(ref[k].dtype), " ", shape_str(ref[k].shape), ";");
+      continue;
+    }
+    if (ref[k].numel() == 0) continue;
+    double scale = 0;
+    Tensor rf = ref[k].to_f32();
+    for (int64_t i = 0; i < rf.numel(); ++i) scale = std::max(scale, (double)std::fabs(rf.data<float>()[i]));
+    const double err = max_abs_diff(got[k], ref[k]), tol = 1e-5 * (1 + scale);
+    *worst = std::max(*worst, err / (1 + scale));
+    if (!(err <= tol)) bad += str(" output ", k, ": max abs diff ", err, " > ", tol, ";");
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST(Backends, EveryDeviceOpMatchesTheCpuReference) {
+  std::string why;
+  auto devices = device_backends(&why);
+  if (devices.empty()) GTEST_SKIP() << why;
+  for (const std::string& dev : devices) {
+    int ran = 0;
+    double worst = 0;
+    for (const std::string& op : find_backend(dev)->ops()) {
+      for (const GradCase& c : cases_for(op)) {
+        std::string bad = compare_case(c, dev, &worst);
+        EXPECT_EQ(bad, "") << dev << ": " << op << " case '" << c.label << "'";
+        ++ran;
+      }
+    }
+    std::printf("%s: %d cases, worst max abs diff / (1 + max |ref|) %.3g\n", dev.c_str(), ran, worst);
+    EXPECT_GT(ran, 50);
+  }
+}
+
+TEST(Backends, EveryDeviceOpHasACase) {
+  register_gpu_backends();
+  register_cpu_kernels();
+  for (const std::string& name : backend_names()) {
+    if (find_backend(name)->device() == DeviceKind::CPU) continue;
+    for (const std::string& op : find_backend(name)->ops()) {
+      EXPECT_TRUE(op_known(op)) << name << " has a kernel for " << op << ", which has no CPU reference";
+      EXPECT_FALSE(cases_for(op).empty()) << name << " has a kernel for " << op << " but no test case";
+    }
+  }
+}
+
+namespace {
+
+struct ModelCase {
+  std::string model, x, y;
+};
+
+std::vector<ModelCase> credit_models() {
+  std::vector<ModelCase> r = {
+      {"models/wxformer_tiny/model.onnx", "models/wxformer_tiny/x.npy", "models/wxformer_tiny/y.npy"},
+      {"tests/data/crossformer_tiny_opset17.onnx", "tests/data/crossformer_tiny_x.npy", "tests/data/crossformer_tiny_y.npy"},
+      {"tests/data/crossformer_tiny_snbaked_opset17.onnx", "tests/data/crossformer_tiny_x.npy",
+       "tests/data/crossformer_tiny_y.npy"},
+      {"tests/data/torch2_crossformer_tiny_dynamo.onnx", "tests/data/torch2_crossformer_tiny_x.npy",
+       "tests/data/torch2_crossformer_tiny_y.npy"},
+      {"tests/data/torch2_wxformer_tiny_dynamo.onnx", "tests/data/torch2_wxformer_tiny_x.npy",
+       "tests/data/torch2_wxformer_tiny_y.npy"}};
+  for (auto& m : r) {
+    m.model = data_path(m.model);
+    m.x = data_path(m.x);
+    m.y = data_path(m.y);
+  }
+  std::vector<std::string> dirs = {data_path("../shared/fixtures/credit/"), "/work/shared/fixtures/credit/"};
+  if (const char* env = std::getenv("WXE_FIXTURES")) dirs.insert(dirs.begin(), std::string(env) + "/");
+  for (auto& d : dirs)
+    if (std::filesystem::exists(d + "wxformer_v2026_snbaked_opset17.onnx")) {
+      r.push_back({d + "wxformer_v2026_snbaked_opset17.onnx", d + "wxformer_v2026_x.npy", d + "wxformer_v2026_y.npy"});
+      break;
+    }
+  return r;
+}
+
+Graph simplified(const ModelCase& m, Tensor* x) {
+  Graph g = import_onnx(m.model);
+  *x = read_npy(m.x);
+  simplify(g, {{g.values[g.inputs[0]].name, {x->dtype, x->shape}}});
+  return g;
+}
+
+bool view_op(const std::string& op) {
+  return op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten" || op == "Identity";
+}
+
+}  // namespace
+
+// Reads the tables only: runs without a GPU.
+TEST(Backends, CreditModelOpsHaveDeviceKernels) {
+  register_gpu_backends();
+  int checked = 0;
+  for (const std::string& name : backend_names()) {
+    Backend* b = find_backend(name);
+    if (b->device() == DeviceKind::CPU) continue;
+    for (const ModelCase& m : credit_models()) {
+      if (!std::filesystem::exists(m.model)) continue;
+      SCOPED_TRACE(m.model);
+      Tensor x;
+      Graph g = simplified(m, &x);
+      b->prepare(g, Precision::F32);
+      for (auto& [op, count] : op_counts(g))
+        EXPECT_TRUE(view_op(op) || b->kernel(op)) << name << " has no kernel for " << op << " (" << count << " nodes)";
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this build has no GPU backend";
+}
+
+// Whole models on each device against the stored PyTorch outputs, with the CPU e2e tolerances.
+TEST(Backends, CreditModelsMatchPyTorchOnDevice) {
+  std::string why;
+  auto devices = device_backends(&why);
+  if (devices.empty()) GTEST_SKIP() << why;
+  for (const std::string& dev : devices)
+    for (const ModelCase& m : credit_models()) {
+      SCOPED_TRACE(dev + ": " + m.model);
+      if (!std::filesystem::exists(m.model) || !std::filesystem::exists(m.y)) continue;
+      Tensor x;
+      Graph g = simplified(m, &x);
+      ExecOptions opt;
+      opt.device = dev;
+      Executor ex(g, opt);
+      const std::string in = g.values[g.inputs[0]].name;
+      Tensor y = ex.run({{in, x}})[0];
+      Tensor y2 = ex.run({{in, x}})[0];  // the arena and cached plans again
+      Tensor ref = read_npy(m.y);
+      ASSERT_EQ(shape_str(y.shape), shape_str(ref.shape));
+      const bool big = m.model.find("v2026") != std::string::npos;  // its CPU test checks rel L2 only
+      if (!big) EXPECT_LE(max_abs_diff(y, ref), 1e-4);
+      EXPECT_LE(rel_l2(y, ref), 1e-5);
+      EXPECT_EQ(max_abs_diff(y, y2), 0.0) << "two runs differ";
+      std::printf("%s %s: max abs %.3g, rel L2 %.3g\n", dev.c_str(), m.model.c_str(), max_abs_diff(y, ref),
+                  rel_l2(y, ref));
+    }
+}
+
+// Without the device or the build: one clear line.
+TEST(Backends, UnavailableDeviceIsAClearError) {
+  register_gpu_backends();
+  std::string why;
+  if (!device_backends(&why).empty()) GTEST_SKIP() << "a device is present";
+  GraphBuilder b;
+  int x = b.input("x", {2});
+  b.g.outputs.push_back(b.node("Relu", {x}));
+  b.g.values[x].shape_known = true;
+  for (int v = 0; v < (int)b.g.values.size(); ++v) {
+    b.g.values[v].shape = {2};
+    b.g.values[v].shape_known = true;
+  }
+  ExecOptions opt;
+  opt.device = "cuda";
+  const std::string msg = error_of([&] { Executor ex(b.g, opt); });
+  EXPECT_NE(msg.find("device 'cuda' is not available"), std::string::npos) << msg;
+  opt.device = "tpu";
+  EXPECT_NE(error_of([&] { Executor ex(b.g, opt); }).find("unknown device 'tpu'"), std::string::npos);
+}
+
+namespace {
+
+// A backend on host memory whose table has only Add (the CPU reference kernel): runs the
+// executor's device path (uploads, device arena, host outputs, the missing-kernel error)
+// without a GPU.
+class HostTestBackend : public TableBackend {
+ public:
+  const char* name() const override { return "hosttest"; }
+  DeviceKind device() const override { return DeviceKind::CPU; }
+  bool available(std::string*) const override { return true; }
+  std::shared_ptr<Storage> allocate(size_t nbytes) override {
+    ++allocations;
+    return std::make_shared<Storage>(nbytes);
+  }
+  void copy_to_device(void* dst, const void* src, size_t n) override {
+    ++uploads;
+    std::memcpy(dst, src, n);
+  }
+  void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void synchronize() override {}
+  void prepare(Graph&, Precision) override {}
+  int allocations = 0, uploads = 0;
+};
+
+HostTestBackend& host_test_backend() {
+  static HostTestBackend* b = [] {
+    register_cpu_kernels();
+    auto p = std::make_unique<HostTestBackend>();
+    p->register_kernel("Add", kernel_for("Add", KernelKind::Reference));
+    HostTestBackend* raw = p.get();
+    register_backend(std::move(p));
+    return raw;
+  }();
+  return *b;
+}
+
+}  // namespace
+
+TEST(Backends, ExecutorDevicePathOnAHostBackend) {
+  HostTestBackend& dev = host_test_backend();
+  GraphBuilder b;
+  int x = b.input("x", {2, 3});
+  int c = b.constant("c", randn({3}, 40));
+  int r = b.node("Reshape", {b.node("Add", {b.node("Add", {x, c}), c}), b.constant("s", Tensor::from_i64({3, 2}))});
+  b.g.outputs.push_back(r);
+  simplify(b.g, {{"x", {DType::F32, {2, 3}}}});
+  Tensor xin = randn({2, 3}, 41);
+  Executor cpu(b.g);
+  ExecOptions opt;
+  opt.device = "hosttest";
+  const int uploads0 = dev.uploads;
+  Executor ex(b.g, opt);
+  EXPECT_GE(dev.uploads - uploads0, 1);  // the constant, once
+  const int after_build = dev.uploads;
+  for (int run = 0; run < 2; ++run) {
+    Tensor y = ex.run({{"x", xin}})[0];
+    expect_close(y, cpu.run({{"x", xin}})[0], 0, 0);
+    EXPECT_EQ(y.device(), DeviceKind::CPU);
+  }
+  EXPECT_EQ(dev.uploads - after_build, 2);  // only the input, at each run
+}
+
+TEST(Backends, MissingDeviceKernelNamesTheNode) {
+  host_test_backend();
+  GraphBuilder b;
+  int x = b.input("x", {4});
+  b.g.outputs.push_back(b.node("Relu", {x}));
+  simplify(b.g, {{"x", {DType::F32, {4}}}});
+  ExecOptions opt;
+  opt.device = "hosttest";
+  const std::string msg = error_of([&] { Executor ex(b.g, opt); });
+  EXPECT_NE(msg.find("node /Relu_0 (Relu): no hosttest kernel for op Relu"), std::string::npos) << msg;
+}

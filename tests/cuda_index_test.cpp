@@ -1,0 +1,201 @@
+// The CUDA kernels' index math (kernels/cuda/index_math.h, __host__ __device__) run on the
+// host against the CPU reference kernels: the same walks, pad maps, reductions, resize taps
+// and einsum strides the GPU kernels use, checked without a GPU.
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/index_math.h"
+#include "tests/test_util.h"
+
+using namespace wxe;
+using namespace wxe::test;
+using namespace wxe::cuda;
+
+namespace {
+
+// dst[b] = src[a] over the walk, on the host.
+Tensor host_copy(const Walk& w, const Tensor& src, const Shape& out) {
+  Tensor dst = Tensor::zeros(DType::F32, out);
+  for (int64_t i = 0; i < w.count; ++i) {
+    int64_t a, b;
+    walk_offsets(w, i, &a, &b);
+    dst.data<float>()[b] = src.data<float>()[a];
+  }
+  return dst;
+}
+
+Tensor i64(std::vector<int64_t> v) { return Tensor::from_i64(v); }
+
+}  // namespace
+
+TEST(CudaIndexMath, TransposeWalkMatchesCpu) {
+  Tensor x = randn({2, 3, 4, 5, 6}, 1);
+  for (auto perm : std::vector<std::vector<int64_t>>{{0, 2, 3, 1, 4}, {4, 3, 2, 1, 0}, {0, 1, 2, 4, 3}, {0, 1, 2, 3, 4}}) {
+    Walk w;
+    ASSERT_TRUE(transpose_walk(x.shape, perm, &w));
+    Tensor ref = run_node(make_node("Transpose", 1, 1, {{"perm", attr_ints(perm)}}), {&x})[0];
+    expect_close(host_copy(w, x, ref.shape), ref, 0, 0);
+  }
+}
+
+TEST(CudaIndexMath, WalkMergesContiguousDims) {
+  Walk w;
+  ASSERT_TRUE(make_walk({2, 3, 4}, {12, 4, 1}, {12, 4, 1}, 0, 0, &w));
+  EXPECT_EQ(w.rank, 1);
+  EXPECT_EQ(w.count, 24);
+  // 9 dims that do not merge are too many
+  std::vector<int64_t> size(9, 2), st(9), perm_st(9);
+  for (int d = 0; d < 9; ++d) st[d] = int64_t(1) << (8 - d), perm_st[d] = int64_t(1) << d;
+  EXPECT_FALSE(make_walk(size, perm_st, st, 0, 0, &w));
+}
+
+TEST(CudaIndexMath, BroadcastWalkMatchesCpuAdd) {
+  Tensor a = randn({2, 1, 4, 5}, 2), b = randn({3, 1, 5}, 3);
+  Tensor ref = run_node(make_node("Add", 2), {&a, &b})[0];
+  Walk w;
+  ASSERT_TRUE(make_walk(ref.shape, broadcast_strides(a.shape, ref.shape), broadcast_strides(b.shape, ref.shape), 0, 0, &w));
+  Tensor got(DType::F32, ref.shape);
+  for (int64_t i = 0; i < w.count; ++i) {
+    int64_t ia, ib;
+    walk_offsets(w, i, &ia, &ib);
+    got.data<float>()[i] = a.data<float>()[ia] + b.data<float>()[ib];
+  }
+  expect_close(got, ref, 0, 0);
+}
+
+TEST(CudaIndexMath, SliceWalkWithNegativeStepsMatchesCpu) {
+  Tensor x = randn({4, 6, 5}, 4);
+  Tensor st = i64({-1, 1, 0}), en = i64({-100, 6, 5}), ax = i64({0, 1, 2}), sp = i64({-1, 2, -2});
+  Node n = make_node("Slice", 5);
+  Tensor ref = run_node(n, {&x, &st, &en, &ax, &sp})[0];
+  auto plan = cpu::slice_plan(n, x.shape, st.to_i64(), en.to_i64(), ax.to_i64(), sp.to_i64());
+  auto xs = contiguous_strides(x.shape);
+  int64_t base = 0;
+  std::vector<int64_t> sst;
+  Shape shape;
+  for (size_t d = 0; d < plan.size(); ++d) {
+    base += plan[d].start * xs[d];
+    sst.push_back(plan[d].step * xs[d]);
+    shape.push_back(plan[d].len);
+  }
+  Walk w;
+  ASSERT_TRUE(make_walk(shape, sst, contiguous_strides(shape), base, 0, &w));
+  expect_close(host_copy(w, x, ref.shape), ref, 0, 0);
+}
+
+TEST(CudaIndexMath, PadMapMatchesCpuInEveryMode) {
+  Tensor x = randn({2, 3, 5, 4}, 5);
+  for (const char* mode : {"constant", "reflect", "edge", "wrap"}) {
+    SCOPED_TRACE(mode);
+    Tensor pads = i64({0, 0, 2, -1, 0, 1, 3, 2});
+    Node n = make_node("Pad", 2, 1, {{"mode", attr_s(mode)}});
+    Tensor ref = run_node(n, {&x, &pads})[0];
+    cpu::PadPlan p = cpu::pad_plan(n, x.shape, pads.to_i64(), {});
+    const PadMode m = std::string(mode) == "constant" ? PadMode::Constant
+                      : std::string(mode) == "reflect" ? PadMode::Reflect
+                      : std::string(mode) == "edge"    ? PadMode::Edge
+                                                       : PadMode::Wrap;
+    PadIndex pi;
+    ASSERT_TRUE(make_pad(x.shape, p.begin, p.end, m, &pi));
+    Tensor got(DType::F32, ref.shape);
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const int64_t s = pad_offset(pi, i);
+      got.data<float>()[i] = s < 0 ? 0.f : x.data<float>()[s];
+    }
+    expect_close(got, ref, 0, 0);
+  }
+}
+
+TEST(CudaIndexMath, ReduceIndexMatchesCpuReduceSum) {
+  Tensor x = randn({3, 4, 5, 6}, 6);
+  for (auto axes : std::vector<std::vector<int64_t>>{{1}, {0, 2}, {3}, {0, 1, 2, 3}}) {
+    Tensor a = i64(axes);
+    Tensor ref = run_node(make_node("ReduceSum", 2), {&x, &a})[0];
+    std::vector<bool> red(4, false);
+    for (int64_t d : axes) red[d] = true;
+    ReduceIndex r;
+    ASSERT_TRUE(make_reduce(x.shape, red, &r));
+    Tensor got(DType::F32, ref.shape);
+    ASSERT_EQ(r.kept.count, got.numel());
+    for (int64_t i = 0; i < r.kept.count; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < r.red.count; ++j) s += x.data<float>()[reduce_offset(r, i, j)];
+      got.data<float>()[i] = (float)s;
+    }
+    expect_close(got, ref, 1e-5, 1e-5);
+  }
+}
+
+TEST(CudaIndexMath, DepthToSpaceWalkMatchesCpu) {
+  Tensor x = randn({2, 12, 3, 4}, 7);
+  for (const char* mode : {"DCR", "CRD"}) {
+    SCOPED_TRACE(mode);
+    Tensor ref = run_node(make_node("DepthToSpace", 1, 1, {{"blocksize", attr_i(2)}, {"mode", attr_s(mode)}}), {&x})[0];
+    Walk w;
+    ASSERT_TRUE(depth_to_space_walk(x.shape, 2, std::string(mode) == "CRD", &w));
+    expect_close(host_copy(w, x, ref.shape), ref, 0, 0);
+  }
+}
+
+TEST(CudaIndexMath, ResizeTapsMatchCpu) {
+  Tensor x = randn({1, 2, 5, 7}, 8);
+  Tensor scales = Tensor::from_f32({4}, {1, 1, 2.f, 1.5f});
+  for (const char* mode : {"nearest", "linear", "cubic"}) {
+    SCOPED_TRACE(mode);
+    Node n = make_node("Resize", 3, 1, {{"mode", attr_s(mode)}});
+    Tensor ref = run_node(n, {&x, nullptr, &scales})[0];
+    auto taps = cpu::resize_axis_taps(n, {&x, nullptr, &scales}, ref.shape);
+    std::vector<int> k;
+    std::vector<std::vector<int64_t>> ti;
+    std::vector<std::vector<float>> tw;
+    for (auto& t : taps) {
+      k.push_back(t.k);
+      ti.push_back(t.idx);
+      tw.push_back(t.w);
+    }
+    ResizeIndex r;
+    std::vector<int64_t> idx;
+    std::vector<float> w;
+    ASSERT_TRUE(make_resize(x.shape, ref.shape, k, ti, tw, &r, &idx, &w));
+    Tensor got(DType::F32, ref.shape);
+    for (int64_t i = 0; i < got.numel(); ++i) got.data<float>()[i] = resize_at(r, idx.data(), w.data(), x.data<float>(), i);
+    expect_close(got, ref, 1e-5, 1e-5);
+  }
+}
+
+TEST(CudaIndexMath, GenericEinsumMatchesCpu) {
+  struct C {
+    std::string eq;
+    std::vector<Shape> shapes;
+  };
+  for (const C& c : std::vector<C>{{"bhid,bhjd->bhij", {{2, 3, 4, 5}, {2, 3, 6, 5}}},
+                                   {"ii->i", {{4, 4}}},
+                                   {"ij,jk,kl->il", {{2, 3}, {3, 4}, {4, 5}}},
+                                   {"ikj,kl->lji", {{4, 3, 5}, {3, 6}}},
+                                   {"ij->", {{3, 4}}}}) {
+    SCOPED_TRACE(c.eq);
+    std::vector<Tensor> in;
+    std::vector<const Tensor*> p;
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t i = 0; i < c.shapes.size(); ++i) in.push_back(randn(c.shapes[i], 10 + (unsigned)i));
+    for (auto& t : in) {
+      p.push_back(&t);
+      shapes.push_back(t.shape);
+    }
+    Node n = make_node("Einsum", (int)in.size(), 1, {{"equation", attr_s(c.eq)}});
+    Tensor ref = run_node(n, p)[0];
+    const std::string lhs = c.eq.substr(0, c.eq.find("->"));
+    std::vector<std::string> subs;
+    for (size_t s = 0, e; s <= lhs.size(); s = e + 1) {
+      e = lhs.find(',', s);
+      if (e == std::string::npos) e = lhs.size();
+      subs.push_back(lhs.substr(s, e - s));
+    }
+    EinsumIndex e;
+    ASSERT_TRUE(make_einsum(subs, c.eq.substr(c.eq.find("->") + 2), shapes, &e));
+    Tensor got(DType::F32, ref.shape);
+    const float* a = in[0].data<float>();
+    const float* b = in.size() > 1 ? in[1].data<float>() : nullptr;
+    const float* d = in.size() > 2 ? in[2].data<float>() : nullptr;
+    for (int64_t i = 0; i < got.numel(); ++i) got.data<float>()[i] = einsum_at(e, a, b, d, i);
+    expect_close(got, ref, 1e-5, 1e-5);
+  }
+}
