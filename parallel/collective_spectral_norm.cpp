@@ -62,7 +62,7 @@ TpSnDims tp_sn_dims(const Node& n, const Shape& block) {
   d.d0 = axis == 0 ? d.l0 * parts : d.l0;
   d.d1 = axis == 1 ? d.l1 * parts : d.l1;
   const int64_t total_block = numel(block);
-  d.rest = d.l0 * d.l1 ? total_block / (d.l0 * d.l1) : 0;
+  d.rest = d.l0 * d.l1 != 0 ? total_block / (d.l0 * d.l1) : 0;
   d.rows = dim == 0 ? d.d0 : d.d1;
   d.cols = d.rows ? d.d0 * d.d1 * d.rest / d.rows : 0;
   for (int64_t i = 0; i < n_local; ++i) d.global.push_back(i / per * per * parts + index * per + i % per);
