@@ -330,6 +330,7 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
         n.attrs["parts"] = attr_i(tp);
         n.attrs["index"] = attr_i(r);
         n.attrs["groups"] = attr_i(groups);
+        ++st.spectral_norms;
       }
       out.push_back(std::move(n));
       continue;
