@@ -104,7 +104,7 @@ void propagate(Graph& g, bool drop, MayFold may_fold, bool only = false) {
   std::vector<Node> kept;
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     Node& n = g.nodes[k];
-    bool allowed = may_fold(k, n);
+    bool allowed = may_fold(k, n) && !op_updates_inputs(n.op);
     if (only && !allowed) {
       kept.push_back(std::move(n));
       continue;

@@ -19,7 +19,8 @@ struct InputSpec {
 void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given);
 
 // Runs every node's shape rule in order; all value shapes become known. Nodes whose inputs
-// are known are evaluated (their outputs' values become known) but stay in the graph.
+// are known are evaluated (their outputs' values become known) but stay in the graph; ops that
+// update their inputs in place (engine/ops.h op_updates_inputs) never are.
 void infer_shapes(Graph& g);
 
 // Evaluates every node whose inputs are all constants (and Shape/Size of any value whose

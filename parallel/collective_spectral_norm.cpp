@@ -185,6 +185,7 @@ void backward(const Node& n, const std::vector<const Tensor*>& in, const std::ve
 void register_spectral_norm_tp() {
   register_op("SpectralNormTP", shape_rule, forward);
   register_backward("SpectralNormTP", backward);
+  register_updates_inputs("SpectralNormTP");
 }
 
 }  // namespace wxe
