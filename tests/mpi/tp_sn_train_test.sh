@@ -44,7 +44,7 @@ for tp in 2 4; do
 done
 # the fused qkv is stored by heads; u and v whole
 if grep -q '"groups": 3' "$tmp/tp2/step_000004/index.json" \
-   && grep -A3 'to_qkv.weight_u"' "$tmp/tp2/step_000004/index.json" | grep -q '"parts": 1'; then
+   && grep -A1 'to_qkv.weight_u"' "$tmp/tp2/step_000004/index.json" | grep -q '"parts": 1'; then
   ok "sn-qkv-stored-by-heads"; else bad "sn-qkv-stored-by-heads"; fi
 
 # stopped at step 4 on tp 2, resumed on tp 1; stopped on tp 1, resumed on tp 2
