@@ -10,7 +10,6 @@ struct OpEntry {
   KernelFn reference = nullptr;
   KernelFn fast = nullptr;
   BackwardFn backward = nullptr;
-  bool updates_inputs = false;
 };
 std::map<std::string, OpEntry>& table() {
   static std::map<std::string, OpEntry> t;
@@ -27,13 +26,6 @@ void register_op(const std::string& op, ShapeFn shape, KernelFn reference) {
 void register_fast_kernel(const std::string& op, KernelFn fast) { table()[op].fast = fast; }
 
 void register_backward(const std::string& op, BackwardFn backward) { table()[op].backward = backward; }
-
-void register_updates_inputs(const std::string& op) { table()[op].updates_inputs = true; }
-
-bool op_updates_inputs(const std::string& op) {
-  auto it = table().find(op);
-  return it != table().end() && it->second.updates_inputs;
-}
 
 BackwardFn backward_kernel(const std::string& op) {
   auto it = table().find(op);

@@ -39,11 +39,6 @@ using BackwardFn = void (*)(const Node& n, const std::vector<const Tensor*>& in,
 void register_op(const std::string& op, ShapeFn shape, KernelFn reference);
 void register_fast_kernel(const std::string& op, KernelFn fast);
 void register_backward(const std::string& op, BackwardFn backward);
-// Ops whose kernel updates buffers among its inputs in place (SpectralNorm's u and v): the
-// passes never evaluate them at graph-build time (infer_shapes, fold_constants), which would
-// advance the buffers (and, for a collective, communicate).
-void register_updates_inputs(const std::string& op);
-bool op_updates_inputs(const std::string& op);
 // The op's backward kernel, or nullptr when it has none.
 BackwardFn backward_kernel(const std::string& op);
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/ops.h"
+#include "engine/passes.h"
 #include "parallel/collective_ops.h"
 
 namespace wxe {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/ops.h"
+#include "engine/passes.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {
