@@ -94,17 +94,24 @@ void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given) {
 
 namespace {
 
+std::set<std::string>& updates_inputs_ops() {  // register_updates_inputs
+  static std::set<std::string> s;
+  return s;
+}
+
 // Infers shapes node by node and evaluates nodes whose inputs are known and that `may_fold`
 // allows; with `drop` such nodes are removed (their outputs become constants), otherwise they
 // stay in the graph and their outputs' values are merely known (shape inference with data
 // propagation).
-// With `only` set, nodes it rejects are neither folded nor shape-inferred.
+// With `only` set, nodes it rejects are neither folded nor shape-inferred. Ops that update
+// their inputs in place are never evaluated.
+
 template <class MayFold>
 void propagate(Graph& g, bool drop, MayFold may_fold, bool only = false) {
   std::vector<Node> kept;
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     Node& n = g.nodes[k];
-    bool allowed = may_fold(k, n);
+    bool allowed = may_fold(k, n) && !op_updates_inputs(n.op);
     if (only && !allowed) {
       kept.push_back(std::move(n));
       continue;
@@ -147,6 +154,9 @@ void propagate(Graph& g, bool drop, MayFold may_fold, bool only = false) {
 }
 
 }  // namespace
+
+void register_updates_inputs(const std::string& op) { updates_inputs_ops().insert(op); }
+bool op_updates_inputs(const std::string& op) { return updates_inputs_ops().count(op) != 0; }
 
 void infer_shapes(Graph& g) {
   propagate(g, false, [](size_t, const Node&) { return true; });

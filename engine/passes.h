@@ -18,8 +18,15 @@ struct InputSpec {
 // already be fully static.
 void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given);
 
+// Ops whose kernel updates buffers among its inputs in place (SpectralNorm's u and v): the
+// passes never evaluate them at graph-build time (infer_shapes, fold_constants), which would
+// advance the buffers (and, for a collective, communicate). Registered by the op's kernel file.
+void register_updates_inputs(const std::string& op);
+bool op_updates_inputs(const std::string& op);
+
 // Runs every node's shape rule in order; all value shapes become known. Nodes whose inputs
-// are known are evaluated (their outputs' values become known) but stay in the graph.
+// are known are evaluated (their outputs' values become known) but stay in the graph; ops that
+// update their inputs in place (engine/ops.h op_updates_inputs) never are.
 void infer_shapes(Graph& g);
 
 // Evaluates every node whose inputs are all constants (and Shape/Size of any value whose

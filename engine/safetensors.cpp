@@ -190,14 +190,16 @@ std::vector<std::pair<std::string, Tensor>> read_impl(const std::string& path,
     }
     // only block `index` of `parts` along `axis`; the rest stays zero
     const TensorSlice& s = sl->second;
-    WXE_CHECK(s.axis >= 0 && s.axis < (int)p.shape.size() && s.parts > 0 && p.shape[s.axis] % s.parts == 0, path,
-              ": tensor '", printable(p.name), "' ", shape_str(p.shape), " cannot be split in ", s.parts,
-              " along dim ", s.axis);
+    WXE_CHECK(s.axis >= 0 && s.axis < (int)p.shape.size() && s.parts > 0 && s.groups > 0 &&
+                  p.shape[s.axis] % ((int64_t)s.parts * s.groups) == 0,
+              path, ": tensor '", printable(p.name), "' ", shape_str(p.shape), " cannot be split in ", s.parts,
+              " along dim ", s.axis, s.groups > 1 ? str(" within ", s.groups, " groups") : std::string());
     Tensor t = Tensor::zeros(p.dtype, p.shape);
-    uint64_t es = dtype_size(p.dtype), inner = es, outer = 1;
+    // groups: the axis viewed as (groups, n / groups), the block taken in the second
+    uint64_t es = dtype_size(p.dtype), inner = es, outer = (uint64_t)s.groups;
     for (int d = 0; d < s.axis; ++d) outer *= (uint64_t)p.shape[d];
     for (size_t d = s.axis + 1; d < p.shape.size(); ++d) inner *= (uint64_t)p.shape[d];
-    uint64_t dim = (uint64_t)p.shape[s.axis], part = dim / s.parts;
+    uint64_t dim = (uint64_t)p.shape[s.axis] / s.groups, part = dim / s.parts;
     for (uint64_t o = 0; o < outer; ++o) {
       uint64_t off = (o * dim + (uint64_t)s.index * part) * inner;
       f.read(8 + n + p.begin + off, (uint8_t*)t.raw() + off, part * inner);

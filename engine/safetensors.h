@@ -26,9 +26,13 @@ void write_safetensors(const std::string& path,
 //
 // With `slices`, a listed tensor is read only in part: block `index` of `parts` equal blocks
 // along `axis`; it comes back at full shape with the other blocks zero (a tensor-parallel
-// rank reads only the rows or columns it keeps).
+// rank reads only the rows or columns it keeps). With `groups` G > 1 the axis is G equal
+// groups and the slice is block `index` of `parts` within each group (a fused to_qkv weight
+// (3I, D, 1, 1) sharded by heads: G = 3, rank r keeps head block r of each of q, k and v);
+// such a slice is the plain block of axis + 1 of the tensor viewed with `axis` split in
+// (G, n / G).
 struct TensorSlice {
-  int axis = 0, parts = 1, index = 0;
+  int axis = 0, parts = 1, index = 0, groups = 1;
 };
 std::vector<std::pair<std::string, Tensor>> read_safetensors(
     const std::string& path, std::map<std::string, std::string>* metadata = nullptr,

@@ -60,8 +60,10 @@ void register_collective_ops() {
   register_backward("AllReduceTP", all_reduce_tp_backward);
   register_op("CopyToTP", same_shape, copy_to_tp);
   register_backward("CopyToTP", copy_to_tp_backward);
+  register_spectral_norm_tp();
 }
 
 void set_tp_communicator(Communicator* tp) { g_tp = tp; }
+Communicator* tp_communicator() { return g_tp; }
 
 }  // namespace wxe

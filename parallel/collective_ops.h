@@ -2,8 +2,10 @@
 // conjugate backward (Megatron's tensor_parallel/mappings.py pairs):
 //   AllReduceTP (reduce_from_tp): forward all-reduce (sum) over tp, backward identity.
 //   CopyToTP (copy_to_tp): forward identity, backward all-reduce (sum) over tp of the gradient.
-// Both use the calling thread's tp communicator; with none set, or a tp group of one, each is
-// the identity both ways (Megatron's world_size == 1 bypass).
+//   SpectralNormTP (collective_spectral_norm.cpp): SpectralNorm on a rank's block of
+//     weight_orig, sigma and the power iteration those of the whole matrix (sums over tp).
+// All use the calling thread's tp communicator; with none set, or a tp group of one, each is
+// the identity both ways (Megatron's world_size == 1 bypass; SpectralNormTP: SpectralNorm).
 #pragma once
 #include "parallel/comm.h"
 
@@ -13,5 +15,7 @@ void register_collective_ops();
 // The tensor-parallel group the calling thread's collectives use (must outlive the runs).
 // Per thread, so tests can run the ranks of a mesh as threads of one process.
 void set_tp_communicator(Communicator* tp);
+Communicator* tp_communicator();  // the calling thread's (nullptr: none)
+void register_spectral_norm_tp();  // called by register_collective_ops()
 
 }  // namespace wxe

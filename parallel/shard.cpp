@@ -31,13 +31,56 @@ std::string weight_of(const Graph& g, const Node& n) {
   return n.op == "Linear" && n.inputs.size() >= 2 && n.inputs[1] >= 0 ? g.values[n.inputs[1]].name : "";
 }
 
-// Rows [r*n/T, (r+1)*n/T) of dim `axis` of t.
-Tensor slice_dim(const Tensor& t, int axis, int tp, int r) {
+// A CREDIT 1x1 Conv with spectral norm in the training graph: Conv(x, SpectralNorm(X.weight_orig,
+// u, v)), weight_orig (O, I, 1, 1), no groups, strides, pads or dilations. Value id of each such
+// SpectralNorm output -> its weight_orig name (the plan's key for the layer).
+std::map<int, std::string> sn_conv_weights(const Graph& g) {
+  std::map<int, std::string> sn_out;  // SpectralNorm (dim 0) output -> weight_orig
+  for (const Node& n : g.nodes)
+    if (n.op == "SpectralNorm" && n.i("dim", 0) == 0 && n.inputs.size() == 3 && n.inputs[0] >= 0 &&
+        g.values[n.inputs[0]].shape.size() == 4 && g.values[n.inputs[0]].shape[2] == 1 &&
+        g.values[n.inputs[0]].shape[3] == 1)
+      sn_out[n.outputs[0]] = g.values[n.inputs[0]].name;
+  std::map<int, std::string> r;
+  std::set<int> other_use;
+  auto ones = [](const std::vector<int64_t>& v, int64_t x) {
+    return std::all_of(v.begin(), v.end(), [&](int64_t e) { return e == x; });
+  };
+  for (const Node& n : g.nodes)
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      int i = n.inputs[k];
+      if (!sn_out.count(i)) continue;
+      bool conv = n.op == "Conv" && k == 1 && n.i("group", 1) == 1 && ones(n.ints("strides"), 1) &&
+                  ones(n.ints("pads"), 0) && ones(n.ints("dilations"), 1) && n.s("auto_pad", "NOTSET") == "NOTSET";
+      if (conv) r[i] = sn_out[i];
+      else other_use.insert(i);
+    }
+  for (int i : other_use) r.erase(i);  // read by anything else: left whole
+  return r;
+}
+
+// The weight a Linear node, or a spectral-norm 1x1 Conv (`sn`: sn_conv_weights), reads: the
+// plan's key.
+std::string layer_weight(const Graph& g, const Node& n, const std::map<int, std::string>& sn) {
+  if (n.op == "Conv" && n.inputs.size() >= 2) {
+    auto it = sn.find(n.inputs[1]);
+    return it == sn.end() ? "" : it->second;
+  }
+  return weight_of(g, n);
+}
+
+// A fused to_qkv weight is three blocks [q | k | v] along its rows: sharded by heads, a rank
+// keeps its block of each (TensorSlice::groups).
+int groups_of(const std::string& weight) { return layout::is_qkv_module(layout::module_of(weight)) ? 3 : 1; }
+
+// Rows [r*n/T, (r+1)*n/T) of dim `axis` of t; with groups G, those rows of each of the G equal
+// groups of the axis (the view (G, n/G) sliced along its second dim).
+Tensor slice_dim(const Tensor& t, int axis, int tp, int r, int groups = 1) {
   Shape s = t.shape;
-  int64_t n = s[axis], part = n / tp;
-  s[axis] = part;
+  int64_t n = s[axis] / groups, part = n / tp;
+  s[axis] = part * groups;
   Tensor out(t.dtype, s);
-  int64_t outer = 1, inner = (int64_t)dtype_size(t.dtype);
+  int64_t outer = groups, inner = (int64_t)dtype_size(t.dtype);
   for (int d = 0; d < axis; ++d) outer *= t.shape[d];
   for (int d = axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
   const uint8_t* src = (const uint8_t*)t.raw();
@@ -132,11 +175,13 @@ bool linear_bias(const Graph& g, const Node& n, const std::vector<int>& sole, st
 
 TpPlan discover_plan(const Graph& g) {
   TpPlan plan;
+  const std::map<int, std::string> sn = sn_conv_weights(g);
   for (const Node& n : g.nodes) {
-    std::string w = weight_of(g, n);
+    std::string w = layer_weight(g, n, sn);
     if (w.empty()) continue;
     std::string m = layout::module_of(w);
-    if (ends_with(m, ".to_q") || ends_with(m, ".to_k") || ends_with(m, ".to_v") || ends_with(m, ".layers.1"))
+    if (ends_with(m, ".to_q") || ends_with(m, ".to_k") || ends_with(m, ".to_v") || ends_with(m, ".layers.1") ||
+        ends_with(m, ".to_qkv"))
       plan.by_weight[w] = TpSplit::Column;
     else if (ends_with(m, ".to_out") || ends_with(m, ".layers.4"))
       plan.by_weight[w] = TpSplit::Row;
@@ -151,8 +196,9 @@ void apply_plan_file(TpPlan& plan, const Graph& g, const std::string& path) {
   Json j = parse_json(text, path);
   WXE_CHECK(j.type == Json::Obj, path, ": a plan file is a JSON object {\"pattern\": \"colwise\"|\"rowwise\"|\"replicate\"}");
   std::vector<std::string> weights;
+  const std::map<int, std::string> sn = sn_conv_weights(g);
   for (const Node& n : g.nodes)
-    if (!weight_of(g, n).empty()) weights.push_back(weight_of(g, n));
+    if (!layer_weight(g, n, sn).empty()) weights.push_back(layer_weight(g, n, sn));
   for (size_t i = 0; i < j.keys.size(); ++i) {
     const std::string& pattern = j.keys[i];
     const Json& v = j.items[i];
@@ -184,15 +230,20 @@ std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Gr
   std::map<std::string, TensorSlice> slices;
   if (tp == 1) return slices;
   std::vector<int> sole = sole_readers(g);
+  const std::map<int, std::string> sn = sn_conv_weights(g);
   for (const Node& n : g.nodes) {
-    auto it = plan.by_weight.find(weight_of(g, n));
+    auto it = plan.by_weight.find(layer_weight(g, n, sn));
     if (it == plan.by_weight.end() || it->second == TpSplit::Replicate) continue;
     bool column = it->second == TpSplit::Column;
-    slices[it->first] = {column ? 0 : 1, tp, r};
+    const int groups = column ? groups_of(it->first) : 1;
+    slices[it->first] = {column ? 0 : 1, tp, r, groups};
     std::string bias;
     int axis = 0;
     // a row-parallel layer's bias is added after the sum, whole
-    if (column && linear_bias(g, n, sole, &bias, &axis)) slices[bias] = {axis, tp, r};
+    if (column && n.op == "Conv" && n.inputs.size() > 2 && n.inputs[2] >= 0)
+      slices[g.values[n.inputs[2]].name] = {0, tp, r, groups};
+    else if (column && linear_bias(g, n, sole, &bias, &axis))
+      slices[bias] = {axis, tp, r};
   }
   return slices;
 }
@@ -218,7 +269,11 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
     for (const Value& v : g.values)
       if (v.is_param && v.is_const() && expected.count(v.name)) full_shape[v.name] = v.shape;
   }
+  // spectral-norm 1x1 convs: SpectralNorm output -> weight_orig, and the SpectralNorm nodes of
+  // the sharded ones (by output) with their split
+  const std::map<int, std::string> sn = sn_conv_weights(g);
   std::vector<int> axis(g.values.size(), -1);  // sharded axis of each value, -1: replicated
+  std::map<int, int> grouped;  // sharded value -> groups along its sharded axis (a fused qkv output: 3)
   auto sharded = [&](int v) { return v >= 0 && v < (int)axis.size() && axis[v] >= 0; };
   auto set_axis = [&](int v, int a) {
     if ((size_t)v >= axis.size()) axis.resize(v + 1, -1);
@@ -260,23 +315,50 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
     const std::string where = "node " + n.name + " (" + n.op + ")" + (block.empty() ? "" : " in block " + block);
     const std::string replicate_hint =
         block.empty() ? "" : "; to replicate the block, --plan a file with {\"" + block + ".*\": \"replicate\"}";
-    std::string w = weight_of(g, n);
+    if (n.op == "SpectralNorm" && sn.count(n.outputs[0])) {
+      // the weight of a sharded 1x1 conv: this rank's block of weight_orig, sigma of the whole
+      const std::string& w = sn.at(n.outputs[0]);
+      auto pit = plan.by_weight.find(w);
+      if (pit != plan.by_weight.end() && pit->second != TpSplit::Replicate) {
+        const int a = pit->second == TpSplit::Column ? 0 : 1, groups = a == 0 ? groups_of(w) : 1;
+        const Tensor& W = *g.values[n.inputs[0]].constant;  // (O, I, 1, 1)
+        WXE_CHECK(W.shape[a] % (tp * groups) == 0, where, ": width ", W.shape[a] / groups, " of ", w,
+                  " is not divisible by --tp ", tp, replicate_hint);
+        n.inputs[0] = new_const(g, g.values[n.inputs[0]], slice_dim(W, a, tp, r, groups), "");
+        n.op = "SpectralNormTP";
+        n.attrs["axis"] = attr_i(a);
+        n.attrs["parts"] = attr_i(tp);
+        n.attrs["index"] = attr_i(r);
+        n.attrs["groups"] = attr_i(groups);
+        ++st.spectral_norms;
+      }
+      out.push_back(std::move(n));
+      continue;
+    }
+    const bool sn_conv = n.op == "Conv" && n.inputs.size() >= 2 && sn.count(n.inputs[1]);
+    std::string w = layer_weight(g, n, sn);
     auto pit = plan.by_weight.find(w);
     TpSplit split = w.empty() || pit == plan.by_weight.end() ? TpSplit::Replicate : pit->second;
-    if (n.op == "Linear" && split != TpSplit::Replicate) {
+    if ((n.op == "Linear" || sn_conv) && split != TpSplit::Replicate) {
       const Value& x = g.values[n.inputs[0]];
       int rank = (int)x.shape.size();
-      int64_t feat = n.i("axis", -1);
+      int64_t feat = sn_conv ? 1 : n.i("axis", -1);
       if (feat < 0) feat += rank;
-      const Tensor& W = *g.values[n.inputs[1]].constant;  // (N, K)
+      // a Linear's weight (N, K) is sliced here; a spectral-norm conv's by its SpectralNormTP
+      const Tensor* W = sn_conv ? nullptr : g.values[n.inputs[1]].constant.get();
       int bias = n.inputs.size() > 2 ? n.inputs[2] : -1;
       if (split == TpSplit::Column) {
+        const int groups = sn_conv ? groups_of(w) : 1;
         WXE_CHECK(!sharded(n.inputs[0]), where, ": column-parallel layer reads a sharded input");
-        WXE_CHECK(W.shape[0] % tp == 0, where, ": width ", W.shape[0], " of ", w, " is not divisible by --tp ", tp);
-        n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(W, 0, tp, r), "");
-        if (bias >= 0) n.inputs[2] = new_const(g, g.values[bias], slice_dim(*g.values[bias].constant, 0, tp, r), "");
+        if (W) {
+          WXE_CHECK(W->shape[0] % tp == 0, where, ": width ", W->shape[0], " of ", w, " is not divisible by --tp ", tp);
+          n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(*W, 0, tp, r), "");
+        }
+        if (bias >= 0)
+          n.inputs[2] = new_const(g, g.values[bias], slice_dim(*g.values[bias].constant, 0, tp, r, groups), "");
         if (training) n.inputs[0] = copy_to_tp(n.inputs[0], n.name);
         set_axis(n.outputs[0], (int)feat);
+        if (groups > 1) grouped[n.outputs[0]] = groups;
         ++st.column;
         out.push_back(std::move(n));
         continue;
@@ -284,8 +366,10 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
       // row-parallel: this rank's columns, a partial sum, all-reduce, then the bias
       WXE_CHECK(sharded(n.inputs[0]) && axis[n.inputs[0]] == feat, where,
                 ": row-parallel layer's input is not sharded along its features");
-      WXE_CHECK(W.shape[1] % tp == 0, where, ": width ", W.shape[1], " of ", w, " is not divisible by --tp ", tp);
-      n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(W, 1, tp, r), "");
+      if (W) {
+        WXE_CHECK(W->shape[1] % tp == 0, where, ": width ", W->shape[1], " of ", w, " is not divisible by --tp ", tp);
+        n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(*W, 1, tp, r), "");
+      }
       int final_out = n.outputs[0];
       Value partial = g.values[final_out];
       partial.name += "_partial";
@@ -371,6 +455,36 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
         for (int64_t k = (int64_t)in_shape.size() - 1; k >= 0; --k) perm.push_back(k);
       int b = (int)(std::find(perm.begin(), perm.end(), a) - perm.begin());
       set_axis(n.outputs[0], b);
+    } else if (n.op == "Slice") {
+      // along another axis: the sharding passes through; along the sharded one: only a whole
+      // group of a grouped value (q, k or v of a fused qkv output), which becomes this rank's
+      // block of that group
+      auto ints = [&](size_t i) {
+        WXE_CHECK(i < n.inputs.size() && n.inputs[i] >= 0 && g.values[n.inputs[i]].is_const(), where,
+                  ": a Slice of a sharded tensor needs constant starts, ends and axes");
+        return g.values[n.inputs[i]].constant->to_i64();
+      };
+      WXE_CHECK(n.inputs[0] == src, where, ": slices a sharded tensor by sharded bounds");
+      std::vector<int64_t> starts = ints(1), ends = ints(2), axes;
+      if (n.inputs.size() > 3 && n.inputs[3] >= 0) axes = ints(3);
+      else for (size_t k = 0; k < starts.size(); ++k) axes.push_back((int64_t)k);
+      std::vector<int64_t> steps(starts.size(), 1);
+      if (n.inputs.size() > 4 && n.inputs[4] >= 0) steps = ints(4);
+      const int64_t rank = (int64_t)in_shape.size();
+      for (size_t k = 0; k < axes.size(); ++k) {
+        if ((axes[k] < 0 ? axes[k] + rank : axes[k]) != a) continue;
+        auto gi = grouped.find(src);
+        const int64_t G = gi == grouped.end() ? 1 : gi->second, len = in_shape[a] / G;
+        const int64_t st0 = starts[k] < 0 ? starts[k] + in_shape[a] : starts[k];
+        const int64_t en0 = std::min(ends[k] < 0 ? ends[k] + in_shape[a] : ends[k], in_shape[a]);
+        WXE_CHECK(G > 1 && steps[k] == 1 && st0 % len == 0 && en0 == st0 + len, where,
+                  ": slices the sharded axis other than by whole q/k/v blocks", replicate_hint);
+        starts[k] = st0 / tp;
+        ends[k] = (st0 + len) / tp;
+        n.inputs[1] = new_const(g, g.values[n.inputs[1]], Tensor::from_i64(starts), "_tp");
+        n.inputs[2] = new_const(g, g.values[n.inputs[2]], Tensor::from_i64(ends), "_tp");
+      }
+      set_axis(n.outputs[0], a);
     } else if (n.op == "Softmax" || n.op == "LayerNormalization") {
       int64_t ax = n.i("axis", -1);
       if (ax < 0) ax += (int64_t)in_shape.size();

@@ -4,7 +4,12 @@
 // each rank owning whole heads (heads / tp); in every feed-forward block the up projection
 // (layers.1) is column-parallel and the down projection (layers.4) row-parallel; everything
 // else is replicated. Found from the Linear nodes' parameter names (engine/layout_rules.h);
-// a plan file can override it.
+// a plan file can override it. In a training graph that keeps spectral norm, the 1x1 Convs
+// whose weight is a SpectralNorm output are layers too, keyed by their `X.weight_orig`: the
+// fused to_qkv column-parallel by heads (rank r keeps head block r of each of q, k and v:
+// TensorSlice groups 3), to_out and layers.4 row-parallel, layers.1 column-parallel; their
+// SpectralNorm becomes SpectralNormTP (parallel/collective_ops.h) on the rank's block, and
+// the Slices that take q, k and v from the sharded qkv output take the rank's part of each.
 //
 // Sharding for tp rank r of T: column-parallel weights keep rows [r N/T, (r+1) N/T) (and
 // their bias), row-parallel weights keep the matching columns, and an all-reduce over tp
@@ -49,6 +54,7 @@ struct ShardStats {
   size_t param_bytes_full = 0;  // every parameter, unsharded
   size_t param_bytes_rank = 0;  // what this rank holds
   int copies = 0;               // CopyToTP nodes (shard_training_graph)
+  int spectral_norms = 0;       // SpectralNormTP nodes (sharded spectral-norm convs, training)
 };
 
 // Rewrites g for tp rank `tp_rank` of `tp`. Heads or widths that tp does not divide, or a

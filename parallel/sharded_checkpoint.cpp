@@ -89,13 +89,47 @@ void block_box(const Shape& global, const TensorSlice& s, std::vector<int64_t>& 
 }
 
 std::string slice_str(const TensorSlice& s) {
-  return s.parts <= 1 ? std::string("whole") : str("block ", s.index, " of ", s.parts, " along axis ", s.axis);
+  return s.parts <= 1 ? std::string("whole")
+                      : str("block ", s.index, " of ", s.parts, " along axis ", s.axis,
+                            s.groups > 1 ? str(" in each of ", s.groups, " groups") : std::string());
+}
+
+// Grouped slices (TensorSlice::groups > 1) are boxes of the tensor viewed with axis `ga` split
+// in (G, n / G). The view's shape (the shape itself for G == 1).
+Shape grouped_view(const Shape& s, int ga, int G) {
+  if (G <= 1) return s;
+  WXE_CHECK(ga >= 0 && ga < (int)s.size() && s[ga] % G == 0, "cannot split axis ", ga, " of ", shape_str(s), " in ",
+            G, " groups");
+  Shape v(s.begin(), s.begin() + ga);
+  v.push_back(G);
+  v.push_back(s[ga] / G);
+  v.insert(v.end(), s.begin() + ga + 1, s.end());
+  return v;
+}
+
+// s as a plain block of that view; false where it is not one (a plain block along the grouped
+// axis, or a grouping of another axis or count).
+bool in_view(const TensorSlice& s, int ga, int G, TensorSlice* out) {
+  if (s.parts <= 1) {
+    *out = {};
+    return true;
+  }
+  if (G <= 1) {
+    *out = s;
+    return s.groups <= 1;
+  }
+  if (s.groups > 1) {
+    *out = {ga + 1, s.parts, s.index};
+    return s.axis == ga && s.groups == G;
+  }
+  *out = {s.axis > ga ? s.axis + 1 : s.axis, s.parts, s.index};
+  return s.axis != ga;
 }
 
 // Checks that s names a block of a tensor of rank r; `what` leads the message.
 void check_slice(const TensorSlice& s, int r, const std::string& what) {
-  WXE_CHECK(s.parts >= 1 && s.index >= 0 && s.index < s.parts, what, ": bad slice (index ", s.index, " of ", s.parts,
-            " parts)");
+  WXE_CHECK(s.parts >= 1 && s.index >= 0 && s.index < s.parts && s.groups >= 1, what, ": bad slice (index ", s.index,
+            " of ", s.parts, " parts, ", s.groups, " groups)");
   WXE_CHECK(s.parts == 1 || (s.axis >= 0 && s.axis < r), what, ": cannot split a rank-", r, " tensor along axis ",
             s.axis);
 }
@@ -159,8 +193,9 @@ std::string shape_json(const Shape& s) {
 std::string piece_json(const Record& p) {
   std::string j = "{\"file\": ";
   json_string(j, p.file);
-  j += str(", \"axis\": ", p.slice.axis, ", \"parts\": ", p.slice.parts, ", \"index\": ", p.slice.index,
-           ", \"checksum\": \"crc32:", crc_hex(p.crc), "\"");
+  j += str(", \"axis\": ", p.slice.axis, ", \"parts\": ", p.slice.parts, ", \"index\": ", p.slice.index);
+  if (p.slice.groups > 1) j += str(", \"groups\": ", p.slice.groups);  // absent: 1 (older checkpoints)
+  j += str(", \"checksum\": \"crc32:", crc_hex(p.crc), "\"");
   if (!p.chunk_crc.empty()) {
     j += ", \"chunk_crc32\": [";
     for (size_t i = 0; i < p.chunk_crc.size(); ++i) j += (i ? ", \"" : "\"") + crc_hex(p.chunk_crc[i]) + "\"";
@@ -205,7 +240,9 @@ void parse_piece(const Json& p, const std::string& where, Record& r) {
   int64_t axis = int_field(p, "axis", where), parts = int_field(p, "parts", where), index = int_field(p, "index", where);
   WXE_CHECK(axis < (int64_t)kMaxDims && parts >= 1 && parts <= INT32_MAX && index < parts, where, ": bad piece slice (axis ",
             axis, ", index ", index, " of ", parts, " parts)");
-  r.slice = {(int)axis, (int)parts, (int)index};
+  int64_t groups = p.get("groups") ? int_field(p, "groups", where) : 1;
+  WXE_CHECK(groups >= 1 && groups <= INT32_MAX, where, ": bad piece groups ", groups);
+  r.slice = {(int)axis, (int)parts, (int)index, parts > 1 ? (int)groups : 1};
   const std::string& ck = field(p, "checksum", Json::Str, where).s;
   WXE_CHECK(ck.rfind("crc32:", 0) == 0 && parse_hex(ck.substr(6), &r.crc), where, ": bad checksum '", printable(ck),
             "' (expected crc32: and 8 hex digits)");
@@ -332,7 +369,8 @@ void finish(const fs::path& dir, int world, const std::vector<Record>& all,
       continue;
     }
     const Record& f = *it->second.first;
-    WXE_CHECK(r.shape == f.shape && r.dtype == f.dtype && r.slice.axis == f.slice.axis && r.slice.parts == f.slice.parts,
+    WXE_CHECK(r.shape == f.shape && r.dtype == f.dtype && r.slice.axis == f.slice.axis && r.slice.parts == f.slice.parts &&
+                  r.slice.groups == f.slice.groups,
               "tensor '", printable(r.name), "': rank ", r.rank, " has it ", dtype_name(r.dtype), " ", shape_str(r.shape),
               " ", slice_str(r.slice), ", rank ", f.rank, " ", dtype_name(f.dtype), " ", shape_str(f.shape), " ",
               slice_str(f.slice), " (one split per tensor)");
@@ -343,7 +381,7 @@ void finish(const fs::path& dir, int world, const std::vector<Record>& all,
   for (auto& [name, g] : groups) {
     const Record& f = *g.first;
     for (int i = 0; i < f.slice.parts; ++i) {
-      TensorSlice s{f.slice.axis, f.slice.parts, i};
+      TensorSlice s{f.slice.axis, f.slice.parts, i, f.slice.groups};
       bool empty = numel(block_shape(f.shape, s)) == 0 && f.slice.parts > 1;
       WXE_CHECK(g.by_index.count(i) || empty, "tensor '", printable(name), "' ", shape_str(f.shape), ": ",
                 slice_str(s), " is owned by no rank");
@@ -484,9 +522,11 @@ Shape block_shape(const Shape& global, const TensorSlice& s) {
   if (s.parts <= 1) return global;
   WXE_CHECK(s.axis >= 0 && s.axis < (int)global.size() && s.index >= 0 && s.index < s.parts, "cannot take block ",
             s.index, " of ", s.parts, " along axis ", s.axis, " of ", shape_str(global));
+  WXE_CHECK(s.groups >= 1 && global[s.axis] % s.groups == 0, "cannot split axis ", s.axis, " of ", shape_str(global),
+            " in ", s.groups, " groups");
   Shape b = global;
-  auto [lo, hi] = block_range(global[s.axis], s.parts, s.index);
-  b[s.axis] = hi - lo;
+  auto [lo, hi] = block_range(global[s.axis] / s.groups, s.parts, s.index);
+  b[s.axis] = (hi - lo) * s.groups;
   return b;
 }
 
@@ -494,9 +534,12 @@ Tensor take_block(const Tensor& whole, const TensorSlice& s) {
   if (s.parts <= 1) return whole;
   Tensor out(whole.dtype, block_shape(whole.shape, s));
   if (out.numel() == 0) return out;
-  std::vector<int64_t> lo, hi, zero(whole.shape.size(), 0);
-  block_box(whole.shape, s, lo, hi);
-  copy_box((const uint8_t*)whole.raw(), whole.shape, zero, (uint8_t*)out.raw(), out.shape, lo, lo, hi,
+  const Shape view = grouped_view(whole.shape, s.axis, s.groups);
+  TensorSlice vs;
+  in_view(s, s.axis, s.groups, &vs);
+  std::vector<int64_t> lo, hi, zero(view.size(), 0);
+  block_box(view, vs, lo, hi);
+  copy_box((const uint8_t*)whole.raw(), view, zero, (uint8_t*)out.raw(), block_shape(view, vs), lo, lo, hi,
            dtype_size(whole.dtype));
   return out;
 }
@@ -627,10 +670,12 @@ ShardedCheckpoint::ShardedCheckpoint(const std::string& dir) : dir_(dir) {
       if (i == 0) {
         e.axis = r.slice.axis;
         e.parts = r.slice.parts;
+        e.groups = r.slice.groups;
         check_slice(r.slice, (int)e.shape.size(), where);
       }
-      WXE_CHECK(r.slice.axis == e.axis && r.slice.parts == e.parts, where, ": its pieces are split differently (",
-                slice_str(r.slice), " and ", slice_str({e.axis, e.parts, 0}), ")");
+      WXE_CHECK(r.slice.axis == e.axis && r.slice.parts == e.parts && r.slice.groups == e.groups, where,
+                ": its pieces are split differently (", slice_str(r.slice), " and ",
+                slice_str({e.axis, e.parts, 0, e.groups}), ")");
       WXE_CHECK(seen.insert(r.slice.index).second, where, ": two pieces hold ", slice_str(r.slice));
       // the chunk list must describe this piece's bytes and agree with its checksum
       const uint64_t bytes =
@@ -646,7 +691,7 @@ ShardedCheckpoint::ShardedCheckpoint(const std::string& dir) : dir_(dir) {
       e.pieces.push_back({r.file, r.slice.index, r.crc, std::move(r.chunk_crc)});
     }
     for (int i = 0; i < e.parts; ++i) {
-      TensorSlice s{e.axis, e.parts, i};
+      TensorSlice s{e.axis, e.parts, i, e.groups};
       WXE_CHECK(seen.count(i) || (e.parts > 1 && numel(block_shape(e.shape, s)) == 0), where, " ", shape_str(e.shape),
                 ": no piece holds ", slice_str(s), " (a gap: the checkpoint is incomplete)");
     }
@@ -667,7 +712,7 @@ Shape ShardedCheckpoint::shape(const std::string& name) const { return entry(nam
 DType ShardedCheckpoint::dtype(const std::string& name) const { return entry(name).dtype; }
 TensorSlice ShardedCheckpoint::stored_split(const std::string& name) const {
   const Entry& e = entry(name);
-  return {e.axis, e.parts, 0};
+  return {e.axis, e.parts, 0, e.groups};
 }
 
 const SafetensorsEntry& ShardedCheckpoint::stored(const std::string& file, const std::string& name) const {
@@ -686,18 +731,30 @@ const SafetensorsEntry& ShardedCheckpoint::stored(const std::string& file, const
 
 Tensor ShardedCheckpoint::read(const std::string& name, TensorSlice want) const {
   const Entry& e = entry(name);
-  const int r = (int)e.shape.size();
-  check_slice(want, r, str(dir_, ": reading tensor '", printable(name), "' ", shape_str(e.shape)));
+  const int rank = (int)e.shape.size();
+  check_slice(want, rank, str(dir_, ": reading tensor '", printable(name), "' ", shape_str(e.shape)));
   if (want.parts <= 1) want = {};
   const size_t es = dtype_size(e.dtype);
   Tensor out(e.dtype, block_shape(e.shape, want));
   if (out.numel() == 0) return out;
+  // grouped slices: boxes of the view with the grouped axis split (the wanted one's grouping,
+  // else the stored one's); where the stored and wanted blocks are not both boxes of one view,
+  // the whole tensor is read and the block taken from it
+  int ga = -1, G = 1;
+  if (want.groups > 1) ga = want.axis, G = want.groups;
+  else if (e.parts > 1 && e.groups > 1) ga = e.axis, G = e.groups;
+  TensorSlice wv, pv;
+  if (!in_view(want, ga, G, &wv) || !in_view({e.axis, e.parts, 0, e.groups}, ga, G, &pv))
+    return take_block(read(name, {}), want);
+  const Shape vshape = grouped_view(e.shape, ga, G), out_view = block_shape(vshape, wv);
+  const int r = (int)vshape.size();
   std::vector<int64_t> wlo, whi, plo, phi, lo(r), hi(r);
-  block_box(e.shape, want, wlo, whi);
+  block_box(vshape, wv, wlo, whi);
   int64_t copied = 0;
   for (const Piece& p : e.pieces) {
-    const TensorSlice ps{e.axis, e.parts, p.index};
-    block_box(e.shape, ps, plo, phi);
+    const TensorSlice ps{e.axis, e.parts, p.index, e.groups};
+    const TensorSlice psv{pv.axis, pv.parts, p.index};
+    block_box(vshape, psv, plo, phi);
     bool empty = false;
     for (int d = 0; d < r; ++d) {
       lo[d] = std::max(wlo[d], plo[d]);
@@ -707,10 +764,10 @@ Tensor ShardedCheckpoint::read(const std::string& name, TensorSlice want) const 
     if (empty) continue;
     const std::string path = (fs::path(dir_) / p.file).string();
     const std::string what = str(path, ": tensor '", printable(name), "' ", slice_str(ps));
-    const Shape pshape = block_shape(e.shape, ps);
+    const Shape pshape_real = block_shape(e.shape, ps), pshape = block_shape(vshape, psv);
     const SafetensorsEntry& st = stored(p.file, name);
-    WXE_CHECK(st.dtype == e.dtype && st.shape == pshape, what, ": the file has ", dtype_name(st.dtype), " ",
-              shape_str(st.shape), ", the index says ", dtype_name(e.dtype), " ", shape_str(pshape));
+    WXE_CHECK(st.dtype == e.dtype && st.shape == pshape_real, what, ": the file has ", dtype_name(st.dtype), " ",
+              shape_str(st.shape), ", the index says ", dtype_name(e.dtype), " ", shape_str(pshape_real));
     // the bytes of the piece from the overlap's first element to its last, widened to whole
     // chunks so that each can be checked
     std::vector<int64_t> ps_str = strides_of(pshape);
@@ -739,7 +796,7 @@ Tensor ShardedCheckpoint::read(const std::string& name, TensorSlice want) const 
                   ", index.json says ", crc_hex(p.chunk_crc[k]), "): the file is corrupt");
       }
     }
-    copy_box(buf.data(), pshape, plo, (uint8_t*)out.raw(), out.shape, wlo, lo, hi, es, b);
+    copy_box(buf.data(), pshape, plo, (uint8_t*)out.raw(), out_view, wlo, lo, hi, es, b);
     int64_t n = 1;
     for (int d = 0; d < r; ++d) n *= hi[d] - lo[d];
     copied += n;

@@ -22,7 +22,9 @@
 // along `axis` of length n, block i covers [i*c, min(n, (i+1)*c)) with c = ceil(n / parts);
 // the last blocks may be shorter or empty (n = 5, parts = 4: 2, 2, 1, 0). Where parts divides
 // n this is engine/safetensors.h's equal blocks, whose reader still requires divisibility.
-// parts == 1 means the whole tensor (axis ignored).
+// parts == 1 means the whole tensor (axis ignored). With groups G > 1 (a piece's optional
+// "groups" in index.json, absent meaning 1) the rule applies within each of the G equal groups
+// of `axis` (n / G long): the piece holds block i of every group, in group order.
 //
 // Saving is collective (save_sharded) or from one process with every rank's pieces at once
 // (write_sharded, for `wxe convert` and tests). Either way: the files go to DIR.tmp, index.json
@@ -90,7 +92,7 @@ class ShardedCheckpoint {
   bool has(const std::string& name) const { return tensors_.count(name) > 0; }
   Shape shape(const std::string& name) const;
   DType dtype(const std::string& name) const;
-  // How the tensor is stored: axis and parts of its pieces (parts == 1: one whole piece).
+  // How the tensor is stored: axis, parts and groups of its pieces (parts == 1: one whole piece).
   TensorSlice stored_split(const std::string& name) const;
   // Block `want` of the tensor (whole for want.parts == 1), at block_shape(shape, want):
   // assembled from the pieces that overlap it, reading only the byte runs (chunk_bytes
@@ -109,7 +111,7 @@ class ShardedCheckpoint {
   struct Entry {
     Shape shape;
     DType dtype = DType::F32;
-    int axis = 0, parts = 1;
+    int axis = 0, parts = 1, groups = 1;
     std::vector<Piece> pieces;
   };
   const Entry& entry(const std::string& name) const;

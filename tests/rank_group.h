@@ -29,7 +29,7 @@ class RankComm : public Communicator {
   RankComm(RankGroup& g, int rank) : g_(g), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override;
-  void all_reduce_sum(Tensor& t) override;  // float32; summed in double, in rank order
+  void all_reduce_sum(Tensor& t) override;  // float32 or float64; summed in double, in rank order
   void all_gather(const Tensor&, Tensor&) override { fail("RankComm: all_gather unused"); }
   void reduce_scatter_sum(const Tensor&, Tensor&) override { fail("RankComm: reduce_scatter_sum unused"); }
   void broadcast(Tensor&, int) override { fail("RankComm: broadcast unused"); }
@@ -63,11 +63,12 @@ class RankGroup {
   int size() const { return (int)ranks_.size(); }
 
   void all_reduce(int r, Tensor& t) {
-    WXE_CHECK(t.dtype == DType::F32, "RankComm: float32 only");
+    WXE_CHECK(t.dtype == DType::F32 || t.dtype == DType::F64, "RankComm: float32 or float64 only");
+    const bool f64 = t.dtype == DType::F64;
     if (arrived_ == 0) acc_.assign(t.numel(), 0.0);
     WXE_CHECK((int64_t)acc_.size() == t.numel(), "RankComm: rank ", r, " all-reduces ", t.numel(),
               " elements, another rank ", acc_.size());
-    for (int64_t i = 0; i < t.numel(); ++i) acc_[i] += t.data<float>()[i];
+    for (int64_t i = 0; i < t.numel(); ++i) acc_[i] += f64 ? t.data<double>()[i] : t.data<float>()[i];
     const int gen = gen_;
     if (++arrived_ == size()) {
       sum_.assign(acc_.begin(), acc_.end());
@@ -75,7 +76,9 @@ class RankGroup {
       ++gen_;
     }
     while (gen_ == gen) yield(r);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = sum_[i];  // before this rank's next collective
+    for (int64_t i = 0; i < t.numel(); ++i)  // before this rank's next collective
+      if (f64) t.data<double>()[i] = sum_[i];
+      else t.data<float>()[i] = (float)sum_[i];
   }
 
  private:
@@ -164,7 +167,7 @@ class RankGroup {
   ucontext_t scheduler_;
   int arrived_ = 0, gen_ = 0;
   std::vector<double> acc_;
-  std::vector<float> sum_;
+  std::vector<double> sum_;
 };
 
 inline int RankComm::size() const { return g_.size(); }

@@ -86,6 +86,7 @@ struct RankStep {
   std::map<std::string, TensorSlice> slices;
   Tensor y;
   std::map<std::string, Tensor> grads;  // trainable parameter -> gradient
+  std::map<std::string, Tensor> sn_buffers;  // weight_u / weight_v after the step (power iteration)
   int all_reduces = 0;                  // collectives this rank took part in
 };
 
@@ -105,17 +106,22 @@ std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tenso
     s.y = ex.forward({{"x", x}})[0];
     ex.backward({gy});
     for (size_t p = 0; p < ex.trainable().size(); ++p) s.grads[g.values[ex.trainable()[p]].name] = ex.grads()[p];
+    for (const Value& v : g.values)
+      if (v.is_param && v.is_const() && v.name.size() > 9 &&
+          (v.name.compare(v.name.size() - 9, 9, ".weight_u") == 0 || v.name.compare(v.name.size() - 9, 9, ".weight_v") == 0))
+        s.sn_buffers[v.name] = v.constant->clone();
     s.all_reduces = comm.calls;
   });
   for (int r = 0; r < tp; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return steps;
 }
 
-// Block s.index of s.parts along s.axis (written here, not shard.cpp's, to be an oracle).
+// Block s.index of s.parts along s.axis, of each of s.groups groups (written here, not
+// shard.cpp's, to be an oracle).
 Tensor block_of(const Tensor& t, const TensorSlice& s) {
   Shape shape = t.shape;
-  int64_t n = shape[s.axis], part = n / s.parts, outer = 1, inner = 1;
-  shape[s.axis] = part;
+  int64_t n = shape[s.axis] / s.groups, part = n / s.parts, outer = s.groups, inner = 1;
+  shape[s.axis] = part * s.groups;
   for (int d = 0; d < s.axis; ++d) outer *= t.shape[d];
   for (int d = s.axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
   Tensor b(DType::F32, shape);
@@ -140,8 +146,10 @@ double grad_error(const Tensor& got, const Tensor& ref, double scale) {
 }
 
 // tp ranks against tp 1 on one model: outputs, every parameter's gradient.
+// qkv_layers: column-parallel layers per attention block (3: to_q/to_k/to_v; 1: a fused
+// spectral-norm to_qkv).
 void expect_tp_matches_one(const std::string& model, const std::string& input, int tp, int attention_blocks,
-                           int ff_blocks) {
+                           int ff_blocks, int qkv_layers = 3) {
   SCOPED_TRACE(model + " tp " + std::to_string(tp));
   Tensor x = read_npy(data_path(input));
   Graph full = training_graph(model, x);
@@ -159,10 +167,18 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
     // structure: q/k/v share one CopyToTP, one more per position bias and per feed-forward
     EXPECT_EQ(s.stats.copies, 2 * attention_blocks + ff_blocks);
     EXPECT_EQ(s.stats.all_reduces, attention_blocks + ff_blocks);
-    EXPECT_EQ(s.stats.column, 3 * attention_blocks + ff_blocks);
+    EXPECT_EQ(s.stats.column, qkv_layers * attention_blocks + ff_blocks);
     EXPECT_EQ(s.stats.row, attention_blocks + ff_blocks);
-    // every collective in the forward pass and its conjugate in the backward pass
-    EXPECT_EQ(s.all_reduces, s.stats.all_reduces + s.stats.copies);
+    // every collective in the forward pass and its conjugate in the backward pass; a
+    // SpectralNormTP (one power iteration) sums 3 times forward, 2 times backward
+    EXPECT_EQ(s.stats.spectral_norms, qkv_layers == 1 ? s.stats.column + s.stats.row : 0);
+    EXPECT_EQ(s.all_reduces, s.stats.all_reduces + s.stats.copies + 5 * s.stats.spectral_norms);
+    // u and v: whole on every rank, as the one process updated them
+    ASSERT_EQ(s.sn_buffers.size(), one.sn_buffers.size());
+    for (auto& [name, ref] : one.sn_buffers) {
+      ASSERT_TRUE(s.sn_buffers.count(name)) << name;
+      EXPECT_LE(max_abs_diff(s.sn_buffers.at(name), ref), 1e-6) << name;
+    }
     for (auto& [w, split] : plan.by_weight) EXPECT_EQ(s.slices.count(w), 1u) << w;
     EXPECT_LE(max_abs_diff(s.y, one.y), 1e-5);
     EXPECT_LE(rel_l2(s.y, one.y), 1e-5);
@@ -342,6 +358,13 @@ TEST(TpTrainingGraph, CrossformerTp2MatchesTp1) {
 
 TEST(TpTrainingGraph, CrossformerTp4MatchesTp1) {
   expect_tp_matches_one("tests/data/crossformer_tp_snbaked.onnx", "tests/data/crossformer_tp_x.npy", 4, 10, 10);
+}
+
+// Spectral norm kept (CREDIT's default): SpectralNorm + 1x1 Conv, one fused to_qkv per block,
+// sharded with SpectralNormTP; weight_orig gradients are the blocks of tp 1's (the fused
+// to_qkv's by heads), weight_u / weight_v equal tp 1's on every rank.
+TEST(TpTrainingGraph, CrossformerTinySpectralNormTp2MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tiny_opset17.onnx", "tests/data/crossformer_tiny_x.npy", 2, 10, 10, 1);
 }
 
 TEST(TpTrainingGraph, CrossformerTinyTp2MatchesTp1) {

@@ -178,7 +178,7 @@ void Trainer::check_same_plan() {
     const Value& x = graph_.values[v];
     text += x.name + shape_str(x.shape);
     auto it = slices_.find(x.name);
-    if (it != slices_.end()) text += str("/", it->second.axis, "/", it->second.parts);
+    if (it != slices_.end()) text += str("/", it->second.axis, "/", it->second.parts, "/", it->second.groups);
   }
   check_same_on_all_ranks(*mesh_, fingerprint(text), "training plan");  // parallel/mesh.h
 }

@@ -80,8 +80,9 @@ TpPlan plan_for(const Graph& g, const std::string& plan_file, int tp, bool train
   bool any = std::any_of(plan.by_weight.begin(), plan.by_weight.end(),
                          [](const auto& e) { return e.second != TpSplit::Replicate; });
   WXE_CHECK(tp == 1 || any || !plan_file.empty(), g.source, ": --tp ", tp,
-            " would shard nothing: no attention or feed-forward layer of this model can be split over ", tp,
-            " ranks; run without --tp, or give a --plan file that replicates on purpose");
+            " would shard nothing: no attention or feed-forward layer of this model (with or without spectral norm) "
+            "can be split over ", tp, " ranks (fewer heads than ", tp, ", or widths it does not divide); run with a "
+            "smaller --tp or without it, or give a --plan file that replicates on purpose");
   return plan;
 }
 

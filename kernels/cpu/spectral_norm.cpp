@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/ops.h"
+#include "engine/passes.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {
@@ -156,6 +157,7 @@ void spectral_norm_backward(const Node& n, const Ins& in, const Ins& out, const 
 void register_spectral_norm() {
   register_op("SpectralNorm", spectral_norm_shape, spectral_norm_kernel);
   register_backward("SpectralNorm", spectral_norm_backward);
+  register_updates_inputs("SpectralNorm");
 }
 
 }  // namespace wxe::cpu
