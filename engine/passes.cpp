@@ -553,6 +553,56 @@ void name_params_by_scope(Graph& g) {
   }
 }
 
+void fold_if(Graph& g) {
+  for (;;) {
+    auto it = std::find_if(g.nodes.begin(), g.nodes.end(), [](const Node& n) { return n.op == "If"; });
+    if (it == g.nodes.end()) return;
+    const size_t k = it - g.nodes.begin();
+    const Node n = *it;
+    WXE_CHECK(!n.inputs.empty() && n.inputs[0] >= 0 && n.has("then_branch") && n.has("else_branch") &&
+                  n.attrs.at("then_branch").g && n.attrs.at("else_branch").g,
+              g.source, ": node ", n.name, " (If): needs a condition, then_branch and else_branch");
+    // the condition's value, from the nodes before the If that it depends on (on a copy: the
+    // passes that follow do the real folding)
+    Graph pre = g;
+    pre.nodes.resize(k);
+    std::vector<int> prod = pre.producers();
+    std::vector<bool> needed(k, false);
+    std::vector<int> stack;
+    if (prod[n.inputs[0]] >= 0) stack.push_back(prod[n.inputs[0]]);
+    while (!stack.empty()) {
+      int m = stack.back();
+      stack.pop_back();
+      if (needed[m]) continue;
+      needed[m] = true;
+      for (int i : pre.nodes[m].inputs)
+        if (i >= 0 && prod[i] >= 0) stack.push_back(prod[i]);
+    }
+    propagate(pre, false, [&](size_t m, const Node&) { return (bool)needed[m]; }, true);
+    const Value& c = pre.values[n.inputs[0]];
+    WXE_CHECK(c.is_const() && c.constant->numel() == 1, g.source, ": node ", n.name, " (If): its condition '",
+              c.name, "' depends on the input's values, not only on its shape; wxe runs a static graph "
+              "(memory planned ahead) and folds only an If whose condition is known once the input shapes are");
+    WXE_CHECK(c.constant->dtype == DType::Bool, g.source, ": node ", n.name, " (If): condition '", c.name,
+              "' is ", dtype_name(c.constant->dtype), ", not bool");
+    const bool taken = c.constant->data<uint8_t>()[0] != 0;
+    const Subgraph& b = *n.attrs.at(taken ? "then_branch" : "else_branch").g;
+    WXE_CHECK(b.outputs.size() == n.outputs.size(), g.source, ": node ", n.name, " (If): branch has ",
+              b.outputs.size(), " outputs, the If ", n.outputs.size());
+    std::vector<Node> inlined = b.nodes;
+    for (size_t o = 0; o < n.outputs.size(); ++o) {  // the If's outputs keep their names
+      Node id;
+      id.op = "Identity";
+      id.name = n.name + (taken ? "/then" : "/else") + "/out" + std::to_string(o);
+      id.inputs = {b.outputs[o]};
+      id.outputs = {n.outputs[o]};
+      inlined.push_back(std::move(id));
+    }
+    g.nodes.erase(g.nodes.begin() + k);
+    g.nodes.insert(g.nodes.begin() + k, inlined.begin(), inlined.end());
+  }
+}
+
 bool shapes_fit(const Shape& a, const Shape& b) {
   Shape x, y;
   for (int64_t d : a) if (d != 1) x.push_back(d);
@@ -562,6 +612,7 @@ bool shapes_fit(const Shape& a, const Shape& b) {
 
 void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
   bind_inputs(g, given);
+  fold_if(g);
   fold_spectral_norm(g);
   name_params_by_scope(g);
   fold_constants(g, /*keep_params=*/true);
@@ -572,6 +623,7 @@ void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
 
 void prepare_training_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
   bind_inputs(g, given);
+  fold_if(g);
   spectral_norm_to_op(g);
   name_params_by_scope(g);
   fold_constants(g, /*keep_params=*/true);

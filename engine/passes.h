@@ -18,6 +18,13 @@ struct InputSpec {
 // already be fully static.
 void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given);
 
+// Inlines every If whose condition is known once the input shapes are bound (a shape test, as
+// torch.onnx.export writes for `squeeze(dim)` on a dim it cannot see): the taken branch's nodes
+// replace the If. An If whose condition depends on input values is refused, naming the node:
+// the executor runs one static graph with its memory planned ahead, so it does not run a
+// general If. Run after bind_inputs (prepare_graph does).
+void fold_if(Graph& g);
+
 // Runs every node's shape rule in order; all value shapes become known. Nodes whose inputs
 // are known are evaluated (their outputs' values become known) but stay in the graph.
 void infer_shapes(Graph& g);

@@ -77,7 +77,7 @@ def wxe_ops():
     src = open(os.path.join(REPO, "importers/onnx/onnx_import.cpp")).read()
     start = src.index("onnx_arities()")
     block = src[start:src.index("return t;", start)]
-    return set(re.findall(r'\{"([A-Za-z]+)", \{', block))
+    return set(re.findall(r'\{"([A-Za-z0-9]+)", \{', block))
 
 
 def build(model_type, kw, shape):

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -189,10 +190,10 @@ const std::map<std::string, Arity>& onnx_arities() {
       {"ConstantOfShape", {1, 1}}, {"Conv", {2, 3}}, {"ConvTranspose", {2, 3}}, {"Cos", {1, 1}},
       {"DepthToSpace", {1, 1}}, {"Div", {2, 2}}, {"Einsum", {1, INT_MAX}}, {"Equal", {2, 2}},
       {"Erf", {1, 1}}, {"Exp", {1, 1}}, {"Expand", {2, 2}}, {"Flatten", {1, 1}}, {"Floor", {1, 1}},
-      {"Gather", {2, 2}}, {"GatherND", {2, 2}}, {"Gelu", {1, 1}}, {"Gemm", {2, 3}}, {"Greater", {2, 2}},
-      {"GreaterOrEqual", {2, 2}}, {"GroupNormalization", {3, 3}}, {"Identity", {1, 1}},
+      {"Gather", {2, 2}}, {"GatherND", {2, 2}}, {"Gelu", {1, 1}}, {"Gemm", {2, 3}}, {"GlobalAveragePool", {1, 1}}, {"Greater", {2, 2}},
+      {"GreaterOrEqual", {2, 2}}, {"GroupNormalization", {3, 3}}, {"Identity", {1, 1}}, {"If", {1, 1, 1, INT_MAX}},
       {"InstanceNormalization", {3, 3}}, {"LayerNormalization", {2, 3, 1, 3}}, {"LeakyRelu", {1, 1}},
-      {"Less", {2, 2}}, {"LessOrEqual", {2, 2}}, {"Log", {1, 1}}, {"MatMul", {2, 2}},
+      {"Less", {2, 2}}, {"LessOrEqual", {2, 2}}, {"Log", {1, 1}}, {"MatMul", {2, 2}}, {"MaxPool", {1, 1}},
       {"Max", {1, INT_MAX}}, {"Min", {1, INT_MAX}}, {"Mod", {2, 2}}, {"Mul", {2, 2}}, {"Neg", {1, 1}},
       {"Not", {1, 1}}, {"Or", {2, 2}}, {"Pad", {2, 4}}, {"Pow", {2, 2}}, {"Range", {3, 3}},
       {"Reciprocal", {1, 1}}, {"ReduceL1", {1, 2}}, {"ReduceL2", {1, 2}}, {"ReduceLogSum", {1, 2}},
@@ -256,13 +257,18 @@ Graph import_onnx(const std::string& path) {
   const onnx::GraphProto& gp = model.graph();
   // Every unsupported op type, one node name each, before any other work.
   std::map<std::string, std::string> unsupported;
-  for (auto& np : gp.node()) {
-    std::string op = np.domain().empty() || np.domain() == "ai.onnx"
-                         ? np.op_type()
-                         : np.domain() + "." + np.op_type();
-    if (!op_known(op) && !unsupported.count(op))
-      unsupported[op] = np.name().empty() ? "(unnamed)" : np.name();
-  }
+  std::function<void(const onnx::GraphProto&)> check_ops = [&](const onnx::GraphProto& sg) {
+    for (auto& np : sg.node()) {
+      std::string op = np.domain().empty() || np.domain() == "ai.onnx"
+                           ? np.op_type()
+                           : np.domain() + "." + np.op_type();
+      if (!op_known(op) && !unsupported.count(op))
+        unsupported[op] = np.name().empty() ? "(unnamed)" : np.name();
+      for (auto& a : np.attribute())
+        if (a.type() == onnx::AttributeProto::GRAPH) check_ops(a.g());
+    }
+  };
+  check_ops(gp);
   if (!unsupported.empty()) {
     std::string list;
     for (auto& kv : unsupported) list += (list.empty() ? "" : ", ") + kv.first + " (node " + kv.second + ")";
@@ -302,7 +308,43 @@ Graph import_onnx(const std::string& path) {
     g.inputs.push_back(id);
   }
   std::set<int> produced;
-  for (auto& np : gp.node()) {
+  // Imports the nodes of a graph (the main one or an If branch) into `into`. A branch's values
+  // share the main graph's value space (ONNX names are unique across a model).
+  std::function<void(const onnx::GraphProto&, std::vector<Node>&)> import_nodes;
+  // An If branch: its nodes, its outputs, and the outer values it reads (added to the If's
+  // inputs so that ordering and liveness passes see them).
+  auto import_branch = [&](const onnx::GraphProto& bp, const std::string& where, Node& parent) {
+    auto sub = std::make_shared<Subgraph>();
+    std::set<int> local;
+    for (auto& tp : bp.initializer()) {
+      int id = value_of(tp.name());
+      Value& v = g.values[id];
+      v.constant = std::make_shared<Tensor>(tensor_from_proto(tp, dir, where + " initializer '" + tp.name() + "'"));
+      v.dtype = v.constant->dtype;
+      v.shape = v.constant->shape;
+      v.shape_known = true;
+      local.insert(id);
+    }
+    WXE_CHECK(bp.input_size() == 0, where, ": an If branch with inputs is not valid ONNX");
+    import_nodes(bp, sub->nodes);
+    for (auto& n : sub->nodes)
+      for (int o : n.outputs) local.insert(o);
+    std::set<int> outer;
+    for (auto& n : sub->nodes)
+      for (int i : n.inputs)
+        if (i >= 0 && !local.count(i)) outer.insert(i);
+    for (auto& vi : bp.output()) {
+      WXE_CHECK(by_name.count(vi.name()), where, ": branch output '", vi.name(), "' is never produced");
+      int id = by_name[vi.name()];
+      sub->outputs.push_back(id);
+      if (!local.count(id)) outer.insert(id);
+    }
+    for (int v : outer)
+      if (std::find(parent.inputs.begin(), parent.inputs.end(), v) == parent.inputs.end()) parent.inputs.push_back(v);
+    return sub;
+  };
+  import_nodes = [&](const onnx::GraphProto& from, std::vector<Node>& into) {
+  for (auto& np : from.node()) {
     Node n;
     n.op = np.op_type();
     n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
@@ -310,7 +352,8 @@ Graph import_onnx(const std::string& path) {
     n.name = np.name();
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
     if (n.domain.empty()) check_arity(np, n.op, where);
-    for (auto& a : np.attribute()) n.attrs[a.name()] = attr_from_proto(a, dir, where);
+    for (auto& a : np.attribute())
+      if (a.type() != onnx::AttributeProto::GRAPH) n.attrs[a.name()] = attr_from_proto(a, dir, where);
     // torch.onnx.export shares one initializer between parameters of equal value and gives
     // each other parameter its name back through an Identity: make it a parameter again.
     if (n.op == "Identity" && np.input_size() == 1 && np.output_size() == 1 && by_name.count(np.input(0)) &&
@@ -336,8 +379,18 @@ Graph import_onnx(const std::string& path) {
       produced.insert(id);
       n.outputs.push_back(id);
     }
-    g.nodes.push_back(std::move(n));
+    for (auto& a : np.attribute())
+      if (a.type() == onnx::AttributeProto::GRAPH) {
+        WXE_CHECK(n.op == "If", where, ": attribute '", a.name(), "': subgraphs are supported only in If");
+        Attr b;
+        b.kind = Attr::Graph_;
+        b.g = import_branch(a.g(), where + " " + a.name(), n);
+        n.attrs[a.name()] = b;
+      }
+    into.push_back(std::move(n));
   }
+  };
+  import_nodes(gp, g.nodes);
   for (auto& vi : gp.output()) {
     auto it = by_name.find(vi.name());
     WXE_CHECK(it != by_name.end(), path, ": graph output '", vi.name(), "' is never produced");
