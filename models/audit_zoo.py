@@ -5,7 +5,7 @@ dynamo=True, opset 18), list the op types of each export and compare them with t
 wxe reads (the arity table in importers/onnx/onnx_import.cpp).
 
     /root/wxe-venv/bin/python models/audit_zoo.py [--types crossformer,nextgen_wxformer] \
-        [--out /tmp/zoo] [--json /tmp/zoo/audit.json]
+        [--out /tmp/zoo] [--json /tmp/zoo/audit.json] [--from-json /tmp/zoo/audit.json]
 
 Prints one Markdown table (model type x exporter -> op types, those wxe lacks in bold) that
 models/EXPORTS.md keeps. Exports go to --out (not kept: the tests carry their own fixtures).
@@ -145,11 +145,15 @@ def main():
     ap.add_argument("--types", default=",".join(CONFIGS))
     ap.add_argument("--out", default="/tmp/zoo")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--from-json", default=None, help="re-render the table of an earlier run against today's op list")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     known = wxe_ops()
-    results = []
-    for t in args.types.split(","):
+    results = json.load(open(args.from_json)) if args.from_json else []
+    for r in results:
+        if "ops" in r:
+            r["missing"] = sorted(o for o in r["ops"] if o not in known)
+    for t in [] if args.from_json else args.types.split(","):
         cfg = CONFIGS[t]
         if isinstance(cfg, str):
             results.append({"type": t, "exporter": "-", "status": "not exported: " + cfg})

@@ -32,6 +32,8 @@ bool non_differentiable(const std::string& op) {
       "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not", "Floor", "Ceil", "Mod",
       // control flow: folded (passes.h fold_if) before any graph runs
       "If",
+      // random: no gradient to its input (it reads only the shape)
+      "RandomNormalLike",
       // made by the CPU fusion passes for inference; training runs the unfused graph
       "ChannelLayerNorm", "WindowAttention", "ConvChannelsLast", "DepthToSpaceChannelsLast",
       // collectives: their backward is the conjugate collective (parallel/), not a kernel

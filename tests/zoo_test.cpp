@@ -4,6 +4,7 @@
 // attention on a pooled grid (AveragePool), each against PyTorch's output, and its
 // tensor-parallel plan.
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "engine/executor.h"
@@ -168,4 +169,28 @@ TEST(Zoo, NextgenWholeModelPlanShardsAttentionAndFeedForward) {
   EXPECT_EQ(out, 8);
   EXPECT_EQ(up, 8);
   EXPECT_EQ(down, 8);
+}
+
+// RandomNormalLike (CrossFormerWithNoise's noise): the input's shape, mean and scale as asked
+// (checked on 200k draws), the same draws for the same seed, others for another.
+TEST(Zoo, RandomNormalLikeDrawsTheAskedDistribution) {
+  register_cpu_kernels();
+  Tensor x(DType::F32, {200, 1000});
+  auto draw = [&](float seed) {
+    return run_node(make_node("RandomNormalLike", 1, 1, {{"mean", attr_f(2.f)}, {"scale", attr_f(0.5f)},
+                                                         {"seed", attr_f(seed)}}),
+                    {&x})[0];
+  };
+  Tensor a = draw(1), b = draw(1), c = draw(2);
+  ASSERT_EQ(a.shape, x.shape);
+  double sum = 0, sq = 0;
+  for (int64_t e = 0; e < a.numel(); ++e) {
+    sum += a.data<float>()[e];
+    sq += (double)a.data<float>()[e] * a.data<float>()[e];
+  }
+  const double mean = sum / a.numel(), sd = std::sqrt(sq / a.numel() - mean * mean);
+  EXPECT_NEAR(mean, 2.0, 0.005);  // 4 standard errors (0.5 / sqrt(200k) = 0.0011)
+  EXPECT_NEAR(sd, 0.5, 0.005);
+  EXPECT_EQ(max_abs_diff(a, b), 0);
+  EXPECT_GT(max_abs_diff(a, c), 0.1);
 }
