@@ -1,7 +1,6 @@
 #include "engine/graph.h"
 
 #include <algorithm>
-#include <functional>
 #include <sstream>
 
 namespace wxe {
@@ -127,21 +126,11 @@ void topo_sort(Graph& g) {
 
 void compact_values(Graph& g) {
   std::vector<int> keep(g.values.size(), 0);
-  // If branches: their values live in this graph too
-  std::function<void(std::vector<Node>&, const std::function<void(int&)>&)> each = [&](std::vector<Node>& nodes,
-                                                                                      const std::function<void(int&)>& f) {
-    for (auto& n : nodes) {
-      for (int& i : n.inputs)
-        if (i >= 0) f(i);
-      for (int& o : n.outputs) f(o);
-      for (auto& kv : n.attrs)
-        if (kv.second.g) {
-          each(kv.second.g->nodes, f);
-          for (int& o : kv.second.g->outputs) f(o);
-        }
-    }
-  };
-  each(g.nodes, [&](int& v) { keep[v] = 1; });
+  for (auto& n : g.nodes) {
+    for (int i : n.inputs)
+      if (i >= 0) keep[i] = 1;
+    for (int o : n.outputs) keep[o] = 1;
+  }
   for (int v : g.inputs) keep[v] = 1;
   for (int v : g.outputs) keep[v] = 1;
   std::vector<int> remap(g.values.size(), -1);
@@ -152,7 +141,11 @@ void compact_values(Graph& g) {
       vals.push_back(std::move(g.values[i]));
     }
   g.values = std::move(vals);
-  each(g.nodes, [&](int& v) { v = remap[v]; });
+  for (auto& n : g.nodes) {
+    for (int& i : n.inputs)
+      if (i >= 0) i = remap[i];
+    for (int& o : n.outputs) o = remap[o];
+  }
   for (int& v : g.inputs) v = remap[v];
   for (int& v : g.outputs) v = remap[v];
 }

@@ -10,17 +10,14 @@
 
 namespace wxe {
 
-struct Subgraph;
-
 struct Attr {
-  enum Kind { Int, Float, String, Ints, Floats, Tensor_, Graph_ } kind = Int;
+  enum Kind { Int, Float, String, Ints, Floats, Tensor_ } kind = Int;
   int64_t i = 0;
   float f = 0;
   std::string s;
   std::vector<int64_t> ints;
   std::vector<float> floats;
   std::shared_ptr<Tensor> t;
-  std::shared_ptr<Subgraph> g;  // Graph_: an If branch
 };
 
 // Attribute makers.
@@ -42,13 +39,6 @@ struct Node {
   float f(const std::string& a, float def) const;
   std::string s(const std::string& a, const std::string& def) const;
   std::vector<int64_t> ints(const std::string& a, std::vector<int64_t> def = {}) const;
-};
-
-// A branch of an If: nodes in the enclosing graph's value space (the importer turns every
-// outer value a branch reads into an input of its If node). fold_if inlines the taken branch.
-struct Subgraph {
-  std::vector<Node> nodes;
-  std::vector<int> outputs;
 };
 
 struct Value {

@@ -559,9 +559,9 @@ void fold_if(Graph& g) {
     if (it == g.nodes.end()) return;
     const size_t k = it - g.nodes.begin();
     const Node n = *it;
-    WXE_CHECK(!n.inputs.empty() && n.inputs[0] >= 0 && n.has("then_branch") && n.has("else_branch") &&
-                  n.attrs.at("then_branch").g && n.attrs.at("else_branch").g,
-              g.source, ": node ", n.name, " (If): needs a condition, then_branch and else_branch");
+    const size_t nout = n.outputs.size();
+    WXE_CHECK(n.has("if_id") && n.inputs.size() == 1 + 2 * nout && n.inputs[0] >= 0, g.source, ": node ", n.name,
+              " (If): not as the importer writes it (cond, then outputs, else outputs; if_id)");
     // the condition's value, from the nodes before the If that it depends on (on a copy: the
     // passes that follow do the real folding)
     Graph pre = g;
@@ -586,20 +586,36 @@ void fold_if(Graph& g) {
     WXE_CHECK(c.constant->dtype == DType::Bool, g.source, ": node ", n.name, " (If): condition '", c.name,
               "' is ", dtype_name(c.constant->dtype), ", not bool");
     const bool taken = c.constant->data<uint8_t>()[0] != 0;
-    const Subgraph& b = *n.attrs.at(taken ? "then_branch" : "else_branch").g;
-    WXE_CHECK(b.outputs.size() == n.outputs.size(), g.source, ": node ", n.name, " (If): branch has ",
-              b.outputs.size(), " outputs, the If ", n.outputs.size());
-    std::vector<Node> inlined = b.nodes;
-    for (size_t o = 0; o < n.outputs.size(); ++o) {  // the If's outputs keep their names
-      Node id;
-      id.op = "Identity";
-      id.name = n.name + (taken ? "/then" : "/else") + "/out" + std::to_string(o);
-      id.inputs = {b.outputs[o]};
-      id.outputs = {n.outputs[o]};
-      inlined.push_back(std::move(id));
+    const std::string id = n.s("if_id", "");
+    const std::string keep = "|" + id + (taken ? ".then" : ".else"), drop = "|" + id + (taken ? ".else" : ".then");
+    std::vector<Node> nodes;
+    for (size_t m = 0; m < g.nodes.size(); ++m) {
+      Node& x = g.nodes[m];
+      if (m == k) {  // the If's outputs keep their names, read from the taken branch
+        for (size_t o = 0; o < nout; ++o) {
+          Node idn;
+          idn.op = "Identity";
+          idn.name = n.name + (taken ? "/then" : "/else") + "/out" + std::to_string(o);
+          idn.inputs = {n.inputs[1 + (taken ? 0 : nout) + o]};
+          idn.outputs = {n.outputs[o]};
+          if (n.has("if_branch")) idn.attrs["if_branch"] = n.attrs.at("if_branch");
+          nodes.push_back(std::move(idn));
+        }
+        continue;
+      }
+      if (x.has("if_branch")) {
+        std::string tag = x.s("if_branch", "");
+        if (tag.find(drop) != std::string::npos) continue;
+        size_t at = tag.find(keep);
+        if (at != std::string::npos) tag.erase(at, keep.size());
+        if (tag.empty())
+          x.attrs.erase("if_branch");
+        else
+          x.attrs["if_branch"] = attr_s(tag);
+      }
+      nodes.push_back(std::move(x));
     }
-    g.nodes.erase(g.nodes.begin() + k);
-    g.nodes.insert(g.nodes.begin() + k, inlined.begin(), inlined.end());
+    g.nodes = std::move(nodes);
   }
 }
 

@@ -308,14 +308,16 @@ Graph import_onnx(const std::string& path) {
     g.inputs.push_back(id);
   }
   std::set<int> produced;
-  // Imports the nodes of a graph (the main one or an If branch) into `into`. A branch's values
-  // share the main graph's value space (ONNX names are unique across a model).
-  std::function<void(const onnx::GraphProto&, std::vector<Node>&)> import_nodes;
-  // An If branch: its nodes, its outputs, and the outer values it reads (added to the If's
-  // inputs so that ordering and liveness passes see them).
-  auto import_branch = [&](const onnx::GraphProto& bp, const std::string& where, Node& parent) {
-    auto sub = std::make_shared<Subgraph>();
-    std::set<int> local;
+  // Imports the nodes of a graph (the main one or an If branch) into `into`, in order. An If
+  // becomes, in place: its then-branch's nodes, its else-branch's nodes (each tagged with the
+  // attribute if_branch = "|<id>.then" or "|<id>.else", nested Ifs appending theirs), then the
+  // If node itself with inputs (cond, then outputs..., else outputs...) and attribute if_id.
+  // passes.h fold_if keeps one branch. ONNX names are unique across a model, so branches share
+  // the main graph's values.
+  std::function<void(const onnx::GraphProto&, std::vector<Node>&, const std::string&)> import_nodes;
+  int if_count = 0;
+  auto import_branch = [&](const onnx::GraphProto& bp, const std::string& where, std::vector<Node>& into,
+                           const std::string& tag) {
     for (auto& tp : bp.initializer()) {
       int id = value_of(tp.name());
       Value& v = g.values[id];
@@ -323,27 +325,17 @@ Graph import_onnx(const std::string& path) {
       v.dtype = v.constant->dtype;
       v.shape = v.constant->shape;
       v.shape_known = true;
-      local.insert(id);
     }
     WXE_CHECK(bp.input_size() == 0, where, ": an If branch with inputs is not valid ONNX");
-    import_nodes(bp, sub->nodes);
-    for (auto& n : sub->nodes)
-      for (int o : n.outputs) local.insert(o);
-    std::set<int> outer;
-    for (auto& n : sub->nodes)
-      for (int i : n.inputs)
-        if (i >= 0 && !local.count(i)) outer.insert(i);
+    import_nodes(bp, into, tag);
+    std::vector<int> outs;
     for (auto& vi : bp.output()) {
       WXE_CHECK(by_name.count(vi.name()), where, ": branch output '", vi.name(), "' is never produced");
-      int id = by_name[vi.name()];
-      sub->outputs.push_back(id);
-      if (!local.count(id)) outer.insert(id);
+      outs.push_back(by_name[vi.name()]);
     }
-    for (int v : outer)
-      if (std::find(parent.inputs.begin(), parent.inputs.end(), v) == parent.inputs.end()) parent.inputs.push_back(v);
-    return sub;
+    return outs;
   };
-  import_nodes = [&](const onnx::GraphProto& from, std::vector<Node>& into) {
+  import_nodes = [&](const onnx::GraphProto& from, std::vector<Node>& into, const std::string& tag) {
   for (auto& np : from.node()) {
     Node n;
     n.op = np.op_type();
@@ -352,8 +344,12 @@ Graph import_onnx(const std::string& path) {
     n.name = np.name();
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
     if (n.domain.empty()) check_arity(np, n.op, where);
-    for (auto& a : np.attribute())
+    for (auto& a : np.attribute()) {
+      WXE_CHECK(a.type() != onnx::AttributeProto::GRAPH || n.op == "If", where, ": attribute '", a.name(),
+                "': subgraphs are supported only in If");
       if (a.type() != onnx::AttributeProto::GRAPH) n.attrs[a.name()] = attr_from_proto(a, dir, where);
+    }
+    if (!tag.empty()) n.attrs["if_branch"] = attr_s(tag);
     // torch.onnx.export shares one initializer between parameters of equal value and gives
     // each other parameter its name back through an Identity: make it a parameter again.
     if (n.op == "Identity" && np.input_size() == 1 && np.output_size() == 1 && by_name.count(np.input(0)) &&
@@ -365,6 +361,20 @@ Graph import_onnx(const std::string& path) {
       continue;
     }
     for (auto& in : np.input()) n.inputs.push_back(in.empty() ? -1 : value_of(in));
+    if (n.op == "If") {
+      const onnx::GraphProto *then_g = nullptr, *else_g = nullptr;
+      for (auto& a : np.attribute())
+        if (a.type() == onnx::AttributeProto::GRAPH) (a.name() == "then_branch" ? then_g : else_g) = &a.g();
+      WXE_CHECK(then_g && else_g, where, " (If): needs then_branch and else_branch");
+      const std::string id = "if" + std::to_string(if_count++);
+      std::vector<int> t = import_branch(*then_g, where + " then_branch", into, tag + "|" + id + ".then");
+      std::vector<int> e = import_branch(*else_g, where + " else_branch", into, tag + "|" + id + ".else");
+      WXE_CHECK((int)t.size() == np.output_size() && (int)e.size() == np.output_size(), where,
+                " (If): branches must have as many outputs as the If (", np.output_size(), ")");
+      n.inputs.insert(n.inputs.end(), t.begin(), t.end());
+      n.inputs.insert(n.inputs.end(), e.begin(), e.end());
+      n.attrs["if_id"] = attr_s(id);
+    }
     for (auto& out : np.output()) {
       if (out.empty()) {  // an optional output nobody reads: a value of its own
         Value v;
@@ -379,18 +389,10 @@ Graph import_onnx(const std::string& path) {
       produced.insert(id);
       n.outputs.push_back(id);
     }
-    for (auto& a : np.attribute())
-      if (a.type() == onnx::AttributeProto::GRAPH) {
-        WXE_CHECK(n.op == "If", where, ": attribute '", a.name(), "': subgraphs are supported only in If");
-        Attr b;
-        b.kind = Attr::Graph_;
-        b.g = import_branch(a.g(), where + " " + a.name(), n);
-        n.attrs[a.name()] = b;
-      }
     into.push_back(std::move(n));
   }
   };
-  import_nodes(gp, g.nodes);
+  import_nodes(gp, g.nodes, "");
   for (auto& vi : gp.output()) {
     auto it = by_name.find(vi.name());
     WXE_CHECK(it != by_name.end(), path, ": graph output '", vi.name(), "' is never produced");
