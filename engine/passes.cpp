@@ -563,6 +563,72 @@ void name_params_by_scope(Graph& g) {
   }
 }
 
+void fold_if(Graph& g) {
+  for (;;) {
+    auto it = std::find_if(g.nodes.begin(), g.nodes.end(), [](const Node& n) { return n.op == "If"; });
+    if (it == g.nodes.end()) return;
+    const size_t k = it - g.nodes.begin();
+    const Node n = *it;
+    const size_t nout = n.outputs.size();
+    WXE_CHECK(n.has("if_id") && n.inputs.size() == 1 + 2 * nout && n.inputs[0] >= 0, g.source, ": node ", n.name,
+              " (If): not as the importer writes it (cond, then outputs, else outputs; if_id)");
+    // the condition's value, from the nodes before the If that it depends on (on a copy: the
+    // passes that follow do the real folding)
+    Graph pre = g;
+    pre.nodes.resize(k);
+    std::vector<int> prod = pre.producers();
+    std::vector<bool> needed(k, false);
+    std::vector<int> stack;
+    if (prod[n.inputs[0]] >= 0) stack.push_back(prod[n.inputs[0]]);
+    while (!stack.empty()) {
+      int m = stack.back();
+      stack.pop_back();
+      if (needed[m]) continue;
+      needed[m] = true;
+      for (int i : pre.nodes[m].inputs)
+        if (i >= 0 && prod[i] >= 0) stack.push_back(prod[i]);
+    }
+    propagate(pre, false, [&](size_t m, const Node&) { return (bool)needed[m]; }, true);
+    const Value& c = pre.values[n.inputs[0]];
+    WXE_CHECK(c.is_const() && c.constant->numel() == 1, g.source, ": node ", n.name, " (If): its condition '",
+              c.name, "' depends on the input's values, not only on its shape; wxe runs a static graph "
+              "(memory planned ahead) and folds only an If whose condition is known once the input shapes are");
+    WXE_CHECK(c.constant->dtype == DType::Bool, g.source, ": node ", n.name, " (If): condition '", c.name,
+              "' is ", dtype_name(c.constant->dtype), ", not bool");
+    const bool taken = c.constant->data<uint8_t>()[0] != 0;
+    const std::string id = n.s("if_id", "");
+    const std::string keep = "|" + id + (taken ? ".then" : ".else"), drop = "|" + id + (taken ? ".else" : ".then");
+    std::vector<Node> nodes;
+    for (size_t m = 0; m < g.nodes.size(); ++m) {
+      Node& x = g.nodes[m];
+      if (m == k) {  // the If's outputs keep their names, read from the taken branch
+        for (size_t o = 0; o < nout; ++o) {
+          Node idn;
+          idn.op = "Identity";
+          idn.name = n.name + (taken ? "/then" : "/else") + "/out" + std::to_string(o);
+          idn.inputs = {n.inputs[1 + (taken ? 0 : nout) + o]};
+          idn.outputs = {n.outputs[o]};
+          if (n.has("if_branch")) idn.attrs["if_branch"] = n.attrs.at("if_branch");
+          nodes.push_back(std::move(idn));
+        }
+        continue;
+      }
+      if (x.has("if_branch")) {
+        std::string tag = x.s("if_branch", "");
+        if (tag.find(drop) != std::string::npos) continue;
+        size_t at = tag.find(keep);
+        if (at != std::string::npos) tag.erase(at, keep.size());
+        if (tag.empty())
+          x.attrs.erase("if_branch");
+        else
+          x.attrs["if_branch"] = attr_s(tag);
+      }
+      nodes.push_back(std::move(x));
+    }
+    g.nodes = std::move(nodes);
+  }
+}
+
 bool shapes_fit(const Shape& a, const Shape& b) {
   Shape x, y;
   for (int64_t d : a) if (d != 1) x.push_back(d);
@@ -572,6 +638,7 @@ bool shapes_fit(const Shape& a, const Shape& b) {
 
 void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
   bind_inputs(g, given);
+  fold_if(g);
   fold_spectral_norm(g);
   name_params_by_scope(g);
   fold_constants(g, /*keep_params=*/true);
@@ -582,6 +649,7 @@ void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
 
 void prepare_training_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
   bind_inputs(g, given);
+  fold_if(g);
   spectral_norm_to_op(g);
   name_params_by_scope(g);
   fold_constants(g, /*keep_params=*/true);

@@ -24,6 +24,13 @@ void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given);
 void register_updates_inputs(const std::string& op);
 bool op_updates_inputs(const std::string& op);
 
+// Inlines every If whose condition is known once the input shapes are bound (a shape test, as
+// torch.onnx.export writes for `squeeze(dim)` on a dim it cannot see): the taken branch's nodes
+// replace the If. An If whose condition depends on input values is refused, naming the node:
+// the executor runs one static graph with its memory planned ahead, so it does not run a
+// general If. Run after bind_inputs (prepare_graph does).
+void fold_if(Graph& g);
+
 // Runs every node's shape rule in order; all value shapes become known. Nodes whose inputs
 // are known are evaluated (their outputs' values become known) but stay in the graph; ops that
 // update their inputs in place (engine/ops.h op_updates_inputs) never are.

@@ -30,6 +30,12 @@ bool non_differentiable(const std::string& op) {
       // shape queries, index and integer producers, comparisons, logic, rounding
       "Shape", "Size", "Constant", "ConstantOfShape", "Range", "Equal", "Less", "Greater",
       "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not", "Floor", "Ceil", "Mod",
+      // control flow: folded (passes.h fold_if) before any graph runs
+      "If",
+      // random: no gradient to its input (it reads only the shape)
+      "RandomNormalLike",
+      // inference-only until its backward passes the finite-difference check (kernels/cpu/pool.cpp)
+      "MaxPool",
       // made by the CPU fusion passes for inference; training runs the unfused graph
       "ChannelLayerNorm", "WindowAttention", "ConvChannelsLast", "DepthToSpaceChannelsLast",
       // collectives: their backward is the conjugate collective (parallel/), not a kernel

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -189,12 +190,12 @@ const std::map<std::string, Arity>& onnx_arities() {
       {"ConstantOfShape", {1, 1}}, {"Conv", {2, 3}}, {"ConvTranspose", {2, 3}}, {"Cos", {1, 1}},
       {"DepthToSpace", {1, 1}}, {"Div", {2, 2}}, {"Einsum", {1, INT_MAX}}, {"Equal", {2, 2}},
       {"Erf", {1, 1}}, {"Exp", {1, 1}}, {"Expand", {2, 2}}, {"Flatten", {1, 1}}, {"Floor", {1, 1}},
-      {"Gather", {2, 2}}, {"GatherND", {2, 2}}, {"Gelu", {1, 1}}, {"Gemm", {2, 3}}, {"Greater", {2, 2}},
-      {"GreaterOrEqual", {2, 2}}, {"GroupNormalization", {3, 3}}, {"Identity", {1, 1}},
+      {"Gather", {2, 2}}, {"GatherND", {2, 2}}, {"Gelu", {1, 1}}, {"Gemm", {2, 3}}, {"GlobalAveragePool", {1, 1}}, {"Greater", {2, 2}},
+      {"GreaterOrEqual", {2, 2}}, {"GroupNormalization", {3, 3}}, {"Identity", {1, 1}}, {"If", {1, 1, 1, INT_MAX}},
       {"InstanceNormalization", {3, 3}}, {"LayerNormalization", {2, 3, 1, 3}}, {"LeakyRelu", {1, 1}},
-      {"Less", {2, 2}}, {"LessOrEqual", {2, 2}}, {"Log", {1, 1}}, {"MatMul", {2, 2}},
+      {"Less", {2, 2}}, {"LessOrEqual", {2, 2}}, {"Log", {1, 1}}, {"MatMul", {2, 2}}, {"MaxPool", {1, 1}},
       {"Max", {1, INT_MAX}}, {"Min", {1, INT_MAX}}, {"Mod", {2, 2}}, {"Mul", {2, 2}}, {"Neg", {1, 1}},
-      {"Not", {1, 1}}, {"Or", {2, 2}}, {"Pad", {2, 4}}, {"Pow", {2, 2}}, {"Range", {3, 3}},
+      {"Not", {1, 1}}, {"Or", {2, 2}}, {"Pad", {2, 4}}, {"Pow", {2, 2}}, {"RandomNormalLike", {1, 1}}, {"Range", {3, 3}},
       {"Reciprocal", {1, 1}}, {"ReduceL1", {1, 2}}, {"ReduceL2", {1, 2}}, {"ReduceLogSum", {1, 2}},
       {"ReduceLogSumExp", {1, 2}}, {"ReduceMax", {1, 2}}, {"ReduceMean", {1, 2}}, {"ReduceMin", {1, 2}},
       {"ReduceProd", {1, 2}}, {"ReduceSum", {1, 2}}, {"ReduceSumSquare", {1, 2}}, {"Relu", {1, 1}}, {"Reshape", {2, 2}}, {"Resize", {1, 4}}, {"Shape", {1, 1}},
@@ -256,13 +257,18 @@ Graph import_onnx(const std::string& path) {
   const onnx::GraphProto& gp = model.graph();
   // Every unsupported op type, one node name each, before any other work.
   std::map<std::string, std::string> unsupported;
-  for (auto& np : gp.node()) {
-    std::string op = np.domain().empty() || np.domain() == "ai.onnx"
-                         ? np.op_type()
-                         : np.domain() + "." + np.op_type();
-    if (!op_known(op) && !unsupported.count(op))
-      unsupported[op] = np.name().empty() ? "(unnamed)" : np.name();
-  }
+  std::function<void(const onnx::GraphProto&)> check_ops = [&](const onnx::GraphProto& sg) {
+    for (auto& np : sg.node()) {
+      std::string op = np.domain().empty() || np.domain() == "ai.onnx"
+                           ? np.op_type()
+                           : np.domain() + "." + np.op_type();
+      if (!op_known(op) && !unsupported.count(op))
+        unsupported[op] = np.name().empty() ? "(unnamed)" : np.name();
+      for (auto& a : np.attribute())
+        if (a.type() == onnx::AttributeProto::GRAPH) check_ops(a.g());
+    }
+  };
+  check_ops(gp);
   if (!unsupported.empty()) {
     std::string list;
     for (auto& kv : unsupported) list += (list.empty() ? "" : ", ") + kv.first + " (node " + kv.second + ")";
@@ -302,7 +308,35 @@ Graph import_onnx(const std::string& path) {
     g.inputs.push_back(id);
   }
   std::set<int> produced;
-  for (auto& np : gp.node()) {
+  // Imports the nodes of a graph (the main one or an If branch) into `into`, in order. An If
+  // becomes, in place: its then-branch's nodes, its else-branch's nodes (each tagged with the
+  // attribute if_branch = "|<id>.then" or "|<id>.else", nested Ifs appending theirs), then the
+  // If node itself with inputs (cond, then outputs..., else outputs...) and attribute if_id.
+  // passes.h fold_if keeps one branch. ONNX names are unique across a model, so branches share
+  // the main graph's values.
+  std::function<void(const onnx::GraphProto&, std::vector<Node>&, const std::string&)> import_nodes;
+  int if_count = 0;
+  auto import_branch = [&](const onnx::GraphProto& bp, const std::string& where, std::vector<Node>& into,
+                           const std::string& tag) {
+    for (auto& tp : bp.initializer()) {
+      int id = value_of(tp.name());
+      Value& v = g.values[id];
+      v.constant = std::make_shared<Tensor>(tensor_from_proto(tp, dir, where + " initializer '" + tp.name() + "'"));
+      v.dtype = v.constant->dtype;
+      v.shape = v.constant->shape;
+      v.shape_known = true;
+    }
+    WXE_CHECK(bp.input_size() == 0, where, ": an If branch with inputs is not valid ONNX");
+    import_nodes(bp, into, tag);
+    std::vector<int> outs;
+    for (auto& vi : bp.output()) {
+      WXE_CHECK(by_name.count(vi.name()), where, ": branch output '", vi.name(), "' is never produced");
+      outs.push_back(by_name[vi.name()]);
+    }
+    return outs;
+  };
+  import_nodes = [&](const onnx::GraphProto& from, std::vector<Node>& into, const std::string& tag) {
+  for (auto& np : from.node()) {
     Node n;
     n.op = np.op_type();
     n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
@@ -310,7 +344,12 @@ Graph import_onnx(const std::string& path) {
     n.name = np.name();
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
     if (n.domain.empty()) check_arity(np, n.op, where);
-    for (auto& a : np.attribute()) n.attrs[a.name()] = attr_from_proto(a, dir, where);
+    for (auto& a : np.attribute()) {
+      WXE_CHECK(a.type() != onnx::AttributeProto::GRAPH || n.op == "If", where, ": attribute '", a.name(),
+                "': subgraphs are supported only in If");
+      if (a.type() != onnx::AttributeProto::GRAPH) n.attrs[a.name()] = attr_from_proto(a, dir, where);
+    }
+    if (!tag.empty()) n.attrs["if_branch"] = attr_s(tag);
     // torch.onnx.export shares one initializer between parameters of equal value and gives
     // each other parameter its name back through an Identity: make it a parameter again.
     if (n.op == "Identity" && np.input_size() == 1 && np.output_size() == 1 && by_name.count(np.input(0)) &&
@@ -322,6 +361,20 @@ Graph import_onnx(const std::string& path) {
       continue;
     }
     for (auto& in : np.input()) n.inputs.push_back(in.empty() ? -1 : value_of(in));
+    if (n.op == "If") {
+      const onnx::GraphProto *then_g = nullptr, *else_g = nullptr;
+      for (auto& a : np.attribute())
+        if (a.type() == onnx::AttributeProto::GRAPH) (a.name() == "then_branch" ? then_g : else_g) = &a.g();
+      WXE_CHECK(then_g && else_g, where, " (If): needs then_branch and else_branch");
+      const std::string id = "if" + std::to_string(if_count++);
+      std::vector<int> t = import_branch(*then_g, where + " then_branch", into, tag + "|" + id + ".then");
+      std::vector<int> e = import_branch(*else_g, where + " else_branch", into, tag + "|" + id + ".else");
+      WXE_CHECK((int)t.size() == np.output_size() && (int)e.size() == np.output_size(), where,
+                " (If): branches must have as many outputs as the If (", np.output_size(), ")");
+      n.inputs.insert(n.inputs.end(), t.begin(), t.end());
+      n.inputs.insert(n.inputs.end(), e.begin(), e.end());
+      n.attrs["if_id"] = attr_s(id);
+    }
     for (auto& out : np.output()) {
       if (out.empty()) {  // an optional output nobody reads: a value of its own
         Value v;
@@ -336,8 +389,10 @@ Graph import_onnx(const std::string& path) {
       produced.insert(id);
       n.outputs.push_back(id);
     }
-    g.nodes.push_back(std::move(n));
+    into.push_back(std::move(n));
   }
+  };
+  import_nodes(gp, g.nodes, "");
   for (auto& vi : gp.output()) {
     auto it = by_name.find(vi.name());
     WXE_CHECK(it != by_name.end(), path, ": graph output '", vi.name(), "' is never produced");

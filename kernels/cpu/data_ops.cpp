@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <set>
 #include <string>
 
@@ -969,7 +970,25 @@ std::vector<ResizeAxisTaps> resize_axis_taps(const Node& n, const Ins& in, const
   return taps;
 }
 
+// RandomNormalLike (CREDIT's CrossFormerWithNoise injects noise with randn_like): float32 with
+// the input's shape, mean + scale * N(0, 1). The generator (mt19937_64) is seeded from the
+// `seed` attribute, or 0 without one, so a run is reproducible (ONNX leaves the seed open).
+static std::vector<TypeShape> randn_like_shape(const Node& n, const std::vector<const Value*>& in) {
+  WXE_CHECK(in.size() == 1 && in[0], "node ", n.name, " (RandomNormalLike): expects 1 input");
+  WXE_CHECK(n.i("dtype", 1) == 1, "node ", n.name, " (RandomNormalLike): float32 output only, dtype ",
+            n.i("dtype", 1));
+  return {{DType::F32, in[0]->shape}};
+}
+
+static void randn_like_kernel(const Node& n, const std::vector<const Tensor*>&, const std::vector<Tensor*>& out) {
+  std::mt19937_64 gen((uint64_t)(int64_t)n.f("seed", 0.f));
+  std::normal_distribution<double> dist(n.f("mean", 0.f), n.f("scale", 1.f));
+  float* y = out[0]->data<float>();
+  for (int64_t e = 0; e < out[0]->numel(); ++e) y[e] = (float)dist(gen);
+}
+
 void register_data_ops() {
+  register_op("RandomNormalLike", randn_like_shape, randn_like_kernel);
   register_op("Slice", slice_shape, slice_kernel);
   register_op("Gather", gather_shape, gather_kernel);
   register_op("GatherND", gathernd_shape, gathernd_kernel);

@@ -263,7 +263,16 @@ void copy_kernel(const Node& n, const std::vector<const Tensor*>& in,
     std::memcpy(out[0]->raw(), in[0]->raw(), in[0]->nbytes());
 }
 
+// If: passes::fold_if inlines every If whose condition is known from shapes before any shape
+// rule runs; one that reaches a shape rule or a kernel is a general If, which wxe does not run.
+static std::vector<TypeShape> if_shape(const Node& n, const std::vector<const Value*>&) {
+  fail("node ", n.name, " (If): not folded; wxe runs only an If whose condition is known once the input "
+       "shapes are bound");
+}
+static void if_kernel(const Node& n, const std::vector<const Tensor*>&, const std::vector<Tensor*>&) { if_shape(n, {}); }
+
 void register_shape_ops() {
+  register_op("If", if_shape, if_kernel);
   register_op("Constant", constant_shape, constant_kernel);
   register_op("Identity", identity_shape, copy_kernel);
   register_op("Shape", shape_shape, shape_kernel);
