@@ -28,6 +28,7 @@
 #include "parallel/sharded_checkpoint.h"
 #include "tools/credit_checkpoint.h"
 #include "tools/finetune.h"
+#include "tools/forecast.h"
 #include "tools/loss_plot.h"
 #include "tools/model.h"
 
@@ -614,6 +615,20 @@ int main(int argc, char** argv) {
   finetune->add_option("--tp", finetune_tp, "tensor-parallel ranks per model copy (world = dp x tp; run under mpirun)");
   finetune->add_option("--plan", fc.plan, "tensor-parallel plan file (JSON: weight-name glob -> colwise/rowwise/replicate)");
 
+  ForecastArgs fa;
+  int forecast_tp = 1;
+  auto* forecast = app.add_subcommand("forecast", "autoregressive forecast from a CREDIT config's data, written as netCDF");
+  forecast->add_option("config", fa.config, "CREDIT gen2 config .yml (data.source, scaler)")->required();
+  forecast->add_option("--model,-m", fa.model, "model .onnx")->required();
+  forecast->add_option("--weights,-w", fa.weights, "parameters: .safetensors or a legacy CREDIT .pt");
+  forecast->add_option("--init", fa.init, "initial time, e.g. 2020-01-01T00 (read from the data files)")->required();
+  forecast->add_option("--steps", fa.steps, "rollout steps of data.timestep (default 1)")->check(CLI::PositiveNumber);
+  forecast->add_option("--output,-o", fa.output, "forecast netCDF file")->required();
+  forecast->add_option("--threads,-t", fa.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
+  forecast->add_flag("--reference", fa.reference, "reference kernels only (slow; the oracle)");
+  forecast->add_option("--tp", forecast_tp, "tensor-parallel ranks (run under mpirun -n TP)");
+  forecast->add_option("--plan", fa.plan, "tensor-parallel plan file");
+
   // `wxe help [COMMAND]`: the same as --help
   if (argc >= 2 && std::string(argv[1]) == "help") {
     CLI::App* sub = nullptr;
@@ -646,9 +661,9 @@ int main(int argc, char** argv) {
   }
   register_collective_ops();
   Mesh mesh;
-  if (*infer || *finetune) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
+  if (*infer || *finetune || *forecast) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
     try {
-      mesh = make_mesh(*infer ? ia.tp : finetune_tp);
+      mesh = make_mesh(*infer ? ia.tp : *forecast ? forecast_tp : finetune_tp);
     } catch (const Error& e) {
       std::fprintf(stderr, "wxe: error: %s\n", e.what());
       return 1;
@@ -663,6 +678,7 @@ int main(int argc, char** argv) {
     if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json);
     if (*bench) return cmd_bench(ba);
     if (*finetune) return run_finetune(fc, &mesh);
+    if (*forecast) return run_forecast(fa, &mesh);
     if (*convert) return cmd_convert(ca);
   } catch (const std::exception& e) {
     // with other ranks waiting in collectives, one rank's error ends the whole job

@@ -1,0 +1,124 @@
+#include "tools/forecast.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/error.h"
+#include "engine/executor.h"
+#include "importers/onnx/onnx_import.h"
+#include "parallel/collective_ops.h"
+#include "parallel/shard.h"
+#include "tools/model.h"
+
+namespace fs = std::filesystem;
+
+namespace wxe {
+
+void rollout(const Era5Data& data, int64_t init, int steps, const std::function<Tensor(const Tensor&)>& model,
+             const std::function<void(int, const Tensor&)>& emit) {
+  const int64_t dt = data.config().timestep;
+  const int np = data.prognostic_channels();
+  Tensor x = data.input(init);  // (1, C_in, 1, H, W)
+  const int64_t hw = x.numel() / x.shape[1];
+  for (int k = 0; k < steps; ++k) {
+    Tensor y = model(x);  // (1, C_out, 1, H, W)
+    WXE_CHECK(y.dtype == DType::F32 && y.shape.size() == x.shape.size() && y.numel() / y.shape[1] == hw &&
+                  y.shape[1] == (int64_t)data.target_channels().size(),
+              "the model's output ", shape_str(y.shape), " does not match the config's ", data.target_channels().size(),
+              " target channels on the input's grid ", shape_str(x.shape));
+    emit(k, y);
+    if (k + 1 == steps) break;
+    Tensor next = x.clone();
+    std::copy(y.data<float>(), y.data<float>() + np * hw, next.data<float>());
+    data.set_forcing(next, init + (k + 1) * dt);
+    x = std::move(next);
+  }
+}
+
+int run_forecast(const ForecastArgs& a, Mesh* mesh) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool lead = !mesh || mesh->rank == 0;
+  WXE_CHECK(a.steps >= 1, "--steps must be at least 1");
+  WXE_CHECK(!a.output.empty(), "--output FILE.nc is required");
+  CreditConfig cfg = read_credit_config(a.config);
+  for (const std::string& w : cfg.warnings) note("wxe: warning: %s\n", w.c_str());
+  auto data = std::make_shared<Era5Data>(cfg);
+  for (const std::string& w : data->warnings) note("wxe: warning: %s: %s\n", a.config.c_str(), w.c_str());
+  const int64_t init = parse_datetime(a.init, "--init");
+  if (lead) {
+    const fs::path dir = fs::path(a.output).parent_path();
+    WXE_CHECK(dir.empty() || fs::is_directory(dir), a.output, ": no folder ", dir.string());
+  }
+  Tensor x0 = data->input(init);
+  note("wxe: %s: %zu input channels, %zu target channels (%d prognostic), grid %zux%zu, init %s\n", a.config.c_str(),
+       data->input_channels().size(), data->target_channels().size(), data->prognostic_channels(), data->lat().size(),
+       data->lon().size(), format_datetime(init).c_str());
+
+  Graph g = import_onnx(a.model);
+  WXE_CHECK(g.inputs.size() == 1, a.model, ": forecast needs a model with one input, it has ", g.inputs.size());
+  const std::string in_name = g.values[g.inputs[0]].name;
+  const int tp = mesh ? mesh->tp : 1;
+  WXE_CHECK(!mesh || mesh->dp == 1, "forecast runs one model copy: the world must equal --tp (", mesh ? mesh->world : 1,
+            " ranks, --tp ", tp, ")");
+  TpPlan plan;
+  bool have_plan = false;
+  auto tp_plan = [&](const Graph& pg) -> const TpPlan& {
+    if (!have_plan) plan = plan_for(pg, a.plan, tp);
+    have_plan = true;
+    return plan;
+  };
+  LoadOptions lo;
+  lo.weights = a.weights;
+  if (tp > 1 && ends_with(a.weights, ".safetensors"))
+    lo.slices_of = [&](const Graph& pg) { return parameter_slices(tp_plan(pg), pg, tp, mesh->tp_rank); };
+  prepare_model(g, {{in_name, {DType::F32, x0.shape}}}, lo);
+  if (tp > 1) {
+    const TpPlan& p = tp_plan(g);
+    std::string text = str("forecast tp", tp);
+    for (auto& [w, split] : p.by_weight) text += w + split_name(split) + ";";
+    check_same_on_all_ranks(*mesh, fingerprint(text), "tensor-parallel plan");
+    ShardStats st = shard_graph(g, p, tp, mesh->tp_rank);
+    set_tp_communicator(mesh->tp_comm.get());
+    note("wxe: tp %d: %d column- and %d row-parallel layers\n", tp, st.column, st.row);
+  }
+  ExecOptions opt;
+  opt.threads = a.threads;
+  opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
+  Executor ex(g, opt);
+
+  std::unique_ptr<ForecastWriter> out;
+  const bool tty = isatty(fileno(stderr));
+  auto t1 = std::chrono::steady_clock::now();
+  rollout(
+      *data, init, a.steps, [&](const Tensor& x) { return ex.run({{in_name, x}}).at(0); },
+      [&](int k, const Tensor& y) {
+        if (!lead) return;
+        if (!out) out = std::make_unique<ForecastWriter>(a.output, *data, init, a.steps);
+        Tensor phys = y.clone();
+        data->denormalise_target(phys);
+        out->write(k, phys);
+        if (a.progress && !g_quiet) {
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+          const double eta = s / (k + 1) * (a.steps - k - 1);
+          const int width = 24, fill = width * (k + 1) / a.steps;
+          const std::string valid = format_datetime(init + (int64_t)(k + 1) * cfg.timestep);
+          if (tty)
+            std::fprintf(stderr, "\r[%s%s] step %d/%d  %s  ETA %.0f s   %s", std::string(fill, '#').c_str(),
+                         std::string(width - fill, '.').c_str(), k + 1, a.steps, valid.c_str(), eta,
+                         k + 1 == a.steps ? "\n" : "");
+          else
+            std::fprintf(stderr, "wxe: step %d/%d valid %s ETA %.0f s\n", k + 1, a.steps, valid.c_str(), eta);
+        }
+      });
+  if (!lead) return 0;
+  out->close();
+  std::printf("forecast: %d steps of %g h from %s written to %s (%.1f s)\n", a.steps, cfg.timestep / 3600.0,
+              format_datetime(init).c_str(), a.output.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
+}  // namespace wxe
