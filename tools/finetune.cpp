@@ -144,7 +144,9 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
   if (!cfg.plain_mse) {
     NpyDirInfo info;
-    if (!cfg.data.empty()) info = read_npy_dir_info(cfg.data);
+    if (!cfg.data.empty() && !cfg.open_data) info = read_npy_dir_info(cfg.data);
+    if (!cfg.lat.empty()) info.lat = cfg.lat;
+    if (!cfg.channel_weights.empty()) info.channel_weights = cfg.channel_weights;
     const int64_t h = out_shape.size() >= 2 ? out_shape[out_shape.size() - 2] : 1;
     if (info.lat.empty()) info.lat = regular_latitudes(h);
     WXE_CHECK((int64_t)info.lat.size() == h, cfg.data, "/lat.npy: ", info.lat.size(), " latitudes, the output has ", h,
@@ -575,7 +577,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   WXE_CHECK(cfg.steps >= 1, "--steps must be at least 1");
   WXE_CHECK(!cfg.save.empty(), "--save DIR is required");
   auto t_start = std::chrono::steady_clock::now();
-  std::unique_ptr<SampleSource> data = open_npy_dir(cfg.data, cfg.forecast_len);
+  std::unique_ptr<SampleSource> data = cfg.open_data ? cfg.open_data() : open_npy_dir(cfg.data, cfg.forecast_len);
   note("wxe: data: %s\n", data->describe().c_str());
   Trainer t(cfg, std::move(data), mesh);
   const bool lead = !mesh || mesh->rank == 0;

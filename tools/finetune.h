@@ -61,6 +61,11 @@ struct FinetuneConfig {
   int64_t save_every = 0;          // 0: only at the end
   int keep = 2;                    // checkpoints kept
   bool progress = true;            // progress bar / log lines on stderr
+  // A sample source other than the .npy directory `data` (CREDIT configs, data/era5.h), with
+  // the latitudes (degrees) and per-output-channel loss weights that go with it (empty: the
+  // .npy directory's, or a regular grid and 1).
+  std::function<std::unique_ptr<SampleSource>()> open_data;
+  std::vector<double> lat, channel_weights;
   // Draws SAVE/loss_curve.png (path, title, steps, losses); the command line passes PLplot's.
   std::function<void(const std::string&, const std::string&, const std::vector<double>&,
                      const std::vector<double>&)>

@@ -5,9 +5,11 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "engine/error.h"
 #include "engine/executor.h"
+#include "engine/file_util.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/collective_ops.h"
 #include "parallel/shard.h"
@@ -119,6 +121,66 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
               format_datetime(init).c_str(), a.output.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;
+}
+
+void finetune_from_config(const std::string& config, FinetuneConfig& fc,
+                          const std::function<bool(const std::string&)>& given, bool lead) {
+  CreditConfig c = read_credit_config(config);
+  for (const std::string& w : c.warnings) note("wxe: warning: %s\n", w.c_str());
+  auto data = std::make_shared<Era5Data>(c);
+  for (const std::string& w : data->warnings) note("wxe: warning: %s: %s\n", config.c_str(), w.c_str());
+  WXE_CHECK(c.start && c.end, config, ": data.start_datetime and data.end_datetime are required for finetune");
+  data->input(c.start);  // the grid, and any error in the files, now
+  if (!given("--forecast-len")) fc.forecast_len = c.forecast_len;
+  const int L = fc.forecast_len;
+  fc.data = config;
+  fc.open_data = [data, c, L] { return open_era5_samples(data, c.start, c.end, L); };
+  if (!given("--prognostic")) fc.prognostic = data->prognostic_channels();
+  if (!given("--save")) fc.save = c.save_loc;
+  WXE_CHECK(!fc.save.empty(), config, ": save_loc is missing (or give --save)");
+  if (!given("--lr")) fc.schedule.lr = c.learning_rate;
+  if (!given("--weight-decay")) fc.adam.weight_decay = c.weight_decay;
+  if (!given("--grad-max-norm")) fc.grad_max_norm = c.grad_max_norm;
+  if (!given("--accum")) fc.accum = c.grad_accum_every * c.train_batch_size;  // one sample per micro-batch
+  if (!given("--ema")) fc.ema = c.use_ema;
+  if (!given("--ema-decay")) fc.ema_decay = c.ema_decay;
+  if (!given("--seed")) fc.seed = c.seed;
+  if (!given("--shuffle")) fc.shuffle = true;  // CREDIT's sampler shuffles every epoch
+  if (!given("--steps")) {
+    const int64_t per_epoch = c.batches_per_epoch > 0
+                                  ? c.batches_per_epoch
+                                  : std::max<int64_t>(1, open_era5_samples(data, c.start, c.end, L)->size() / fc.accum);
+    fc.steps = c.epochs * per_epoch;
+  }
+  if (!given("--schedule") && c.use_scheduler) {
+    fc.schedule.kind = ScheduleKind::LinearWarmupCosine;
+    fc.schedule.warmup_steps = c.warmup_steps;
+    fc.schedule.total_steps = c.total_steps > 0 ? c.total_steps : fc.steps;
+    fc.schedule.min_lr = c.min_lr;
+  }
+  if (!given("--resume") && c.load_weights && c.load_optimizer) fc.resume = true;
+  if (!given("--weights") && c.load_weights && !c.load_optimizer) {
+    const fs::path latest = fs::path(fc.save) / "latest";
+    WXE_CHECK(fs::exists(latest), config, ": trainer.load_weights: no checkpoint in ", fc.save, " (", latest.string(),
+              " is missing)");
+    std::ifstream f(latest);
+    std::string step;
+    f >> step;
+    fc.weights = (fs::path(fc.save) / step / "model.safetensors").string();
+  }
+  if (!given("--loss")) {
+    fc.plain_mse = !c.use_latitude_weights && !c.use_variable_weights;
+    // latitudes at 0 degrees weigh every row 1 (cos(0) normalised)
+    fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
+    fc.channel_weights.clear();
+    if (c.use_variable_weights)
+      for (const ChannelInfo& ch : data->target_channels())
+        fc.channel_weights.push_back(c.variable_weights.count(ch.var) ? c.variable_weights.at(ch.var) : 1.0);
+  }
+  if (lead) {
+    fs::create_directories(fc.save);
+    write_file_atomic((fs::path(fc.save) / "channel_schema.yaml").string(), data->channel_schema_yaml());
+  }
 }
 
 }  // namespace wxe
