@@ -195,6 +195,7 @@ struct Reader {
     c->use_ema = get<bool>(t["use_ema"], "trainer.use_ema", false);
     c->ema_decay = get<double>(t["ema_decay"], "trainer.ema_decay", c->ema_decay);
     c->batches_per_epoch = get<int64_t>(t["batches_per_epoch"], "trainer.batches_per_epoch", 0);
+    c->valid_batches_per_epoch = get<int64_t>(t["valid_batches_per_epoch"], "trainer.valid_batches_per_epoch", 0);
     c->epochs = get<int64_t>(t["epochs"], "trainer.epochs", get<int64_t>(t["num_epoch"], "trainer.num_epoch", 1));
     c->load_weights = get<bool>(t["load_weights"], "trainer.load_weights", false);
     c->load_optimizer = get<bool>(t["load_optimizer"], "trainer.load_optimizer", false);

@@ -39,7 +39,7 @@ struct CreditConfig {
   int64_t warmup_steps = 0, total_steps = 0;  // trainer.scheduler (linear-warmup-cosine)
   double min_lr = 0.0;
   int grad_accum_every = 1, train_batch_size = 1;
-  int64_t batches_per_epoch = 0, epochs = 1;
+  int64_t batches_per_epoch = 0, epochs = 1, valid_batches_per_epoch = 0;
   uint64_t seed = 0;
   // loss.*
   bool use_latitude_weights = false, use_variable_weights = false;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include "data/credit_config.h"
 #include "data/era5.h"
@@ -268,4 +269,103 @@ TEST(Era5Data, ErrorsNameFileAndVariable) {
           kT0);
   EXPECT_NE(e.find("bad_2020.nc"), std::string::npos) << e;
   EXPECT_NE(e.find("variable 'T' has dimensions (time, latitude, level, longitude)"), std::string::npos) << e;
+}
+
+TEST(FinetuneConfig, ValidationRmseAndBiasOfAKnownPredictor) {
+  FinetuneConfig fc;
+  fc.model = data_path("models/wxformer_tiny/model.onnx");
+  fc.save = tmp_path("ft_valid");
+  fc.steps = 2;
+  auto given = [](const std::string& f) { return f == "--save" || f == "--steps"; };
+  finetune_from_config(kDir + "/config.yml", fc, given, true);
+  EXPECT_EQ(slurp(fc.save + "/channel_schema.yaml"), Era5Data(read_credit_config(kDir + "/config.yml")).channel_schema_yaml());
+  fs::remove_all(fc.save);
+  EXPECT_EQ(fc.prognostic, 5);
+  EXPECT_EQ(fc.forecast_len, 1);
+  EXPECT_DOUBLE_EQ(fc.schedule.lr, 1e-4);
+  EXPECT_TRUE(fc.shuffle);
+  EXPECT_FALSE(fc.plain_mse);
+  ASSERT_EQ(fc.validate_columns.size(), 1u + 2 * 4);
+  EXPECT_EQ(fc.validate_columns[0], "valid_loss");
+  EXPECT_EQ(fc.validate_columns[1], "valid_rmse/era5/prognostic/3d/T");
+  EXPECT_EQ(fc.validate_columns[8], "valid_bias/era5/diagnostic/2d/tp");
+  // predicting 0 (normalised) is predicting the scaler's mean: RMSE and bias from the formula
+  std::vector<double> v = fc.validate([](const Tensor& x) { return Tensor::zeros(DType::F32, {1, 6, 1, 32, 64}); });
+  ASSERT_EQ(v.size(), 9u);
+  // validation samples start at 2021-01-01T00, 06, 12 (targets at h = 30, 36, 42)
+  std::vector<double> lat(32), wl;
+  for (int i = 0; i < 32; ++i) lat[i] = 90.0 - 180.0 * i / 31;
+  double wsum = 0;
+  for (double l : lat) wsum += std::cos(l * M_PI / 180);
+  for (double l : lat) wl.push_back(std::cos(l * M_PI / 180) / (wsum / 32));
+  const std::vector<std::string> vars = {"T", "U", "SP", "tp"};
+  std::vector<double> sq(4), sum(4), cnt(4);
+  double loss = 0;
+  for (double h : {30.0, 36.0, 42.0})
+    for (const Ch& c : kTargets) {
+      const int vi = (int)(std::find(vars.begin(), vars.end(), c.var) - vars.begin());
+      auto [m, s] = stats(c.var, c.lev);
+      for (int i = 0; i < 32; ++i)
+        for (int j = 0; j < 64; ++j) {
+          const double d = m - field(c.var, h, c.lev, i, j);
+          sq[vi] += d * d;
+          sum[vi] += d;
+          cnt[vi] += 1;
+          loss += (d / s) * (d / s) * wl[i] / (6 * 32 * 64);
+        }
+    }
+  EXPECT_NEAR(v[0], loss / 3, 1e-4 * loss / 3);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_NEAR(v[1 + k], std::sqrt(sq[k] / cnt[k]), 1e-4 * std::sqrt(sq[k] / cnt[k])) << vars[k];
+    EXPECT_NEAR(v[5 + k], sum[k] / cnt[k], 1e-4 * (std::fabs(sum[k] / cnt[k]) + std::sqrt(sq[k] / cnt[k]))) << vars[k];
+  }
+}
+
+TEST(FinetuneConfig, TrainsFromConfigAndValidationDoesNotChangeTraining) {
+  auto run = [](bool validate) {
+    FinetuneConfig fc;
+    fc.model = data_path("models/wxformer_tiny/model.onnx");
+    fc.save = tmp_path(validate ? "ft_run_v" : "ft_run");
+    fs::remove_all(fc.save);
+    fc.steps = 2;
+    fc.threads = 1;
+    fc.progress = false;
+    auto given = [](const std::string& f) { return f == "--save" || f == "--steps"; };
+    finetune_from_config(kDir + "/config.yml", fc, given, true);
+    if (!validate) fc.validate = nullptr;
+    EXPECT_EQ(run_finetune(fc), 0);
+    std::string log = slurp(fc.save + "/training_log.csv");
+    fs::remove_all(fc.save);
+    return log;
+  };
+  const std::string plain = run(false), with = run(true);
+  std::istringstream a(plain), b(with);
+  std::string la, lb;
+  std::getline(a, la);
+  std::getline(b, lb);
+  EXPECT_EQ(lb, la + ",valid_loss,valid_rmse/era5/prognostic/3d/T,valid_rmse/era5/prognostic/3d/U,"
+                     "valid_rmse/era5/prognostic/2d/SP,valid_rmse/era5/diagnostic/2d/tp,valid_bias/era5/prognostic/3d/T,"
+                     "valid_bias/era5/prognostic/3d/U,valid_bias/era5/prognostic/2d/SP,valid_bias/era5/diagnostic/2d/tp");
+  int rows = 0;
+  while (std::getline(a, la) && std::getline(b, lb)) {
+    ++rows;
+    // step, loss, lr, grad_norm identical; validation columns after the six of the plain log
+    auto fields = [](const std::string& s) {
+      std::vector<std::string> f;
+      std::stringstream ss(s);
+      std::string x;
+      while (std::getline(ss, x, ',')) f.push_back(x);
+      return f;
+    };
+    std::vector<std::string> fa = fields(la), fb = fields(lb);
+    ASSERT_GE(fb.size(), 6u);
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(fa[k], fb[k]) << "row " << rows << " field " << k;
+    if (rows == 2) {  // one epoch of 2 steps: validated after step 2
+      ASSERT_EQ(fb.size(), 15u) << lb;
+      EXPECT_GT(std::stod(fb[6]), 0.0);
+    } else {
+      EXPECT_EQ(lb, la + std::string(9, ','));
+    }
+  }
+  EXPECT_EQ(rows, 2);
 }

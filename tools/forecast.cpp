@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "engine/error.h"
 #include "engine/executor.h"
 #include "engine/file_util.h"
+#include "engine/loss.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/collective_ops.h"
 #include "parallel/shard.h"
@@ -123,6 +125,71 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
   return 0;
 }
 
+namespace {
+
+// Validation over valid_start_datetime..valid_end_datetime once per epoch: the rollout of
+// forecast_len steps from each sample (as in training, no gradients), the training loss, and
+// per variable (all its levels) the RMSE and bias (mean of prediction - truth) in physical
+// units, as CREDIT's valid_loss, valid_rmse/<var_key>, valid_bias/<var_key> columns.
+void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneConfig& fc, int L) {
+  std::shared_ptr<SampleSource> vs = open_era5_samples(data, c.valid_start, c.valid_end, L);
+  WXE_CHECK(vs->size() > 0, c.file, ": no validation samples of ", L,
+            " steps in valid_start_datetime..valid_end_datetime");
+  const int64_t n = c.valid_batches_per_epoch > 0 ? std::min(c.valid_batches_per_epoch, vs->size()) : vs->size();
+  std::vector<std::string> keys;
+  std::vector<int> var_of;  // target channel -> index into keys
+  for (const ChannelInfo& ch : data->target_channels()) {
+    const std::string key = c.source + "/" + ch.field_type + (ch.is3d ? "/3d/" : "/2d/") + ch.var;
+    if (keys.empty() || keys.back() != key) keys.push_back(key);
+    var_of.push_back((int)keys.size() - 1);
+  }
+  fc.validate_columns = {"valid_loss"};
+  for (const std::string& k : keys) fc.validate_columns.push_back("valid_rmse/" + k);
+  for (const std::string& k : keys) fc.validate_columns.push_back("valid_bias/" + k);
+  LossWeights w;
+  if (!fc.plain_mse) {
+    w.lat_weights = latitude_weights(fc.lat.empty() ? data->lat() : fc.lat);
+    w.channel_weights = fc.channel_weights;
+  }
+  const int np = data->prognostic_channels();
+  const size_t nv = keys.size();
+  fc.validate_every = fc.steps / std::max<int64_t>(1, c.epochs);
+  fc.validate = [vs, data, w, n, L, np, nv, var_of](const std::function<Tensor(const Tensor&)>& predict) {
+    double loss = 0;
+    std::vector<double> sq(nv), sum(nv), cnt(nv);
+    for (int64_t i = 0; i < n; ++i) {
+      Sample s = vs->get(i);
+      Tensor x = s.input, y;
+      for (int k = 0; k < L; ++k) {
+        if (k > 0) {
+          x = s.forcing[k].clone();
+          const int64_t hw = x.numel() / x.shape[1];
+          std::copy(y.data<float>(), y.data<float>() + np * hw, x.data<float>());
+        }
+        y = predict(x);
+        loss += weighted_mse(y, s.targets[k], w);
+        Tensor p = y.clone(), t = s.targets[k].clone();
+        data->denormalise_target(p);
+        data->denormalise_target(t);
+        const int64_t hw = p.numel() / p.shape[1];
+        for (int64_t ch = 0; ch < p.shape[1]; ++ch)
+          for (int64_t j = 0; j < hw; ++j) {
+            const double d = (double)p.data<float>()[ch * hw + j] - t.data<float>()[ch * hw + j];
+            sq[var_of[ch]] += d * d;
+            sum[var_of[ch]] += d;
+            cnt[var_of[ch]] += 1;
+          }
+      }
+    }
+    std::vector<double> out = {loss / (double)(n * L)};
+    for (size_t v = 0; v < nv; ++v) out.push_back(std::sqrt(sq[v] / cnt[v]));
+    for (size_t v = 0; v < nv; ++v) out.push_back(sum[v] / cnt[v]);
+    return out;
+  };
+}
+
+}  // namespace
+
 void finetune_from_config(const std::string& config, FinetuneConfig& fc,
                           const std::function<bool(const std::string&)>& given, bool lead) {
   CreditConfig c = read_credit_config(config);
@@ -177,6 +244,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
       for (const ChannelInfo& ch : data->target_channels())
         fc.channel_weights.push_back(c.variable_weights.count(ch.var) ? c.variable_weights.at(ch.var) : 1.0);
   }
+  if (c.valid_start && c.valid_end) validation(c, data, fc, L);
   if (lead) {
     fs::create_directories(fc.save);
     write_file_atomic((fs::path(fc.save) / "channel_schema.yaml").string(), data->channel_schema_yaml());
