@@ -288,6 +288,17 @@ void Era5Data::denormalise_target(Tensor& y) const {
     for (int64_t i = 0; i < h_ * w_; ++i) p[k * h_ * w_ + i] = p[k * h_ * w_ + i] * (float)out_[k].std + (float)out_[k].mean;
 }
 
+void Era5Data::read_metadata(int64_t t) const {
+  for (const ChannelInfo& c : out_) {
+    if (meta_.count(c.var)) continue;
+    try {
+      NcFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
+      if (f.has(c.var)) meta_[c.var] = {f.attr(c.var, "units"), f.attr(c.var, "long_name")};
+    } catch (const Error&) {
+    }
+  }
+}
+
 std::string Era5Data::units(const std::string& var) const {
   auto it = meta_.find(var);
   return it == meta_.end() ? "" : it->second.first;

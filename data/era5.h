@@ -44,6 +44,9 @@ class Era5Data {
   // The grid and variable metadata, known after the first read.
   const std::vector<double>& lat() const { return lat_; }
   const std::vector<double>& lon() const { return lon_; }
+  // Reads the target variables' units and long names from their files at time t (those not
+  // read yet: diagnostics are never inputs); a file that is missing leaves them empty.
+  void read_metadata(int64_t t) const;
   std::string units(const std::string& var) const;
   std::string long_name(const std::string& var) const;
   std::string level_units() const { return level_units_; }

@@ -57,6 +57,7 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
     WXE_CHECK(dir.empty() || fs::is_directory(dir), a.output, ": no folder ", dir.string());
   }
   Tensor x0 = data->input(init);
+  data->read_metadata(init);
   note("wxe: %s: %zu input channels, %zu target channels (%d prognostic), grid %zux%zu, init %s\n", a.config.c_str(),
        data->input_channels().size(), data->target_channels().size(), data->prognostic_channels(), data->lat().size(),
        data->lon().size(), format_datetime(init).c_str());
