@@ -176,4 +176,16 @@ else
   echo "FAIL option-order-and-equals-paths"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
 
+# CREDIT configs: forecast to netCDF (progress, the file read back by its header), errors
+era5=$src/tests/data/era5_tiny
+if "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T18 --steps 2 -o "$tmp/fc.nc" --threads 2 \
+     >"$tmp/out" 2>"$tmp/err" && grep -q "2 steps" "$tmp/out" && [ -s "$tmp/fc.nc" ] && [ ! -e "$tmp/fc.nc.tmp" ]; then
+  echo "ok   forecast-netcdf"
+else
+  echo "FAIL forecast-netcdf"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+expect_fail forecast-gap "era5_2020.nc: variable 'T' has no time 2020-12-31T03:00:00" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T03 -o "$tmp/fc2.nc"
+expect_fail forecast-bad-init "--init: '2020-13-01' is not a date-time" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-13-01 -o "$tmp/fc2.nc"
+expect_fail finetune-config-no-model "needs --model" "$wxe" finetune "$era5/config.yml" --save "$tmp/run"
+
 exit $((fails > 0))

@@ -144,7 +144,9 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
   if (!cfg.plain_mse) {
     NpyDirInfo info;
-    if (!cfg.data.empty()) info = read_npy_dir_info(cfg.data);
+    if (!cfg.data.empty() && !cfg.open_data) info = read_npy_dir_info(cfg.data);
+    if (!cfg.lat.empty()) info.lat = cfg.lat;
+    if (!cfg.channel_weights.empty()) info.channel_weights = cfg.channel_weights;
     const int64_t h = out_shape.size() >= 2 ? out_shape[out_shape.size() - 2] : 1;
     if (info.lat.empty()) info.lat = regular_latitudes(h);
     WXE_CHECK((int64_t)info.lat.size() == h, cfg.data, "/lat.npy: ", info.lat.size(), " latitudes, the output has ", h,
@@ -240,6 +242,17 @@ int64_t Trainer::sample_index(int64_t micro) {
     perm_epoch_ = epoch;
   }
   return perm_[micro % n];
+}
+
+Tensor Trainer::predict(const Tensor& x) {
+  // a training forward runs one power iteration on the spectral-norm buffers, in place
+  std::vector<std::pair<Tensor*, Tensor>> saved;
+  for (Value& v : graph_.values)
+    if (v.is_param && v.is_const() && (ends_with(v.name, "weight_u") || ends_with(v.name, "weight_v")))
+      saved.push_back({v.constant.get(), v.constant->clone()});
+  Tensor y = exec_->forward({{input_name_, x}}).at(0).clone();
+  for (auto& [dst, src] : saved) std::memcpy(dst->raw(), src.raw(), src.nbytes());
+  return y;
 }
 
 StepLog Trainer::step() {
@@ -521,6 +534,7 @@ namespace {
 struct LogRow {
   int64_t step;
   double loss, lr, grad_norm, samples_per_s, seconds;
+  std::string tail;  // validation columns: "" or ",v1,v2..." (FinetuneConfig::validate)
 };
 
 const char* kCsvHeader = "step,loss,lr,grad_norm,samples_per_s,step_seconds";
@@ -529,7 +543,7 @@ std::string csv_row(const LogRow& r) {
   char b[256];
   std::snprintf(b, sizeof b, "%lld,%.9g,%.9g,%.9g,%.4g,%.4g", (long long)r.step, r.loss, r.lr, r.grad_norm,
                 r.samples_per_s, r.seconds);
-  return b;
+  return b + r.tail;
 }
 
 // Rows of an existing log up to `upto` (a resumed run rewrites what came after its checkpoint).
@@ -542,14 +556,20 @@ std::vector<LogRow> read_log(const std::string& path, int64_t upto) {
     LogRow r{};
     if (std::sscanf(line.c_str(), "%lld,%lf,%lf,%lf,%lf,%lf", (long long*)&r.step, &r.loss, &r.lr, &r.grad_norm,
                     &r.samples_per_s, &r.seconds) == 6 &&
-        r.step <= upto)
+        r.step <= upto) {
+      size_t p = 0;
+      for (int commas = 0; commas < 6 && p != std::string::npos; ++commas) p = line.find(',', p + (commas > 0));
+      r.tail = p == std::string::npos ? "" : line.substr(p);
       rows.push_back(r);
+    }
   }
   return rows;
 }
 
-void write_log(const std::string& path, const std::vector<LogRow>& rows) {
-  std::string s = std::string(kCsvHeader) + "\n";
+void write_log(const std::string& path, const std::vector<LogRow>& rows, const std::vector<std::string>& extra) {
+  std::string s = std::string(kCsvHeader);
+  for (const std::string& c : extra) s += "," + c;
+  s += "\n";
   for (auto& r : rows) s += csv_row(r) + "\n";
   write_file_atomic(path, s);
 }
@@ -575,7 +595,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   WXE_CHECK(cfg.steps >= 1, "--steps must be at least 1");
   WXE_CHECK(!cfg.save.empty(), "--save DIR is required");
   auto t_start = std::chrono::steady_clock::now();
-  std::unique_ptr<SampleSource> data = open_npy_dir(cfg.data, cfg.forecast_len);
+  std::unique_ptr<SampleSource> data = cfg.open_data ? cfg.open_data() : open_npy_dir(cfg.data, cfg.forecast_len);
   note("wxe: data: %s\n", data->describe().c_str());
   Trainer t(cfg, std::move(data), mesh);
   const bool lead = !mesh || mesh->rank == 0;
@@ -595,7 +615,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   std::vector<LogRow> rows = cfg.resume ? read_log(log_path, t.steps_done()) : std::vector<LogRow>{};
   if (lead) {
     fs::create_directories(cfg.save);
-    write_log(log_path, rows);
+    write_log(log_path, rows, cfg.validate ? cfg.validate_columns : std::vector<std::string>{});
   }
   const bool had_checkpoint = fs::exists(fs::path(cfg.save) / "latest");
   const bool tty = isatty(fileno(stderr));
@@ -623,7 +643,17 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
       return 4;
     }
     run_s += s.seconds;
-    rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds});
+    rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, ""});
+    if (cfg.validate) {
+      std::string& tail = rows.back().tail;
+      if ((cfg.validate_every > 0 && s.step % cfg.validate_every == 0) || s.step == cfg.steps) {
+        std::vector<double> v = cfg.validate([&](const Tensor& x) { return t.predict(x); });
+        WXE_ASSERT(v.size() == cfg.validate_columns.size());
+        for (double d : v) tail += str(",", d);
+      } else {
+        tail = std::string(cfg.validate_columns.size(), ',');
+      }
+    }
     if (lead) {
       std::ofstream f(log_path, std::ios::app);
       f << csv_row(rows.back()) << "\n";

@@ -61,6 +61,17 @@ struct FinetuneConfig {
   int64_t save_every = 0;          // 0: only at the end
   int keep = 2;                    // checkpoints kept
   bool progress = true;            // progress bar / log lines on stderr
+  // A sample source other than the .npy directory `data` (CREDIT configs, data/era5.h), with
+  // the latitudes (degrees) and per-output-channel loss weights that go with it (empty: the
+  // .npy directory's, or a regular grid and 1).
+  std::function<std::unique_ptr<SampleSource>()> open_data;
+  std::vector<double> lat, channel_weights;
+  // Validation: every `validate_every` optimizer steps and after the last, validate(predict)
+  // returns one value per `validate_columns` entry, appended to that step's row of
+  // training_log.csv (other rows leave them empty). Every rank calls it.
+  int64_t validate_every = 0;
+  std::vector<std::string> validate_columns;
+  std::function<std::vector<double>(const std::function<Tensor(const Tensor&)>&)> validate;
   // Draws SAVE/loss_curve.png (path, title, steps, losses); the command line passes PLplot's.
   std::function<void(const std::string&, const std::string&, const std::vector<double>&,
                      const std::vector<double>&)>
@@ -85,6 +96,9 @@ class Trainer {
   // One optimizer step. Fails with a message (and leaves parameters as they were before the
   // step's update) if the loss or the gradient norm is not finite.
   StepLog step();
+  // The model being trained, forward on one input (validation): outputs[0]. Spectral-norm
+  // buffers (u, v) are left as they were; gradients are untouched.
+  Tensor predict(const Tensor& x);
   // Writes SAVE/step_NNNNNN atomically and points SAVE/latest at it; returns its path.
   // One process: model/optimizer/ema.safetensors. Under a mesh of more than one rank: a
   // sharded checkpoint (parallel/sharded_checkpoint.h; every tensor under the names of

@@ -28,6 +28,7 @@
 #include "parallel/sharded_checkpoint.h"
 #include "tools/credit_checkpoint.h"
 #include "tools/finetune.h"
+#include "tools/forecast.h"
 #include "tools/loss_plot.h"
 #include "tools/model.h"
 
@@ -576,9 +577,11 @@ int main(int argc, char** argv) {
 
   FinetuneConfig fc;
   auto* finetune = app.add_subcommand("finetune", "fine-tune the model on .npy samples: AdamW, schedule, clipping, checkpoints");
-  finetune->add_option("model", fc.model, "model .onnx")->required();
-  finetune->add_option("--data", fc.data, "directory of x_NNNN.npy / y_NNNN.npy (consecutive times); optional lat.npy, channel_weights.npy")->required();
-  finetune->add_option("--save", fc.save, "checkpoint directory (step_NNNNNN/, latest, training_log.csv, loss_curve.png)")->required();
+  finetune->add_option("model", fc.model, "model .onnx, or a CREDIT gen2 CONFIG.yml (data, trainer, loss keys; flags override) with --model")->required();
+  std::string finetune_model;
+  finetune->add_option("--model,-m", finetune_model, "model .onnx (with a CONFIG.yml)");
+  finetune->add_option("--data", fc.data, "directory of x_NNNN.npy / y_NNNN.npy (consecutive times); optional lat.npy, channel_weights.npy");
+  finetune->add_option("--save", fc.save, "checkpoint directory (step_NNNNNN/, latest, training_log.csv, loss_curve.png)");
   finetune->add_option("--weights,-w", fc.weights, "start from: a legacy CREDIT .pt, a .safetensors, or a finetune checkpoint's model.safetensors");
   finetune->add_option("--steps", fc.steps, "optimizer steps in total (default 100)");
   finetune->add_flag("--resume", fc.resume, "continue from SAVE/latest (bit for bit)");
@@ -614,6 +617,20 @@ int main(int argc, char** argv) {
   finetune->add_option("--tp", finetune_tp, "tensor-parallel ranks per model copy (world = dp x tp; run under mpirun)");
   finetune->add_option("--plan", fc.plan, "tensor-parallel plan file (JSON: weight-name glob -> colwise/rowwise/replicate)");
 
+  ForecastArgs fa;
+  int forecast_tp = 1;
+  auto* forecast = app.add_subcommand("forecast", "autoregressive forecast from a CREDIT config's data, written as netCDF");
+  forecast->add_option("config", fa.config, "CREDIT gen2 config .yml (data.source, scaler)")->required();
+  forecast->add_option("--model,-m", fa.model, "model .onnx")->required();
+  forecast->add_option("--weights,-w", fa.weights, "parameters: .safetensors or a legacy CREDIT .pt");
+  forecast->add_option("--init", fa.init, "initial time, e.g. 2020-01-01T00 (read from the data files)")->required();
+  forecast->add_option("--steps", fa.steps, "rollout steps of data.timestep (default 1)")->check(CLI::PositiveNumber);
+  forecast->add_option("--output,-o", fa.output, "forecast netCDF file")->required();
+  forecast->add_option("--threads,-t", fa.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
+  forecast->add_flag("--reference", fa.reference, "reference kernels only (slow; the oracle)");
+  forecast->add_option("--tp", forecast_tp, "tensor-parallel ranks (run under mpirun -n TP)");
+  forecast->add_option("--plan", fa.plan, "tensor-parallel plan file");
+
   // `wxe help [COMMAND]`: the same as --help
   if (argc >= 2 && std::string(argv[1]) == "help") {
     CLI::App* sub = nullptr;
@@ -637,18 +654,31 @@ int main(int argc, char** argv) {
   if (*inspect && !inspect_plan.empty() && inspect_tp <= 1) return usage_error("--plan needs --tp 2 or more");
   if (*infer && ia.reference && ia.precision == "bf16")
     return usage_error("--reference runs the float32 reference kernels; --precision bf16 does not apply");
+  bool finetune_config = false;
+  std::string finetune_config_path;
   if (*finetune) {
     fc.schedule.kind = schedule == "constant" ? ScheduleKind::Constant : ScheduleKind::LinearWarmupCosine;
     fc.schedule.total_steps = total_steps > 0 ? total_steps : fc.steps;
     fc.plain_mse = loss == "mse";
     fc.plot = [](const std::string& png, const std::string& title, const std::vector<double>& x,
                  const std::vector<double>& y) { plot_loss_curve(png, title, x, y); };
+    finetune_config = ends_with(fc.model, ".yml") || ends_with(fc.model, ".yaml");
+    if (finetune_config) {
+      if (finetune_model.empty()) return usage_error("finetune CONFIG.yml needs --model MODEL.onnx");
+      if (!fc.data.empty()) return usage_error("--data: the data come from the config");
+      finetune_config_path = fc.model;
+      fc.model = finetune_model;
+    } else {
+      if (!finetune_model.empty()) return usage_error("--model goes with a CONFIG.yml (the model is the first argument)");
+      if (fc.data.empty()) return usage_error("finetune: --data is required");
+      if (fc.save.empty()) return usage_error("finetune: --save is required");
+    }
   }
   register_collective_ops();
   Mesh mesh;
-  if (*infer || *finetune) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
+  if (*infer || *finetune || *forecast) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
     try {
-      mesh = make_mesh(*infer ? ia.tp : finetune_tp);
+      mesh = make_mesh(*infer ? ia.tp : *forecast ? forecast_tp : finetune_tp);
     } catch (const Error& e) {
       std::fprintf(stderr, "wxe: error: %s\n", e.what());
       return 1;
@@ -662,7 +692,13 @@ int main(int argc, char** argv) {
     if (*infer) return cmd_infer(ia, mesh);
     if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json);
     if (*bench) return cmd_bench(ba);
+    if (*finetune && finetune_config) {
+      finetune_from_config(finetune_config_path, fc, [&](const std::string& flag) { return finetune->get_option(flag)->count() > 0; },
+                           mesh.rank == 0);
+      if (schedule != "constant" && total_steps <= 0) fc.schedule.total_steps = fc.steps;
+    }
     if (*finetune) return run_finetune(fc, &mesh);
+    if (*forecast) return run_forecast(fa, &mesh);
     if (*convert) return cmd_convert(ca);
   } catch (const std::exception& e) {
     // with other ranks waiting in collectives, one rank's error ends the whole job

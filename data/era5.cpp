@@ -1,0 +1,455 @@
+#include "data/era5.h"
+
+#include <netcdf.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "engine/error.h"
+#include "engine/glob.h"
+#include "engine/json.h"
+
+namespace fs = std::filesystem;
+
+namespace wxe {
+
+namespace {
+
+const char* kTypes[] = {"prognostic", "static", "dynamic_forcing", "diagnostic"};
+
+bool is_lat(const std::string& d) { return d == "latitude" || d == "lat"; }
+bool is_lon(const std::string& d) { return d == "longitude" || d == "lon"; }
+
+// "hours since 2020-12-31 00:00:00" -> (seconds per unit, base time)
+std::pair<double, int64_t> time_units(const std::string& units, const std::string& where) {
+  const size_t p = units.find(" since ");
+  if (p == std::string::npos) fail(where, ": time units '", units, "' are not '<unit> since <date>'");
+  const std::string u = units.substr(0, p);
+  double s = 0;
+  if (u == "seconds" || u == "second" || u == "s") s = 1;
+  else if (u == "minutes" || u == "minute") s = 60;
+  else if (u == "hours" || u == "hour" || u == "h") s = 3600;
+  else if (u == "days" || u == "day" || u == "d") s = 86400;
+  else fail(where, ": time unit '", u, "' is not supported");
+  std::string date = units.substr(p + 7);
+  if (date.size() > 19) date = date.substr(0, 19);  // drop fractional seconds / time zone
+  return {s, parse_datetime(date, where)};
+}
+
+std::string strftime_utc(const std::string& tmpl, int64_t t) {
+  time_t tt = (time_t)t;
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char b[4096];
+  const size_t n = std::strftime(b, sizeof b, tmpl.c_str(), &tm);
+  return n ? std::string(b, n) : tmpl;
+}
+
+}  // namespace
+
+Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
+  auto add = [&](std::vector<ChannelInfo>& v, const char* type) {
+    const VarGroup& g = group(type);
+    for (const std::string& var : g.vars_3D)
+      for (size_t l = 0; l < cfg_.levels.size(); ++l) v.push_back({var, type, true, (int)l});
+    for (const std::string& var : g.vars_2D) v.push_back({var, type, false, 0});
+  };
+  for (const char* t : kTypes)
+    if (std::string(t) != "diagnostic") add(in_, t);
+  add(out_, "prognostic");
+  n_prog_ = (int)out_.size();
+  add(out_, "diagnostic");
+  load_scaler();
+}
+
+const VarGroup& Era5Data::group(const std::string& t) const {
+  if (t == "prognostic") return cfg_.prognostic;
+  if (t == "diagnostic") return cfg_.diagnostic;
+  if (t == "static") return cfg_.statics;
+  return cfg_.dynamic_forcing;
+}
+
+void Era5Data::load_scaler() {
+  // per variable: mean and std per configured level (3D) or one value (2D)
+  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> stats;
+  const size_t nl = cfg_.levels.size();
+  if (!cfg_.scaler_json.empty()) {
+    std::ifstream f(cfg_.scaler_json, std::ios::binary);
+    if (!f) fail(cfg_.scaler_json, ": cannot read the scaler");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    Json j = parse_json(ss.str(), cfg_.scaler_json, "scaler JSON");
+    if (j.type != Json::Obj) fail(cfg_.scaler_json, ": not a JSON object of scalers");
+    for (size_t i = 0; i < j.keys.size(); ++i) {
+      const std::string key = j.keys[i], name = key.substr(key.rfind('/') + 1);
+      const Json& e = j.items[i];
+      auto nums = [&](const char* k) {
+        const Json* a = e.get(k);
+        if (!a || a->type != Json::Arr) fail(cfg_.scaler_json, ": scaler '", key, "' has no ", k);
+        std::vector<double> v;
+        for (const Json& x : a->items) {
+          if (x.type != Json::Num) fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " is not numbers");
+          v.push_back(std::stod(x.s));
+        }
+        return v;
+      };
+      std::vector<double> mean = nums("mean_x_"), var = nums("var_x_");
+      if (mean.size() != var.size()) fail(cfg_.scaler_json, ": scaler '", key, "': mean_x_ and var_x_ differ in length");
+      for (double& v : var) v = std::sqrt(v);
+      stats[name] = {mean, var};
+    }
+  } else if (!cfg_.mean_nc.empty() || !cfg_.std_nc.empty()) {
+    if (cfg_.mean_nc.empty() || cfg_.std_nc.empty()) fail(cfg_.file, ": the scaler needs both mean_path and std_path");
+    NcFile mf(cfg_.mean_nc), sf(cfg_.std_nc);
+    auto levels_of = [&](NcFile& f) { return f.has(cfg_.level_coord) ? f.read(cfg_.level_coord) : std::vector<double>{}; };
+    std::vector<double> mlev = levels_of(mf), slev = levels_of(sf);
+    auto pick = [&](NcFile& f, const std::vector<double>& flev, const std::string& var) {
+      std::vector<double> v = f.read(var);
+      if (v.size() <= 1 || v.size() == nl) return v;
+      if (flev.size() != v.size()) fail(f.path(), ": variable '", var, "' has ", v.size(), " values for ", nl, " levels");
+      std::vector<double> out;
+      for (double l : cfg_.levels) {
+        auto it = std::find_if(flev.begin(), flev.end(), [&](double x) { return std::fabs(x - l) < 1e-6; });
+        if (it == flev.end()) fail(f.path(), ": variable '", var, "' has no level ", l);
+        out.push_back(v[it - flev.begin()]);
+      }
+      return out;
+    };
+    for (const ChannelInfo& c : in_)
+      if (mf.has(c.var) && sf.has(c.var)) stats[c.var] = {pick(mf, mlev, c.var), pick(sf, slev, c.var)};
+    for (const ChannelInfo& c : out_)
+      if (mf.has(c.var) && sf.has(c.var)) stats[c.var] = {pick(mf, mlev, c.var), pick(sf, slev, c.var)};
+  }
+  const std::string src = cfg_.scaler_json.empty() ? cfg_.mean_nc : cfg_.scaler_json;
+  auto apply = [&](std::vector<ChannelInfo>& chans) {
+    for (ChannelInfo& c : chans) {
+      auto it = stats.find(c.var);
+      if (it == stats.end()) {
+        const std::string w = "no scaler for variable '" + c.var + "': passed through unnormalised";
+        if (!src.empty() && std::find(warnings.begin(), warnings.end(), w) == warnings.end()) warnings.push_back(w);
+        continue;
+      }
+      const auto& [mean, std] = it->second;
+      const size_t n = c.is3d ? cfg_.levels.size() : 1;
+      if (mean.size() != n && mean.size() != 1)
+        fail(src, ": variable '", c.var, "' has ", mean.size(), " scaler values, expected ", n, " or 1");
+      const size_t k = mean.size() == 1 ? 0 : (size_t)c.level_index;
+      c.mean = mean[k];
+      c.std = std[k];
+      if (!(c.std > 0)) fail(src, ": variable '", c.var, "' has a standard deviation of ", c.std);
+    }
+  };
+  apply(in_);
+  apply(out_);
+}
+
+NcFile& Era5Data::file_for(const VarGroup& g, const std::string& type, const std::string& var, int64_t t) const {
+  std::string p = strftime_utc(g.path, t);
+  if (p.find('*') != std::string::npos || p.find('?') != std::string::npos) {
+    const fs::path dir = fs::path(p).parent_path();
+    const std::string pat = fs::path(p).filename().string();
+    std::vector<std::string> hits;
+    if (fs::is_directory(dir.empty() ? "." : dir))
+      for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir))
+        if (glob_match(pat, e.path().filename().string())) hits.push_back(e.path().string());
+    if (hits.size() != 1)
+      fail(cfg_.file, ": data.source.", cfg_.source, ".variables.", type, ".path '", g.path, "': ",
+           hits.empty() ? "no file" : "several files", " match ", p, " (variable '", var, "' at ", format_datetime(t),
+           ")");
+    p = hits[0];
+  } else if (!fs::exists(p)) {
+    fail(cfg_.file, ": data.source.", cfg_.source, ".variables.", type, ".path '", g.path, "': no file ", p,
+         " (variable '", var, "' at ", format_datetime(t), ")");
+  }
+  auto it = files_.find(p);
+  if (it == files_.end()) it = files_.emplace(p, std::make_unique<NcFile>(p)).first;
+  return *it->second;
+}
+
+size_t Era5Data::time_index(NcFile& f, const std::string& var, int64_t t) const {
+  auto it = times_.find(f.path());
+  if (it == times_.end()) {
+    if (!f.has("time")) fail(f.path(), ": variable '", var, "': the file has no time coordinate");
+    auto [unit, base] = time_units(f.attr("time", "units"), f.path() + ": time");
+    std::vector<int64_t> ts;
+    for (double v : f.read("time")) ts.push_back(base + (int64_t)std::llround(v * unit));
+    it = times_.emplace(f.path(), ts).first;
+  }
+  const std::vector<int64_t>& ts = it->second;
+  auto p = std::find(ts.begin(), ts.end(), t);
+  if (p == ts.end())
+    fail(f.path(), ": variable '", var, "' has no time ", format_datetime(t), " (a gap in time, or the wrong file for it)");
+  return (size_t)(p - ts.begin());
+}
+
+void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
+  const VarGroup& g = group(c.field_type);
+  NcFile& f = file_for(g, c.field_type, c.var, t);
+  if (!f.has(c.var)) fail(f.path(), ": no variable '", c.var, "' (", c.field_type, ")");
+  const std::vector<std::string> d = f.dims(c.var);
+  const std::vector<int64_t> s = f.shape(c.var);
+  const bool stat = c.field_type == "static";
+  const bool has_time = !d.empty() && d[0] == "time";
+  const size_t want = (c.is3d ? 3 : 2) + (has_time ? 1 : 0);
+  std::string order = c.is3d ? "(time, " + cfg_.level_coord + ", latitude, longitude)" : "(time, latitude, longitude)";
+  if (stat) order += " or without time";
+  const size_t o = has_time ? 1 : 0;
+  if ((!has_time && !stat) || d.size() != want || (c.is3d && d[o] != cfg_.level_coord) || !is_lat(d[d.size() - 2]) ||
+      !is_lon(d.back())) {
+    std::string got;
+    for (auto& x : d) got += (got.empty() ? "" : ", ") + x;
+    fail(f.path(), ": variable '", c.var, "' has dimensions (", got, "), expected ", order);
+  }
+  const int64_t h = s[s.size() - 2], w = s.back();
+  if (!h_) {  // the grid, from the first file read
+    h_ = h;
+    w_ = w;
+    lat_ = f.read(d[d.size() - 2]);
+    lon_ = f.read(d.back());
+  }
+  if (h != h_ || w != w_)
+    fail(f.path(), ": variable '", c.var, "' is ", h, "x", w, ", the grid is ", h_, "x", w_);
+  if (!meta_.count(c.var)) meta_[c.var] = {f.attr(c.var, "units"), f.attr(c.var, "long_name")};
+  size_t ti = 0;
+  if (has_time) ti = stat ? 0 : time_index(f, c.var, t);
+  std::vector<size_t> start, count;
+  if (has_time) {
+    start.push_back(ti);
+    count.push_back(1);
+  }
+  size_t lev = 0;
+  if (c.is3d) {
+    if (!f.has(cfg_.level_coord)) fail(f.path(), ": variable '", c.var, "': no coordinate '", cfg_.level_coord, "'");
+    std::vector<double> ls = f.read(cfg_.level_coord);
+    const double want_l = cfg_.levels[c.level_index];
+    auto it = std::find_if(ls.begin(), ls.end(), [&](double x) { return std::fabs(x - want_l) < 1e-6; });
+    if (it == ls.end()) fail(f.path(), ": variable '", c.var, "' has no level ", want_l, " in '", cfg_.level_coord, "'");
+    lev = (size_t)(it - ls.begin());
+    if (level_units_.empty()) level_units_ = f.attr(cfg_.level_coord, "units");
+    start.push_back(lev);
+    count.push_back(1);
+  }
+  start.push_back(0);
+  start.push_back(0);
+  count.push_back((size_t)h);
+  count.push_back((size_t)w);
+  std::vector<float> v = f.read_f32(c.var, start, count);
+  std::copy(v.begin(), v.end(), out);
+}
+
+void Era5Data::read_channels(const std::vector<ChannelInfo>& chans, int64_t t, float* out, const char* only) const {
+  for (size_t k = 0; k < chans.size(); ++k) {
+    const ChannelInfo& c = chans[k];
+    if (only && c.field_type != only) continue;
+    WXE_ASSERT(h_);  // input() learns the grid first
+    read_var(c, t, out + k * h_ * w_);
+    const float m = (float)c.mean, s = (float)c.std;
+    float* p = out + k * h_ * w_;
+    for (int64_t i = 0; i < h_ * w_; ++i) p[i] = (p[i] - m) / s;
+  }
+}
+
+Tensor Era5Data::input(int64_t t) const {
+  if (!h_) {  // read one channel to learn the grid
+    std::vector<float> tmp(1);
+    const ChannelInfo& c = in_[0];
+    NcFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
+    if (!f.has(c.var)) fail(f.path(), ": no variable '", c.var, "' (", c.field_type, ")");
+    const std::vector<int64_t> s = f.shape(c.var);
+    tmp.resize((size_t)(s.size() >= 2 ? s[s.size() - 2] * s.back() : 1));
+    read_var(c, t, tmp.data());
+  }
+  Tensor x = Tensor::zeros(DType::F32, {1, (int64_t)in_.size(), 1, h_, w_});
+  read_channels(in_, t, x.data<float>());
+  return x;
+}
+
+Tensor Era5Data::target(int64_t t) const {
+  if (!h_) input(t);
+  Tensor y = Tensor::zeros(DType::F32, {1, (int64_t)out_.size(), 1, h_, w_});
+  read_channels(out_, t, y.data<float>());
+  return y;
+}
+
+void Era5Data::set_forcing(Tensor& x, int64_t t) const {
+  WXE_ASSERT(h_ && x.numel() == (int64_t)in_.size() * h_ * w_);
+  read_channels(in_, t, x.data<float>(), "dynamic_forcing");
+}
+
+void Era5Data::denormalise_target(Tensor& y) const {
+  WXE_ASSERT(h_ && y.numel() == (int64_t)out_.size() * h_ * w_);
+  float* p = y.data<float>();
+  for (size_t k = 0; k < out_.size(); ++k)
+    for (int64_t i = 0; i < h_ * w_; ++i) p[k * h_ * w_ + i] = p[k * h_ * w_ + i] * (float)out_[k].std + (float)out_[k].mean;
+}
+
+void Era5Data::read_metadata(int64_t t) const {
+  for (const ChannelInfo& c : out_) {
+    if (meta_.count(c.var)) continue;
+    try {
+      NcFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
+      if (f.has(c.var)) meta_[c.var] = {f.attr(c.var, "units"), f.attr(c.var, "long_name")};
+    } catch (const Error&) {
+    }
+  }
+}
+
+std::string Era5Data::units(const std::string& var) const {
+  auto it = meta_.find(var);
+  return it == meta_.end() ? "" : it->second.first;
+}
+std::string Era5Data::long_name(const std::string& var) const {
+  auto it = meta_.find(var);
+  return it == meta_.end() ? "" : it->second.second;
+}
+
+std::string Era5Data::channel_schema_yaml() const {
+  auto layout = [&](const std::vector<ChannelInfo>& chans) {
+    std::string s;
+    for (size_t k = 0; k < chans.size(); ++k) {
+      const ChannelInfo& c = chans[k];
+      if (c.is3d && c.level_index) continue;  // one entry per variable
+      s += "- var_key: " + cfg_.source + "/" + c.field_type + (c.is3d ? "/3d/" : "/2d/") + c.var + "\n";
+      s += "  n_levels: " + std::to_string(c.is3d ? cfg_.levels.size() : 1) + "\n  n_time: 1\n";
+    }
+    return s;
+  };
+  return "schema_version: 1\ninput:\n" + layout(in_) + "target:\n" + layout(out_);
+}
+
+namespace {
+
+class Era5Samples : public SampleSource {
+ public:
+  Era5Samples(std::shared_ptr<const Era5Data> d, int64_t t0, int64_t t1, int L) : d_(d), t0_(t0), L_(L) {
+    const int64_t dt = d_->config().timestep;
+    const int64_t times = t1 >= t0 ? (t1 - t0) / dt + 1 : 0;
+    n_ = std::max<int64_t>(0, times - L);
+  }
+  int64_t size() const override { return n_; }
+  Sample get(int64_t i) const override {
+    const int64_t dt = d_->config().timestep, t = t0_ + i * dt;
+    Sample s;
+    s.input = d_->input(t);
+    s.forcing.push_back(s.input);
+    for (int k = 0; k < L_; ++k) {
+      s.targets.push_back(d_->target(t + (k + 1) * dt));
+      if (k + 1 < L_) s.forcing.push_back(d_->input(t + (k + 1) * dt));
+    }
+    return s;
+  }
+  std::string describe() const override {
+    return str(d_->config().file, ": ", n_, " samples from ", format_datetime(t0_), " every ", d_->config().timestep / 3600.0,
+               " h, ", d_->input_channels().size(), " input and ", d_->target_channels().size(), " target channels");
+  }
+
+ private:
+  std::shared_ptr<const Era5Data> d_;
+  int64_t t0_, n_ = 0;
+  int L_;
+};
+
+void nc_check(int rc, const std::string& path) {
+  if (rc != NC_NOERR) fail(path, ": cannot write netCDF: ", nc_strerror(rc));
+}
+
+void put_text(int id, int var, const char* name, const std::string& v, const std::string& path) {
+  if (!v.empty()) nc_check(nc_put_att_text(id, var, name, v.size(), v.c_str()), path);
+}
+
+}  // namespace
+
+std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> data, int64_t t0, int64_t t1,
+                                                int forecast_len) {
+  return std::make_unique<Era5Samples>(data, t0, t1, forecast_len);
+}
+
+ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, int64_t init, int steps)
+    : path_(path), tmp_(path + ".tmp"), data_(data) {
+  WXE_ASSERT(!data.lat().empty());
+  nc_check(nc_create(tmp_.c_str(), NC_NETCDF4 | NC_CLOBBER, &id_), tmp_);
+  const CreditConfig& c = data.config();
+  int dt, dl = -1, dy, dx;
+  nc_check(nc_def_dim(id_, "time", (size_t)steps, &dt), tmp_);
+  bool any3d = false;
+  for (auto& ch : data.target_channels()) any3d = any3d || ch.is3d;
+  if (any3d) nc_check(nc_def_dim(id_, "level", c.levels.size(), &dl), tmp_);
+  nc_check(nc_def_dim(id_, "latitude", data.lat().size(), &dy), tmp_);
+  nc_check(nc_def_dim(id_, "longitude", data.lon().size(), &dx), tmp_);
+  int vt, vl = -1, vy, vx;
+  nc_check(nc_def_var(id_, "time", NC_DOUBLE, 1, &dt, &vt), tmp_);
+  put_text(id_, vt, "units", "hours since " + format_datetime(init).replace(10, 1, " "), tmp_);
+  put_text(id_, vt, "calendar", "standard", tmp_);
+  put_text(id_, vt, "standard_name", "time", tmp_);
+  if (any3d) {
+    nc_check(nc_def_var(id_, "level", NC_DOUBLE, 1, &dl, &vl), tmp_);
+    put_text(id_, vl, "units", data.level_units(), tmp_);
+    put_text(id_, vl, "long_name", c.level_coord, tmp_);
+  }
+  nc_check(nc_def_var(id_, "latitude", NC_DOUBLE, 1, &dy, &vy), tmp_);
+  put_text(id_, vy, "units", "degrees_north", tmp_);
+  put_text(id_, vy, "standard_name", "latitude", tmp_);
+  nc_check(nc_def_var(id_, "longitude", NC_DOUBLE, 1, &dx, &vx), tmp_);
+  put_text(id_, vx, "units", "degrees_east", tmp_);
+  put_text(id_, vx, "standard_name", "longitude", tmp_);
+  for (auto& ch : data.target_channels()) {
+    if (var_ids_.count(ch.var)) continue;
+    int dims3[4] = {dt, dl, dy, dx}, dims2[3] = {dt, dy, dx};
+    int v;
+    nc_check(nc_def_var(id_, ch.var.c_str(), NC_FLOAT, ch.is3d ? 4 : 3, ch.is3d ? dims3 : dims2, &v), tmp_);
+    put_text(id_, v, "units", data.units(ch.var), tmp_);
+    put_text(id_, v, "long_name", data.long_name(ch.var), tmp_);
+    var_ids_[ch.var] = v;
+  }
+  put_text(id_, NC_GLOBAL, "Conventions", "CF-1.8", tmp_);
+  put_text(id_, NC_GLOBAL, "source", "wxe forecast", tmp_);
+  put_text(id_, NC_GLOBAL, "init_time", format_datetime(init), tmp_);
+  put_text(id_, NC_GLOBAL, "config", c.file, tmp_);
+  nc_check(nc_enddef(id_), tmp_);
+  std::vector<double> hours;
+  for (int k = 0; k < steps; ++k) hours.push_back((k + 1) * c.timestep / 3600.0);
+  nc_check(nc_put_var_double(id_, vt, hours.data()), tmp_);
+  if (any3d) nc_check(nc_put_var_double(id_, vl, c.levels.data()), tmp_);
+  nc_check(nc_put_var_double(id_, vy, data.lat().data()), tmp_);
+  nc_check(nc_put_var_double(id_, vx, data.lon().data()), tmp_);
+}
+
+void ForecastWriter::write(int k, const Tensor& y) {
+  const size_t h = data_.lat().size(), w = data_.lon().size();
+  const float* p = y.data<float>();
+  const auto& chans = data_.target_channels();
+  for (size_t c = 0; c < chans.size(); ++c) {
+    const int v = var_ids_.at(chans[c].var);
+    if (chans[c].is3d) {
+      size_t start[4] = {(size_t)k, (size_t)chans[c].level_index, 0, 0}, count[4] = {1, 1, h, w};
+      nc_check(nc_put_vara_float(id_, v, start, count, p + c * h * w), tmp_);
+    } else {
+      size_t start[3] = {(size_t)k, 0, 0}, count[3] = {1, h, w};
+      nc_check(nc_put_vara_float(id_, v, start, count, p + c * h * w), tmp_);
+    }
+  }
+}
+
+void ForecastWriter::close() {
+  if (id_ < 0) return;
+  nc_check(nc_close(id_), tmp_);
+  id_ = -1;
+  std::error_code ec;
+  fs::rename(tmp_, path_, ec);
+  if (ec) fail(path_, ": cannot write: ", ec.message());
+}
+
+ForecastWriter::~ForecastWriter() {
+  if (id_ >= 0) {  // not closed: an error; leave no partial file
+    nc_close(id_);
+    std::error_code ec;
+    fs::remove(tmp_, ec);
+  }
+}
+
+}  // namespace wxe

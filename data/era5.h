@@ -1,0 +1,97 @@
+// CREDIT's ERA5 data (gen2 "local" dataset): netCDF/zarr files per year, channels concatenated
+// exactly as CREDIT does, normalised by the config's scaler; forecasts written as netCDF.
+//
+// Input channels (model input x): prognostic 3D variables variable-major by level, then
+// prognostic 2D, then static (3D, 2D), then dynamic forcing (3D, 2D); targets (y): prognostic
+// then diagnostic, 3D then 2D each (credit/datasets/gen_2/channel_utils.py ChannelSchema).
+// Normalisation: (x - mean) / std per variable and level; variables the scaler lacks pass
+// through unchanged (CREDIT's ERA5Normalizer).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/credit_config.h"
+#include "data/netcdf.h"
+#include "engine/samples.h"
+#include "engine/tensor.h"
+
+namespace wxe {
+
+struct ChannelInfo {
+  std::string var, field_type;  // field_type: prognostic, diagnostic, static, dynamic_forcing
+  bool is3d = false;
+  int level_index = 0;          // into cfg.levels (3D)
+  double mean = 0, std = 1;     // the scaler's statistics of this channel
+};
+
+class Era5Data {
+ public:
+  explicit Era5Data(const CreditConfig& cfg);
+  const CreditConfig& config() const { return cfg_; }
+  const std::vector<ChannelInfo>& input_channels() const { return in_; }
+  const std::vector<ChannelInfo>& target_channels() const { return out_; }
+  int prognostic_channels() const { return n_prog_; }  // the leading input and target channels
+  // (1, C_in, 1, H, W) / (1, C_out, 1, H, W), normalised, at time t (seconds since 1970).
+  Tensor input(int64_t t) const;
+  Tensor target(int64_t t) const;
+  // Overwrites x's dynamic-forcing channels with time t's (normalised).
+  void set_forcing(Tensor& x, int64_t t) const;
+  // y (1, C_out, ...) normalised -> physical units, in place.
+  void denormalise_target(Tensor& y) const;
+  // The grid and variable metadata, known after the first read.
+  const std::vector<double>& lat() const { return lat_; }
+  const std::vector<double>& lon() const { return lon_; }
+  // Reads the target variables' units and long names from their files at time t (those not
+  // read yet: diagnostics are never inputs); a file that is missing leaves them empty.
+  void read_metadata(int64_t t) const;
+  std::string units(const std::string& var) const;
+  std::string long_name(const std::string& var) const;
+  std::string level_units() const { return level_units_; }
+  // CREDIT's channel_schema.yaml (schema_version 1: input and target layouts).
+  std::string channel_schema_yaml() const;
+  std::vector<std::string> warnings;  // scaler: variables passed through unnormalised
+
+ private:
+  void read_channels(const std::vector<ChannelInfo>& chans, int64_t t, float* out, const char* only = nullptr) const;
+  void read_var(const ChannelInfo& c, int64_t t, float* out) const;  // (levels or 1, H, W), physical
+  const VarGroup& group(const std::string& field_type) const;
+  NcFile& file_for(const VarGroup& g, const std::string& field_type, const std::string& var, int64_t t) const;
+  size_t time_index(NcFile& f, const std::string& var, int64_t t) const;
+  void load_scaler();
+  CreditConfig cfg_;
+  std::vector<ChannelInfo> in_, out_;
+  int n_prog_ = 0;
+  mutable int64_t h_ = 0, w_ = 0;
+  mutable std::vector<double> lat_, lon_;
+  mutable std::string level_units_;
+  mutable std::map<std::string, std::pair<std::string, std::string>> meta_;  // var -> units, long_name
+  mutable std::map<std::string, std::unique_ptr<NcFile>> files_;
+  mutable std::map<std::string, std::vector<int64_t>> times_;  // file -> its times (s since 1970)
+};
+
+// Training samples over [t0, t1] every timestep: sample i starts at t0 + i*dt; input at its
+// start, targets of the forecast_len steps after it, forcing[k] the input at step k.
+std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> data, int64_t t0, int64_t t1,
+                                                int forecast_len);
+
+// A forecast as a CF-convention netCDF-4 file: time (hours since init), level, latitude,
+// longitude, the target variables with their units. Written to PATH.tmp and renamed on close().
+class ForecastWriter {
+ public:
+  ForecastWriter(const std::string& path, const Era5Data& data, int64_t init, int steps);
+  ~ForecastWriter();
+  // y: (1, C_out, 1, H, W) in physical units, step k (0-based) valid at init + (k+1)*dt.
+  void write(int k, const Tensor& y);
+  void close();
+
+ private:
+  std::string path_, tmp_;
+  const Era5Data& data_;
+  int id_ = -1;
+  std::map<std::string, int> var_ids_;
+};
+
+}  // namespace wxe

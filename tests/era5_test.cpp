@@ -1,0 +1,367 @@
+// CREDIT data: the gen2 config, channel order and normalisation of the ERA5-like fixture
+// (tests/data/era5_tiny, models/make_era5_fixture.py: netCDF for 2020, zarr for 2021), the
+// rollout against the model run step by step, the forecast netCDF read back, and the errors.
+// Expected values come from the fixture's closed formula, recomputed here.
+#include <gtest/gtest.h>
+#include <netcdf.h>
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "data/credit_config.h"
+#include "data/era5.h"
+#include "data/netcdf.h"
+#include "engine/executor.h"
+#include "importers/onnx/onnx_import.h"
+#include "test_util.h"
+#include "tools/forecast.h"
+#include "tools/model.h"
+
+namespace fs = std::filesystem;
+using namespace wxe;
+using namespace wxe::test;
+
+namespace {
+
+const std::string kDir = data_path("tests/data/era5_tiny");
+
+// the fixture's formula: A + B sin(0.1 i + 0.07 j + 0.05 h) + C lev / 1000, h hours since 2020-12-31T00
+struct Coef {
+  double a, b, c;
+};
+Coef coef(const std::string& v) {
+  if (v == "T") return {250, 10, 30};
+  if (v == "U") return {5, 8, 10};
+  if (v == "SP") return {100000, 500, 0};
+  if (v == "tp") return {0.001, 0.001, 0};
+  if (v == "tsi") return {1e6, 3e5, 0};
+  return {0.5, 0.5, 0};  // LSM
+}
+double field(const std::string& v, double h, double lev, int i, int j) {
+  Coef k = coef(v);
+  return k.a + k.b * std::sin(0.1 * i + 0.07 * j + 0.05 * h) + k.c * lev / 1000.0;
+}
+// The scaler's statistics as the fixture writes them (both the JSON and mean/std netCDF).
+std::pair<double, double> stats(const std::string& v, double lev) {
+  Coef k = coef(v);
+  if (v == "LSM") return {0, 1};  // not in the scaler: passed through
+  return {k.a + k.c * lev / 1000.0, k.b * (v == "T" || v == "U" ? 1 + lev / 1000.0 : 1.0)};
+}
+const int64_t kT0 = 1609372800;  // 2020-12-31T00:00:00Z
+
+struct Ch {
+  std::string var;
+  double lev;
+};
+const std::vector<Ch> kInputs = {{"T", 500}, {"T", 850}, {"U", 500}, {"U", 850}, {"SP", 0}, {"LSM", 0}, {"tsi", 0}};
+const std::vector<Ch> kTargets = {{"T", 500}, {"T", 850}, {"U", 500}, {"U", 850}, {"SP", 0}, {"tp", 0}};
+
+// normalised (1, C, 1, 32, 64) from the formula at hours h
+Tensor expected(const std::vector<Ch>& chans, double h) {
+  Tensor x = Tensor::zeros(DType::F32, {1, (int64_t)chans.size(), 1, 32, 64});
+  float* p = x.data<float>();
+  for (size_t c = 0; c < chans.size(); ++c) {
+    auto [m, s] = stats(chans[c].var, chans[c].lev);
+    const double hh = chans[c].var == "LSM" ? 0 : h;
+    for (int i = 0; i < 32; ++i)
+      for (int j = 0; j < 64; ++j) p[(c * 32 + i) * 64 + j] = (float)((field(chans[c].var, hh, chans[c].lev, i, j) - m) / s);
+  }
+  return x;
+}
+
+// A config in a temp folder with absolute paths into the fixture; `extra` is appended, and
+// each (from, to) replacement applied to the fixture's config text.
+std::string write_config(const std::string& name, const std::vector<std::pair<std::string, std::string>>& repl = {},
+                         const std::string& extra = "") {
+  std::string text = slurp(kDir + "/config.yml");
+  for (const char* f : {"era5_%Y.*", "forcing_%Y.nc", "static.nc", "scaler.json"}) {
+    const std::string q = std::string("\"") + f + "\"";
+    for (size_t p = text.find(q); p != std::string::npos; p = text.find(q, p + 1))
+      text.replace(p, q.size(), "\"" + kDir + "/" + f + "\"");
+  }
+  for (auto& [a, b] : repl) {
+    const size_t p = text.find(a);
+    EXPECT_NE(p, std::string::npos) << a;
+    if (p != std::string::npos) text.replace(p, a.size(), b);
+  }
+  const std::string path = tmp_path(name + ".yml");
+  spit(path, text + extra);
+  return path;
+}
+
+}  // namespace
+
+TEST(CreditConfig, ReadsGen2Keys) {
+  CreditConfig c = read_credit_config(kDir + "/config.yml");
+  EXPECT_EQ(c.source, "era5");
+  EXPECT_EQ(c.levels, (std::vector<double>{500, 850}));
+  EXPECT_EQ(c.prognostic.vars_3D, (std::vector<std::string>{"T", "U"}));
+  EXPECT_EQ(c.diagnostic.vars_2D, (std::vector<std::string>{"tp"}));
+  EXPECT_EQ(c.timestep, 6 * 3600);
+  EXPECT_EQ(c.start, kT0);
+  EXPECT_EQ(c.end, kT0 + 36 * 3600);
+  EXPECT_EQ(c.valid_start, kT0 + 24 * 3600);
+  EXPECT_EQ(c.scaler_json, kDir + "/scaler.json");
+  EXPECT_EQ(c.save_loc, kDir + "/save");
+  EXPECT_DOUBLE_EQ(c.learning_rate, 1e-4);
+  EXPECT_EQ(c.batches_per_epoch, 2);
+  EXPECT_TRUE(c.use_latitude_weights);
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_EQ(parse_timestep("1d", "x"), 86400);
+  EXPECT_EQ(format_datetime(parse_datetime("2021-01-01T06", "x")), "2021-01-01T06:00:00");
+}
+
+TEST(CreditConfig, UnknownKeyWarnsUnimplementedKeyFails) {
+  CreditConfig c = read_credit_config(write_config("unknown", {}, "trainer_extra: 3\n"));
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_NE(c.warnings[0].find("trainer_extra"), std::string::npos) << c.warnings[0];
+  std::string e = error_of([&] { read_credit_config(write_config("hist", {{"history_len: 1", "history_len: 2"}})); });
+  EXPECT_NE(e.find("data.history_len"), std::string::npos) << e;
+  e = error_of([&] { read_credit_config(write_config("loss", {{"training_loss: \"mse\"", "training_loss: \"KCRPS\""}})); });
+  EXPECT_NE(e.find("loss.training_loss"), std::string::npos) << e;
+}
+
+TEST(Era5Data, ChannelOrderAndNormalisation) {
+  Era5Data d(read_credit_config(kDir + "/config.yml"));
+  ASSERT_EQ(d.input_channels().size(), kInputs.size());
+  for (size_t c = 0; c < kInputs.size(); ++c) EXPECT_EQ(d.input_channels()[c].var, kInputs[c].var) << c;
+  ASSERT_EQ(d.target_channels().size(), kTargets.size());
+  for (size_t c = 0; c < kTargets.size(); ++c) EXPECT_EQ(d.target_channels()[c].var, kTargets[c].var) << c;
+  EXPECT_EQ(d.prognostic_channels(), 5);
+  // 2020-12-31T18 from the netCDF file, 2021-01-01T06 from the zarr store
+  for (double h : {18.0, 30.0}) {
+    expect_close(d.input(kT0 + (int64_t)h * 3600), expected(kInputs, h), 2e-4, 0);
+    expect_close(d.target(kT0 + (int64_t)h * 3600), expected(kTargets, h), 2e-4, 0);
+  }
+  EXPECT_EQ(d.units("T"), "K");
+  EXPECT_EQ(d.lat().size(), 32u);
+  EXPECT_DOUBLE_EQ(d.lat()[0], 90.0);
+  ASSERT_EQ(d.warnings.size(), 1u);  // LSM has no scaler
+  EXPECT_NE(d.warnings[0].find("LSM"), std::string::npos);
+}
+
+TEST(Era5Data, Gen1MeanStdNetcdfScaler) {
+  CreditConfig c = read_credit_config(kDir + "/config.yml");
+  c.scaler_json.clear();
+  c.mean_nc = kDir + "/mean.nc";  // per level over the file's 3 levels: selected by value
+  c.std_nc = kDir + "/std.nc";
+  Era5Data d(c);
+  expect_close(d.input(kT0 + 12 * 3600), expected(kInputs, 12), 2e-4, 0);
+}
+
+TEST(Era5Data, ChannelSchemaLikeCredit) {
+  Era5Data d(read_credit_config(kDir + "/config.yml"));
+  const std::string want =
+      "schema_version: 1\ninput:\n"
+      "- var_key: era5/prognostic/3d/T\n  n_levels: 2\n  n_time: 1\n"
+      "- var_key: era5/prognostic/3d/U\n  n_levels: 2\n  n_time: 1\n"
+      "- var_key: era5/prognostic/2d/SP\n  n_levels: 1\n  n_time: 1\n"
+      "- var_key: era5/static/2d/LSM\n  n_levels: 1\n  n_time: 1\n"
+      "- var_key: era5/dynamic_forcing/2d/tsi\n  n_levels: 1\n  n_time: 1\n"
+      "target:\n"
+      "- var_key: era5/prognostic/3d/T\n  n_levels: 2\n  n_time: 1\n"
+      "- var_key: era5/prognostic/3d/U\n  n_levels: 2\n  n_time: 1\n"
+      "- var_key: era5/prognostic/2d/SP\n  n_levels: 1\n  n_time: 1\n"
+      "- var_key: era5/diagnostic/2d/tp\n  n_levels: 1\n  n_time: 1\n";
+  EXPECT_EQ(d.channel_schema_yaml(), want);
+}
+
+TEST(Era5Data, SamplesForTraining) {
+  auto d = std::make_shared<Era5Data>(read_credit_config(kDir + "/config.yml"));
+  auto src = open_era5_samples(d, kT0, kT0 + 36 * 3600, 2);  // 7 times, 2 steps: 5 samples
+  ASSERT_EQ(src->size(), 5);
+  Sample s = src->get(1);
+  expect_close(s.input, expected(kInputs, 6), 2e-4, 0);
+  ASSERT_EQ(s.targets.size(), 2u);
+  expect_close(s.targets[1], expected(kTargets, 18), 2e-4, 0);
+  ASSERT_EQ(s.forcing.size(), 2u);
+  expect_close(s.forcing[1], expected(kInputs, 12), 2e-4, 0);
+}
+
+TEST(Forecast, TwoStepRolloutMatchesStepByStepAndNetcdfReadsBack) {
+  const std::string model = data_path("models/wxformer_tiny/model.onnx");
+  const std::string out = tmp_path("forecast.nc");
+  ForecastArgs a;
+  a.config = kDir + "/config.yml";
+  a.model = model;
+  a.init = "2020-12-31T18";
+  a.steps = 2;
+  a.output = out;
+  a.threads = 1;
+  a.progress = false;
+  ASSERT_EQ(run_forecast(a), 0);
+
+  // the oracle: the model run step by step on inputs built here from the formula
+  Graph g = import_onnx(model);
+  const std::string in = g.values[g.inputs[0]].name;
+  Tensor x0 = expected(kInputs, 18);
+  prepare_model(g, {{in, {DType::F32, x0.shape}}}, {});
+  ExecOptions opt;
+  opt.threads = 1;
+  Executor ex(g, opt);
+  Tensor y0 = ex.run({{in, x0}}).at(0);
+  Tensor x1 = expected(kInputs, 24);  // forcing (tsi) at the next time, LSM as always
+  std::copy(y0.data<float>(), y0.data<float>() + 5 * 32 * 64, x1.data<float>());
+  Tensor y1 = ex.run({{in, x1}}).at(0);
+
+  NcFile f(out);
+  EXPECT_EQ(f.read("time"), (std::vector<double>{6, 12}));
+  EXPECT_EQ(f.attr("time", "units"), "hours since 2020-12-31 18:00:00");
+  EXPECT_EQ(f.read("level"), (std::vector<double>{500, 850}));
+  EXPECT_EQ(f.read("latitude").size(), 32u);
+  EXPECT_EQ(f.attr("T", "units"), "K");
+  EXPECT_EQ(f.attr("tp", "long_name"), "Total precipitation");
+  EXPECT_EQ(f.dims("T"), (std::vector<std::string>{"time", "level", "latitude", "longitude"}));
+  EXPECT_EQ(f.dims("SP"), (std::vector<std::string>{"time", "latitude", "longitude"}));
+  for (int k = 0; k < 2; ++k) {
+    const Tensor& y = k ? y1 : y0;
+    for (size_t c = 0; c < kTargets.size(); ++c) {
+      const bool is3d = kTargets[c].var == "T" || kTargets[c].var == "U";
+      std::vector<size_t> start = {(size_t)k}, count = {1};
+      if (is3d) {
+        start.push_back(kTargets[c].lev == 500 ? 0 : 1);
+        count.push_back(1);
+      }
+      start.insert(start.end(), {0, 0});
+      count.insert(count.end(), {32, 64});
+      std::vector<float> got = f.read_f32(kTargets[c].var, start, count);
+      auto [m, s] = stats(kTargets[c].var, kTargets[c].lev);
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double want = y.data<float>()[c * 2048 + i] * s + m;
+        worst = std::max(worst, std::fabs(got[i] - want) / (std::fabs(want) + s));
+      }
+      EXPECT_LT(worst, 1e-5) << "step " << k << " channel " << c;
+    }
+  }
+}
+
+TEST(Era5Data, ErrorsNameFileAndVariable) {
+  auto err = [](const std::string& cfg, int64_t t) {
+    return error_of([&] { Era5Data(read_credit_config(cfg)).input(t); });
+  };
+  // a variable missing from the file
+  std::string e = err(write_config("missing", {{"vars_2D: [\"SP\"]", "vars_2D: [\"SP\", \"Q\"]"}}), kT0);
+  EXPECT_NE(e.find("era5_2020.nc"), std::string::npos) << e;
+  EXPECT_NE(e.find("'Q'"), std::string::npos) << e;
+  // a time that is not in the file
+  e = err(kDir + "/config.yml", kT0 + 3 * 3600);
+  EXPECT_NE(e.find("era5_2020.nc"), std::string::npos) << e;
+  EXPECT_NE(e.find("no time 2020-12-31T03:00:00"), std::string::npos) << e;
+  // no file for the template
+  e = err(write_config("nofile", {{kDir + "/forcing_%Y.nc", kDir + "/solar_%Y.nc"}}), kT0);
+  EXPECT_NE(e.find("solar_2020.nc"), std::string::npos) << e;
+  EXPECT_NE(e.find("'tsi'"), std::string::npos) << e;
+  // wrong dimension order: T(time, latitude, level, longitude)
+  const std::string bad = tmp_path("bad_2020.nc");
+  int id, d[4], v;
+  ASSERT_EQ(nc_create(bad.c_str(), NC_NETCDF4 | NC_CLOBBER, &id), NC_NOERR);
+  nc_def_dim(id, "time", 1, &d[0]);
+  nc_def_dim(id, "latitude", 32, &d[1]);
+  nc_def_dim(id, "level", 2, &d[2]);
+  nc_def_dim(id, "longitude", 64, &d[3]);
+  nc_def_var(id, "T", NC_FLOAT, 4, d, &v);
+  nc_close(id);
+  std::string tmpl = bad;
+  tmpl.replace(tmpl.rfind("2020"), 4, "%Y");
+  e = err(write_config("dims", {{kDir + "/era5_%Y.*", tmpl}}), kT0);
+  EXPECT_NE(e.find("bad_2020.nc"), std::string::npos) << e;
+  EXPECT_NE(e.find("variable 'T' has dimensions (time, latitude, level, longitude)"), std::string::npos) << e;
+}
+
+TEST(FinetuneConfig, ValidationRmseAndBiasOfAKnownPredictor) {
+  FinetuneConfig fc;
+  fc.model = data_path("models/wxformer_tiny/model.onnx");
+  fc.save = tmp_path("ft_valid");
+  fc.steps = 2;
+  auto given = [](const std::string& f) { return f == "--save" || f == "--steps"; };
+  finetune_from_config(kDir + "/config.yml", fc, given, true);
+  EXPECT_EQ(slurp(fc.save + "/channel_schema.yaml"), Era5Data(read_credit_config(kDir + "/config.yml")).channel_schema_yaml());
+  fs::remove_all(fc.save);
+  EXPECT_EQ(fc.prognostic, 5);
+  EXPECT_EQ(fc.forecast_len, 1);
+  EXPECT_DOUBLE_EQ(fc.schedule.lr, 1e-4);
+  EXPECT_TRUE(fc.shuffle);
+  EXPECT_FALSE(fc.plain_mse);
+  ASSERT_EQ(fc.validate_columns.size(), 1u + 2 * 4);
+  EXPECT_EQ(fc.validate_columns[0], "valid_loss");
+  EXPECT_EQ(fc.validate_columns[1], "valid_rmse/era5/prognostic/3d/T");
+  EXPECT_EQ(fc.validate_columns[8], "valid_bias/era5/diagnostic/2d/tp");
+  // predicting 0 (normalised) is predicting the scaler's mean: RMSE and bias from the formula
+  std::vector<double> v = fc.validate([](const Tensor& x) { return Tensor::zeros(DType::F32, {1, 6, 1, 32, 64}); });
+  ASSERT_EQ(v.size(), 9u);
+  // validation samples start at 2021-01-01T00, 06, 12 (targets at h = 30, 36, 42)
+  std::vector<double> lat(32), wl;
+  for (int i = 0; i < 32; ++i) lat[i] = 90.0 - 180.0 * i / 31;
+  double wsum = 0;
+  for (double l : lat) wsum += std::cos(l * M_PI / 180);
+  for (double l : lat) wl.push_back(std::cos(l * M_PI / 180) / (wsum / 32));
+  const std::vector<std::string> vars = {"T", "U", "SP", "tp"};
+  std::vector<double> sq(4), sum(4), cnt(4);
+  double loss = 0;
+  for (double h : {30.0, 36.0, 42.0})
+    for (const Ch& c : kTargets) {
+      const int vi = (int)(std::find(vars.begin(), vars.end(), c.var) - vars.begin());
+      auto [m, s] = stats(c.var, c.lev);
+      for (int i = 0; i < 32; ++i)
+        for (int j = 0; j < 64; ++j) {
+          const double d = m - field(c.var, h, c.lev, i, j);
+          sq[vi] += d * d;
+          sum[vi] += d;
+          cnt[vi] += 1;
+          loss += (d / s) * (d / s) * wl[i] / (6 * 32 * 64);
+        }
+    }
+  EXPECT_NEAR(v[0], loss / 3, 1e-4 * loss / 3);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_NEAR(v[1 + k], std::sqrt(sq[k] / cnt[k]), 1e-4 * std::sqrt(sq[k] / cnt[k])) << vars[k];
+    EXPECT_NEAR(v[5 + k], sum[k] / cnt[k], 1e-4 * (std::fabs(sum[k] / cnt[k]) + std::sqrt(sq[k] / cnt[k]))) << vars[k];
+  }
+}
+
+TEST(FinetuneConfig, TrainsFromConfigAndValidationDoesNotChangeTraining) {
+  auto run = [](bool validate) {
+    FinetuneConfig fc;
+    fc.model = data_path("models/wxformer_tiny/model.onnx");
+    fc.save = tmp_path(validate ? "ft_run_v" : "ft_run");
+    fs::remove_all(fc.save);
+    fc.steps = 2;
+    fc.threads = 1;
+    fc.progress = false;
+    auto given = [](const std::string& f) { return f == "--save" || f == "--steps"; };
+    finetune_from_config(kDir + "/config.yml", fc, given, true);
+    if (!validate) fc.validate = nullptr;
+    fc.validate_every = 1;  // validation between the two steps must not change the second
+    EXPECT_EQ(run_finetune(fc), 0);
+    std::string log = slurp(fc.save + "/training_log.csv");
+    fs::remove_all(fc.save);
+    return log;
+  };
+  const std::string plain = run(false), with = run(true);
+  std::istringstream a(plain), b(with);
+  std::string la, lb;
+  std::getline(a, la);
+  std::getline(b, lb);
+  EXPECT_EQ(lb, la + ",valid_loss,valid_rmse/era5/prognostic/3d/T,valid_rmse/era5/prognostic/3d/U,"
+                     "valid_rmse/era5/prognostic/2d/SP,valid_rmse/era5/diagnostic/2d/tp,valid_bias/era5/prognostic/3d/T,"
+                     "valid_bias/era5/prognostic/3d/U,valid_bias/era5/prognostic/2d/SP,valid_bias/era5/diagnostic/2d/tp");
+  int rows = 0;
+  while (std::getline(a, la) && std::getline(b, lb)) {
+    ++rows;
+    // step, loss, lr, grad_norm identical (not the timings); validation columns after the six
+    auto fields = [](const std::string& s) {
+      std::vector<std::string> f;
+      std::stringstream ss(s);
+      std::string x;
+      while (std::getline(ss, x, ',')) f.push_back(x);
+      return f;
+    };
+    std::vector<std::string> fa = fields(la), fb = fields(lb);
+    ASSERT_GE(fb.size(), 6u);
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(fa[k], fb[k]) << "row " << rows << " field " << k;
+    ASSERT_EQ(fb.size(), 15u) << lb;
+    EXPECT_GT(std::stod(fb[6]), 0.0);
+  }
+  EXPECT_EQ(rows, 2);
+}
