@@ -1,5 +1,7 @@
-// The CUDA backend: device 0, one stream, memory from cudaMalloc, the kernel table of
-// kernels/cuda, and its own graph preparation.
+// The CUDA backend: one GPU per process (the node-local rank's, modulo the GPUs visible), one
+// stream, memory from cudaMalloc, the kernel table of kernels/cuda, and its own graph
+// preparation.
+#include <cstdlib>
 #include <mutex>
 
 #include "engine/fuse.h"
@@ -25,6 +27,18 @@ bool device_present(std::string* why) {
 }
 
 void free_device(void* p) { cudaFree(p); }  // at exit the context may be gone: ignore errors
+
+// The node-local rank: WXE_LOCAL_RANK (set by wxe from MPI_Comm_split_type under mpirun), else
+// the launcher's variable, else 0.
+int local_rank() {
+  for (const char* v : {"WXE_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) {
+      char* end = nullptr;
+      const long r = std::strtol(s, &end, 10);
+      if (end != s && r >= 0) return (int)r;
+    }
+  return 0;
+}  // at exit the context may be gone: ignore errors
 
 struct Workspace {
   void* p = nullptr;
@@ -73,7 +87,10 @@ Context& ctx() {
     std::string why;
     WXE_CHECK(device_present(&why), "device 'cuda' is not available: ", why);
     Context r;
-    CUDA_CHECK(cudaSetDevice(0));
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    r.device = local_rank() % count;
+    CUDA_CHECK(cudaSetDevice(r.device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&r.blas));
     CUBLAS_CHECK(cublasSetStream(r.blas, r.stream));
@@ -119,6 +136,7 @@ void register_gpu_backends() {
     cuda::register_pointwise(*b);
     cuda::register_norm(*b);
     cuda::register_linalg(*b);
+    cuda::register_backward_kernels(*b);
     register_backend(std::move(b));
   });
 }
