@@ -68,11 +68,8 @@ void sum_to(const Node& n, const float* full, const Shape& from, float* dst, con
     if (full != dst) CUDA_CHECK(cudaMemcpyAsync(dst, full, total * 4, cudaMemcpyDeviceToDevice, ctx().stream));
     return;
   }
-  const size_t off = from.size() - to.size();
-  std::vector<bool> red(from.size());
-  for (size_t d = 0; d < from.size(); ++d) red[d] = (d < off || to[d - off] == 1) && from[d] != 1;
   ReduceIndex ri;
-  NCHECK(make_reduce(from, red, &ri), "too many dims");
+  NCHECK(make_sum_to(from, to, &ri), "cannot sum ", shape_str(from), " to ", shape_str(to), " (too many dims?)");
   if (ri.red.count >= 256 && nout <= 65535LL * 32)
     sum_block_kernel<<<(unsigned)nout, kThreads, 0, ctx().stream>>>(ri, full, dst, scale);
   else
@@ -240,14 +237,9 @@ void unary_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, c
 
 // ---------------------------------------------------------------- data movement
 // The forward walk read the input at side a and wrote the output at side b; the backward
-// walk reads the output gradient at side b and writes the input gradient at side a (the
-// forward map is one-to-one for these ops, so no two elements collide).
-Walk reversed(const Walk& w) {
-  Walk r = w;
-  for (int d = 0; d < w.rank; ++d) std::swap(r.sa[d], r.sb[d]);
-  std::swap(r.oa, r.ob);
-  return r;
-}
+// walk (index_math.h reversed_walk) reads the output gradient at side b and writes the input
+// gradient at side a (the forward map is one-to-one for these ops: no collisions).
+Walk reversed(const Walk& w) { return reversed_walk(w); }
 
 void copy_bw(const Node& n, const Ins& in, const Ins&, const Gouts& gout, const Gins& gin) {
   if (!gin[0]) return;
