@@ -39,6 +39,7 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
     if (dev_) {
       const BackendKernel* k = is_view_op(n.op) ? nullptr : dev_->kernel(n.op);
       dk_.push_back(k);
+      bw_on_host_.push_back(false);
       if (!k && !is_view_op(n.op)) host_nodes_.push_back(n.name + " (" + n.op + ", forward)");
     }
     bool any = std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && needs_grad_[i]; });
@@ -339,30 +340,45 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
       if (needs_grad_[x]) add_grad(x, std::move(t), d);
       continue;
     }
-    const BackendKernel* dk = dk_[k] && dk_[k]->backward ? dk_[k] : nullptr;
-    in.clear();
-    out.clear();
-    gout.clear();
-    gin.clear();
+    // A device backward kernel that refuses a case ("no <device> backward for ...") hands the
+    // node to the host for the rest of the run.
+    const BackendKernel* dk = nullptr;
     std::vector<Tensor> gi(n.inputs.size());
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      const int v = n.inputs[i];
-      const bool host = !dk || host_input(dk, i);
-      in.push_back(v < 0 ? nullptr : host ? &host_value(v) : &dev_value(v));
-      const bool want = v >= 0 && needs_grad_[v];
-      if (want) gi[i] = dk ? device_tensor(*dev_, DType::F32, g_.values[v].shape) : Tensor(DType::F32, g_.values[v].shape);
-      gin.push_back(want ? &gi[i] : nullptr);
-    }
-    for (int o : n.outputs) {
-      out.push_back(dk ? &dev_value(o) : &host_value(o));
-      const bool has = hg[o].defined() || dg[o].defined();
-      gout.push_back(!has ? nullptr : dk ? &on_dev(o) : &on_host(o));
-    }
-    try {
-      (dk ? dk->backward : backward_[k])(n, in, out, gout, gin);
-      if (opt_.profile && dk) dev_->synchronize();
-    } catch (const Error& e) {
-      throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + e.what());
+    for (bool retry = true; retry;) {
+      retry = false;
+      dk = dk_[k] && dk_[k]->backward && !bw_on_host_[k] ? dk_[k] : nullptr;
+      in.clear();
+      out.clear();
+      gout.clear();
+      gin.clear();
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const int v = n.inputs[i];
+        const bool host = !dk || host_input(dk, i);
+        in.push_back(v < 0 ? nullptr : host ? &host_value(v) : &dev_value(v));
+        const bool want = v >= 0 && needs_grad_[v];
+        gi[i] = !want ? Tensor()
+                : dk  ? device_tensor(*dev_, DType::F32, g_.values[v].shape)
+                      : Tensor(DType::F32, g_.values[v].shape);
+        gin.push_back(want ? &gi[i] : nullptr);
+      }
+      for (int o : n.outputs) {
+        out.push_back(dk ? &dev_value(o) : &host_value(o));
+        const bool has = hg[o].defined() || dg[o].defined();
+        gout.push_back(!has ? nullptr : dk ? &on_dev(o) : &on_host(o));
+      }
+      try {
+        (dk ? dk->backward : backward_[k])(n, in, out, gout, gin);
+        if (opt_.profile && dk) dev_->synchronize();
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (dk && what.find(std::string("no ") + dev_->name() + " backward") != std::string::npos) {
+          bw_on_host_[k] = true;
+          host_nodes_.push_back(n.name + " (" + n.op + ", backward: " + what + ")");
+          retry = true;
+          continue;
+        }
+        throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + what);
+      }
     }
     for (int o : n.outputs) hg[o] = dg[o] = Tensor();  // consumed
     for (size_t i = 0; i < n.inputs.size(); ++i)

@@ -45,8 +45,9 @@ class GradExecutor {
   const Graph& graph() const { return g_; }
   // With opt.profile: milliseconds per op type, forward and backward.
   const std::map<std::string, OpProfile>& profile() const { return profile_; }
-  // On a device: "node (op, forward|backward)" for every kernel that ran on the host because
-  // the backend has none (empty on the CPU and when every kernel ran on the device).
+  // On a device: "node (op, forward|backward)" for every kernel that runs on the host because
+  // the backend has none, or whose device backward refused the case at run time ("no <device>
+  // backward for ..."; from then on that node's backward runs on the host). Empty on the CPU.
   const std::vector<std::string>& host_nodes() const { return host_nodes_; }
   // On a device: copy every constant to the device again at the next forward (after a
   // checkpoint load changed frozen parameters or buffers on the host).
@@ -65,6 +66,7 @@ class GradExecutor {
   // device path (dev_ != nullptr)
   Backend* dev_ = nullptr;
   std::vector<const BackendKernel*> dk_;  // per node: the backend's kernels, nullptr if none
+  std::vector<bool> bw_on_host_;          // per node: its device backward refused the case
   std::vector<Tensor> dconst_;            // per value: the constant's device copy, once made
   std::vector<Tensor> dvals_;             // per value: device copy of the forward value, if any
   std::vector<std::string> host_nodes_;

@@ -476,6 +476,12 @@ HostTestBackend& host_test_backend() {
     auto p = std::make_unique<HostTestBackend>();
     p->register_kernel("Add", kernel_for("Add", KernelKind::Reference));
     p->register_backward("Add", backward_kernel("Add"));
+    // Transpose: forward here, a backward that refuses every case (the GradExecutor then runs
+    // that node's backward on the host)
+    p->register_kernel("Transpose", kernel_for("Transpose", KernelKind::Reference));
+    p->register_backward("Transpose", [](const Node&, const std::vector<const Tensor*>&,
+                                         const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
+                                         const std::vector<Tensor*>&) { fail("no hosttest backward for this case"); });
     HostTestBackend* raw = p.get();
     register_backend(std::move(p));
     return raw;
@@ -522,9 +528,10 @@ TEST(Backends, MissingDeviceKernelNamesTheNode) {
 }
 
 // The GradExecutor's device path on the host test backend (Add forward and backward there,
-// Mul, Relu and Transpose on the host by fallback, Reshape as an alias): outputs and parameter
-// gradients equal the CPU GradExecutor's over two steps with a parameter update in between,
-// and the fallback nodes are listed.
+// Transpose forward there and its backward refused at run time, Mul and Relu on the host by
+// fallback, Reshape as an alias): outputs and parameter gradients equal the CPU
+// GradExecutor's over two steps with a parameter update in between, and the fallback nodes are
+// listed.
 TEST(Backends, GradExecutorDevicePathOnAHostBackend) {
   host_test_backend();
   auto build = [] {
@@ -535,8 +542,8 @@ TEST(Backends, GradExecutorDevicePathOnAHostBackend) {
     int w3 = b.constant("w3", randn({3, 2}, 52), true);
     int h = b.node("Relu", {b.node("Mul", {b.node("Add", {x, w1}), w2})});
     int r = b.node("Reshape", {h, b.constant("s", Tensor::from_i64({3, 2}))});
-    int t = b.node("Transpose", {w3}, {{"perm", attr_ints({1, 0})}});
-    b.g.outputs.push_back(b.node("Add", {b.node("Add", {r, w3}), b.node("Reshape", {t, b.constant("s2", Tensor::from_i64({3, 2}))})}));
+    int t = b.node("Transpose", {b.node("Mul", {x, w2})}, {{"perm", attr_ints({1, 0})}});  // (3, 2)
+    b.g.outputs.push_back(b.node("Add", {b.node("Add", {r, w3}), t}));
     b.g.outputs.push_back(h);
     simplify(b.g, {{"x", {DType::F32, {2, 3}}}});
     return b.g;
@@ -556,6 +563,7 @@ TEST(Backends, GradExecutorDevicePathOnAHostBackend) {
   EXPECT_EQ(listed.find("(Add,"), std::string::npos) << listed;
   EXPECT_EQ(listed.find("Reshape"), std::string::npos) << listed;
   EXPECT_TRUE(cpu.host_nodes().empty());
+  EXPECT_EQ(listed.find("Transpose"), std::string::npos) << listed;
   for (int step = 0; step < 2; ++step) {
     Tensor x = randn({2, 3}, 60 + step);
     auto yc = cpu.forward({{"x", x}});
@@ -580,6 +588,10 @@ TEST(Backends, GradExecutorDevicePathOnAHostBackend) {
   }
   Tensor x = randn({2, 3}, 99);
   expect_close(dev.forward({{"x", x}})[0], cpu.forward({{"x", x}})[0], 1e-6, 1e-6);  // the update reached the device
+  listed.clear();
+  for (auto& s : dev.host_nodes()) listed += s + ";";
+  EXPECT_NE(listed.find("(Transpose, backward: "), std::string::npos) << listed;  // once, at the first backward
+  EXPECT_EQ(listed.find("Transpose"), listed.rfind("Transpose")) << listed;
 }
 
 namespace {

@@ -361,7 +361,7 @@ PadMode pad_mode_of(cpu::PadMode m) {
 }
 
 void pad_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
-  NCHECK(gin.size() < 3 || !gin[2], "no cuda gradient for the pad value");
+  NCHECK(gin.size() < 3 || !gin[2], "no cuda backward for the pad value");
   zero_from(gin, 1);
   if (!gin[0]) return;
   zero(gin[0]);
@@ -663,15 +663,23 @@ void group_norm_bw(const Node& n, const Ins& in, const Gouts& gout, const Gins& 
   NCHECK(s.size() >= 2, "input must be at least 2-D");
   const int64_t N = s[0], C = s[1];
   NCHECK(G > 0 && C % G == 0, "channels ", C, " not divisible by groups ", G);
+  const int64_t params = in.size() > 1 && in[1] ? in[1]->numel() : C;  // per channel, or per group
   for (size_t i = 1; i < 3 && i < in.size(); ++i)
-    NCHECK(!in[i] || in[i]->numel() == C, "the cuda backward needs a per-channel scale and bias of ", C);
+    NCHECK(!in[i] || in[i]->numel() == params, "no cuda backward for scale and bias of ", in[1]->numel(), " and ",
+           in[i]->numel(), " values");
+  NCHECK(params == C || params == G, "no cuda backward for ", params, " scale values (", C, " channels, ", G,
+         " groups)");
   NormIndex p;
   p.G = G;
   p.cpg = C / G;
   p.S = C ? numel(s) / (N * C) : 0;
   p.M = p.cpg * p.S;
   p.eps = n.f("epsilon", 1e-5f);
-  norm_bw(n, p, N * G, C, in, gout, gin);
+  if (params != C) {  // one scale per group: a group is one "channel" of M elements
+    p.cpg = 1;
+    p.S = p.M;
+  }
+  norm_bw(n, p, N * G, params, in, gout, gin);
 }
 
 void instnorm_bw(const Node& n, const Ins& in, const Ins&, const Gouts& gout, const Gins& gin) {
@@ -686,14 +694,14 @@ void groupnorm_bw(const Node& n, const Ins& in, const Ins&, const Gouts& gout, c
 // cuda backward needs them unbroadcast). Gradients flow through output 0 only.
 void layernorm_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
   require_f32(n, in);
-  NCHECK(gout.size() < 2 || (!gout[1] && (gout.size() < 3 || !gout[2])), "no cuda gradient through Mean/InvStdDev");
+  NCHECK(gout.size() < 2 || (!gout[1] && (gout.size() < 3 || !gout[2])), "no cuda backward through Mean/InvStdDev");
   const Shape& s = in[0]->shape;
   const int64_t axis = norm_axis(n.i("axis", -1), (int64_t)s.size(), n);
   int64_t rows = 1, M = 1;
   for (int64_t d = 0; d < axis; ++d) rows *= s[d];
   for (size_t d = axis; d < s.size(); ++d) M *= s[d];
   for (size_t i = 1; i < 3 && i < in.size(); ++i)
-    NCHECK(!in[i] || in[i]->numel() == M, "the cuda backward needs scale and bias of the normalized shape");
+    NCHECK(!in[i] || in[i]->numel() == M, "no cuda backward for a broadcast scale or bias ", shape_str(in[i]->shape));
   NormIndex p;
   p.M = M;
   p.eps = n.f("epsilon", 1e-5f);
