@@ -26,7 +26,9 @@ bool device_present(std::string* why) {
   return true;
 }
 
-void free_device(void* p) { cudaFree(p); }  // at exit the context may be gone: ignore errors
+// Stream-ordered: freed after the kernels queued so far (every kernel, copy and library call
+// of the backend runs on its one stream). At exit the context may be gone: errors ignored.
+void free_device(void* p) { cudaFreeAsync(p, ctx().stream); }
 
 // The node-local rank: WXE_LOCAL_RANK (set by wxe from MPI_Comm_split_type under mpirun), else
 // the launcher's variable, else 0.
@@ -57,7 +59,7 @@ class CudaBackend : public TableBackend {
   std::shared_ptr<Storage> allocate(size_t nbytes) override {
     ctx();
     void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, nbytes ? nbytes : 256));
+    CUDA_CHECK(cudaMallocAsync(&p, nbytes ? nbytes : 256, ctx().stream));  // from the device's pool
     return std::make_shared<Storage>(p, nbytes, DeviceKind::CUDA, free_device);
   }
   void copy_to_device(void* dst, const void* src, size_t n) override {
@@ -92,6 +94,12 @@ Context& ctx() {
     r.device = local_rank() % count;
     CUDA_CHECK(cudaSetDevice(r.device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    // the pool keeps freed memory for the next allocation (training allocates every value of
+    // every step) instead of returning it to the driver at each synchronization
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, r.device));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     CUBLAS_CHECK(cublasCreate(&r.blas));
     CUBLAS_CHECK(cublasSetStream(r.blas, r.stream));
     // exact float32 products (no TF32), as the CPU reference computes them
