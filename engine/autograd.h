@@ -8,6 +8,15 @@
 // and ops that own buffers (SpectralNorm's u and v) update them in place too.
 // The training graph is run unfused (no CPU fusion passes); the fast kernels are used where
 // the op has one (their weight caches are off for graphs without `constant_weights`).
+//
+// On a device (ExecOptions.device, engine/backend.h) the forward and backward kernels come
+// from that backend's table and the values stay in device memory. A node whose op has no
+// kernel there (forward or backward) runs its CPU kernel on host copies of its tensors
+// ("host fallback", listed by host_nodes()); constants read on the host are the graph's own,
+// so ops that update buffers in place (SpectralNorm's u and v) keep updating them. Parameters
+// stay authoritative on the host (the optimizer and checkpoints work there): the trainable ones
+// are copied to the device at every forward, the others at the first forward after
+// construction or reload_constants(). grads() are host tensors.
 #pragma once
 #include <map>
 #include <string>
@@ -36,6 +45,13 @@ class GradExecutor {
   const Graph& graph() const { return g_; }
   // With opt.profile: milliseconds per op type, forward and backward.
   const std::map<std::string, OpProfile>& profile() const { return profile_; }
+  // On a device: "node (op, forward|backward)" for every kernel that runs on the host because
+  // the backend has none, or whose device backward refused the case at run time ("no <device>
+  // backward for ..."; from then on that node's backward runs on the host). Empty on the CPU.
+  const std::vector<std::string>& host_nodes() const { return host_nodes_; }
+  // On a device: copy every constant to the device again at the next forward (after a
+  // checkpoint load changed frozen parameters or buffers on the host).
+  void reload_constants() { dconst_.clear(); }
 
  private:
   const Graph& g_;
@@ -47,6 +63,17 @@ class GradExecutor {
   std::vector<Tensor> vals_;      // forward values, kept for backward
   std::vector<Tensor> grads_;
   std::map<std::string, OpProfile> profile_;
+  // device path (dev_ != nullptr)
+  Backend* dev_ = nullptr;
+  std::vector<const BackendKernel*> dk_;  // per node: the backend's kernels, nullptr if none
+  std::vector<bool> bw_on_host_;          // per node: its device backward refused the case
+  std::vector<Tensor> dconst_;            // per value: the constant's device copy, once made
+  std::vector<Tensor> dvals_;             // per value: device copy of the forward value, if any
+  std::vector<std::string> host_nodes_;
+  Tensor& dev_value(int v);
+  Tensor& host_value(int v);
+  std::vector<Tensor> forward_device(const std::map<std::string, Tensor>& inputs);
+  void backward_device(const std::vector<Tensor>& grad_outputs);
 };
 
 }  // namespace wxe

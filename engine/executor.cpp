@@ -13,12 +13,14 @@ void set_threads(int n) {
   if (n > 0) omp_set_num_threads(n);
 }
 
-namespace {
-
-bool view_op(const std::string& op) {
+bool is_view_op(const std::string& op) {
   return op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten" ||
          op == "Identity";
 }
+
+namespace {
+
+bool view_op(const std::string& op) { return is_view_op(op); }
 
 }  // namespace
 

@@ -72,6 +72,9 @@ class Executor {
   std::vector<Tensor> run_device(const std::map<std::string, Tensor>& inputs);
 };
 
+// Reshape, Squeeze, Unsqueeze, Flatten, Identity: the executors run them as aliases of input 0.
+bool is_view_op(const std::string& op);
+
 // Sets the OpenMP thread count used by kernels (and oneDNN).
 void set_threads(int n);
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "engine/backend.h"
 #include "engine/ops.h"
 
 namespace wxe {
@@ -53,7 +54,86 @@ void copy_to_tp_backward(const Node&, const std::vector<const Tensor*>&, const s
   sum_over_tp(*gin[0]);
 }
 
+// ---- on a device backend: the same pairs on device tensors. The copy is the backend's own
+// Identity kernel; the sum goes to the communicator as it is when it takes device buffers
+// (NCCL), else through a host copy.
+Backend& backend_of(const Tensor& t) {
+  for (const std::string& name : backend_names()) {
+    Backend* b = find_backend(name);
+    if (b->device() == t.device()) return *b;
+  }
+  fail("no backend holds ", device_name(t.device()), " memory");
+}
+
+void device_copy(const Tensor& from, Tensor& to) {
+  if (to.raw() == from.raw() || !from.nbytes()) return;
+  Backend& b = backend_of(from);
+  const BackendKernel* k = b.kernel("Identity");
+  WXE_CHECK(k, b.name(), " has no Identity kernel");
+  Node n;
+  n.op = "Identity";
+  n.name = "collective copy";
+  k->forward(n, {&from}, {&to});
+}
+
+void device_zero(Tensor& t) {
+  Tensor z = Tensor::zeros(t.dtype, t.shape);
+  if (t.nbytes()) backend_of(t).copy_to_device(t.raw(), z.raw(), t.nbytes());
+}
+
+void device_sum_over_tp(Tensor& t) {
+  if (!g_tp || g_tp->size() <= 1) return;
+  Backend& b = backend_of(t);
+  b.synchronize();  // the kernels that wrote t
+  if (g_tp->takes_device_buffers()) {
+    g_tp->all_reduce_sum(t);
+    return;
+  }
+  Tensor h = b.download(t);
+  g_tp->all_reduce_sum(h);
+  if (t.nbytes()) b.copy_to_device(t.raw(), h.raw(), t.nbytes());
+}
+
+void all_reduce_tp_dev(const Node&, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  device_copy(*in[0], *out[0]);
+  device_sum_over_tp(*out[0]);
+}
+
+void all_reduce_tp_backward_dev(const Node&, const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
+                                const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
+  if (!gin[0]) return;
+  if (gout[0])
+    device_copy(*gout[0], *gin[0]);
+  else
+    device_zero(*gin[0]);
+}
+
+void copy_to_tp_dev(const Node&, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  device_copy(*in[0], *out[0]);
+}
+
+void copy_to_tp_backward_dev(const Node&, const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
+                             const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
+  if (!gin[0]) return;
+  if (gout[0])
+    device_copy(*gout[0], *gin[0]);
+  else
+    device_zero(*gin[0]);
+  device_sum_over_tp(*gin[0]);
+}
+
 }  // namespace
+
+void register_collective_device_kernels() {
+  for (const std::string& name : backend_names()) {
+    auto* b = dynamic_cast<TableBackend*>(find_backend(name));
+    if (!b || b->device() == DeviceKind::CPU || !b->kernel("Identity")) continue;
+    b->register_kernel("AllReduceTP", all_reduce_tp_dev);
+    b->register_backward("AllReduceTP", all_reduce_tp_backward_dev);
+    b->register_kernel("CopyToTP", copy_to_tp_dev);
+    b->register_backward("CopyToTP", copy_to_tp_backward_dev);
+  }
+}
 
 void register_collective_ops() {
   register_op("AllReduceTP", same_shape, all_reduce_tp);

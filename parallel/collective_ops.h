@@ -12,6 +12,10 @@
 namespace wxe {
 
 void register_collective_ops();
+// The same pairs in the table of every GPU backend registered so far (call after
+// register_gpu_backends()): device tensors, the copy by the backend's Identity kernel, the sum
+// on the device buffers when the tp communicator takes them (NCCL), else through the host.
+void register_collective_device_kernels();
 // The tensor-parallel group the calling thread's collectives use (must outlive the runs).
 // Per thread, so tests can run the ranks of a mesh as threads of one process.
 void set_tp_communicator(Communicator* tp);

@@ -43,6 +43,9 @@ class Communicator {
   // Ends the whole job (every rank of every communicator) with "wxe: error (rank R): message"
   // on stderr from this rank and exit code `code`. Never returns.
   [[noreturn]] virtual void abort(const std::string& message, int code = 1) = 0;
+  // Whether the collectives take tensors in GPU memory (NCCL) as well as host tensors; the
+  // others take host tensors only.
+  virtual bool takes_device_buffers() const { return false; }
 };
 
 // A world of one: no MPI involved. Collectives are copies or nothing.

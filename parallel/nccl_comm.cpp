@@ -107,11 +107,20 @@ NcclComm::~NcclComm() {
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
+namespace {
+bool on_gpu(const Tensor& t) { return t.device() == DeviceKind::CUDA; }
+}  // namespace
+
 void NcclComm::all_reduce_sum(Tensor& t) {
   comm_check::all_reduce(t);
   if (t.numel() == 0) return;  // every rank has the same size; NCCL gets no null buffers
   WXE_CUDA_CHECK(cudaSetDevice(device_));
   Impl& m = *impl_;
+  if (on_gpu(t)) {  // in place on the device
+    WXE_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), t.numel(), nccl_type(t.dtype), ncclSum, m.comm, m.stream));
+    m.sync();
+    return;
+  }
   size_t n = t.nbytes();
   void* d = m.staging(0, n);
   m.to_device(d, t.raw(), n);
@@ -125,6 +134,12 @@ void NcclComm::all_gather(const Tensor& in, Tensor& out) {
   if (in.numel() == 0) return;
   WXE_CUDA_CHECK(cudaSetDevice(device_));
   Impl& m = *impl_;
+  if (on_gpu(in) && on_gpu(out)) {
+    WXE_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), in.nbytes(), ncclUint8, m.comm, m.stream));
+    m.sync();
+    return;
+  }
+  WXE_CHECK(!on_gpu(in) && !on_gpu(out), "all_gather: one tensor on the GPU and one on the host");
   void* din = m.staging(0, in.nbytes());
   void* dout = m.staging(1, out.nbytes());
   m.to_device(din, in.raw(), in.nbytes());
@@ -138,6 +153,12 @@ void NcclComm::reduce_scatter_sum(const Tensor& in, Tensor& out) {
   if (out.numel() == 0) return;
   WXE_CUDA_CHECK(cudaSetDevice(device_));
   Impl& m = *impl_;
+  if (on_gpu(in) && on_gpu(out)) {
+    WXE_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), out.numel(), nccl_type(in.dtype), ncclSum, m.comm, m.stream));
+    m.sync();
+    return;
+  }
+  WXE_CHECK(!on_gpu(in) && !on_gpu(out), "reduce_scatter: one tensor on the GPU and one on the host");
   void* din = m.staging(0, in.nbytes());
   void* dout = m.staging(1, out.nbytes());
   m.to_device(din, in.raw(), in.nbytes());
@@ -154,6 +175,11 @@ void NcclComm::broadcast(Tensor& t, int root) {
   WXE_CUDA_CHECK(cudaSetDevice(device_));
   Impl& m = *impl_;
   size_t n = t.nbytes();
+  if (on_gpu(t)) {
+    WXE_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), n, ncclUint8, root, m.comm, m.stream));
+    m.sync();
+    return;
+  }
   void* d = m.staging(0, n);
   if (rank_ == root) m.to_device(d, t.raw(), n);
   WXE_NCCL_CHECK(ncclBroadcast(d, d, n, ncclUint8, root, m.comm, m.stream));

@@ -2,9 +2,10 @@
 // tells the tools it is there). The header names no CUDA type, so including it needs no
 // CUDA include path.
 //
-// Tensors are host tensors today, so each collective stages through device buffers
-// (copy in, NCCL on this communicator's stream, copy out). Simple and correct; a device
-// tensor backend will hand NCCL its own buffers instead.
+// Tensors in GPU memory (a CUDA backend's, Tensor::device() == CUDA) go to NCCL as they are;
+// host tensors are staged through device buffers (copy in, NCCL on this communicator's
+// stream, copy out). The caller makes sure the work that wrote a device tensor has finished
+// (the backend's synchronize()); every collective returns after NCCL has finished.
 #pragma once
 #include <memory>
 
@@ -33,6 +34,7 @@ class NcclComm : public Communicator {
   void send(const Tensor& t, int dst) override;
   void recv(Tensor& t, int src) override;
   [[noreturn]] void abort(const std::string& message, int code = 1) override;
+  bool takes_device_buffers() const override { return true; }
 
  private:
   struct Impl;

@@ -199,3 +199,102 @@ TEST(CudaIndexMath, GenericEinsumMatchesCpu) {
     expect_close(got, ref, 1e-5, 1e-5);
   }
 }
+
+// ---- the backward kernels' index math (kernels/cuda/backward.cu)
+
+namespace {
+
+// The CPU backward kernel of a one-node case: the gradient of input 0 for output gradient g.
+Tensor cpu_input_grad(const Node& n, const std::vector<const Tensor*>& in, const Tensor& g) {
+  std::vector<Tensor> out = run_node(n, in);
+  std::vector<const Tensor*> op;
+  for (auto& t : out) op.push_back(&t);
+  Tensor gx(DType::F32, in[0]->shape);
+  std::vector<Tensor*> gin(in.size(), nullptr);
+  gin[0] = &gx;
+  backward_kernel(n.op)(n, in, op, {&g}, gin);
+  return gx;
+}
+
+}  // namespace
+
+TEST(CudaIndexMath, ReversedWalksMatchCpuBackward) {
+  Tensor x = randn({2, 3, 4, 5}, 20);
+  Walk w;
+  // Transpose
+  std::vector<int64_t> perm = {0, 2, 3, 1};
+  Node t = make_node("Transpose", 1, 1, {{"perm", attr_ints(perm)}});
+  ASSERT_TRUE(transpose_walk(x.shape, perm, &w));
+  Tensor g = randn({2, 4, 5, 3}, 21);
+  expect_close(host_copy(reversed_walk(w), g, x.shape), cpu_input_grad(t, {&x}, g), 0, 0);
+  // DepthToSpace
+  Tensor y = randn({2, 8, 3, 4}, 22);
+  Node d = make_node("DepthToSpace", 1, 1, {{"blocksize", attr_i(2)}, {"mode", attr_s("CRD")}});
+  ASSERT_TRUE(depth_to_space_walk(y.shape, 2, true, &w));
+  Tensor gd = randn({2, 2, 6, 8}, 23);
+  expect_close(host_copy(reversed_walk(w), gd, y.shape), cpu_input_grad(d, {&y}, gd), 0, 0);
+  // Slice with a negative step: the backward walk writes into a zeroed input gradient
+  Tensor st = i64({-1, 1}), en = i64({-100, 5}), ax = i64({1, 3}), sp = i64({-2, 2});
+  Node s = make_node("Slice", 5);
+  auto plan = cpu::slice_plan(s, x.shape, st.to_i64(), en.to_i64(), ax.to_i64(), sp.to_i64());
+  auto xs = contiguous_strides(x.shape);
+  int64_t base = 0;
+  std::vector<int64_t> sst;
+  Shape shape;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    base += plan[k].start * xs[k];
+    sst.push_back(plan[k].step * xs[k]);
+    shape.push_back(plan[k].len);
+  }
+  ASSERT_TRUE(make_walk(shape, contiguous_strides(shape), sst, 0, base, &w));  // as backward.cu slice_bw
+  Tensor gs = randn(shape, 24);
+  expect_close(host_copy(w, gs, x.shape), cpu_input_grad(s, {&x, &st, &en, &ax, &sp}, gs), 0, 0);
+}
+
+TEST(CudaIndexMath, SumToMatchesCpuExpandBackward) {
+  for (auto [to, from] : std::vector<std::pair<Shape, Shape>>{
+           {{3, 1, 5}, {2, 3, 4, 5}}, {{1, 4, 1}, {2, 3, 4, 5}}, {{5}, {2, 3, 4, 5}}, {{2, 3, 4, 5}, {2, 3, 4, 5}}, {{1}, {7, 2}}}) {
+    Tensor x = randn(to, 25);
+    Tensor shp = i64(std::vector<int64_t>(from.begin(), from.end()));
+    Tensor g = randn(from, 26);
+    Tensor ref = cpu_input_grad(make_node("Expand", 2), {&x, &shp}, g);
+    ReduceIndex r;
+    ASSERT_TRUE(make_sum_to(from, to, &r));
+    ASSERT_EQ(r.kept.count, numel(to));
+    Tensor got(DType::F32, to);
+    for (int64_t i = 0; i < r.kept.count; ++i) {
+      double a = 0;
+      for (int64_t j = 0; j < r.red.count; ++j) a += g.data<float>()[reduce_offset(r, i, j)];
+      got.data<float>()[i] = (float)a;
+    }
+    expect_close(got, ref, 1e-5, 1e-5);
+  }
+  ReduceIndex r;
+  EXPECT_FALSE(make_sum_to({2, 3}, {4}, &r));  // not a broadcast
+}
+
+TEST(CudaIndexMath, PadScatterMatchesCpuPadBackward) {
+  Tensor x = randn({2, 3, 5, 4}, 27);
+  for (const char* mode : {"constant", "reflect", "edge", "wrap"}) {
+    SCOPED_TRACE(mode);
+    Tensor pads = i64({0, 0, 2, -1, 0, 1, 3, 2});
+    Node n = make_node("Pad", 2, 1, {{"mode", attr_s(mode)}});
+    cpu::PadPlan p = cpu::pad_plan(n, x.shape, pads.to_i64(), {});
+    const std::string m = mode;
+    PadIndex pi;
+    ASSERT_TRUE(make_pad(x.shape, p.begin, p.end,
+                         m == "constant" ? PadMode::Constant : m == "reflect" ? PadMode::Reflect
+                                                         : m == "edge"      ? PadMode::Edge
+                                                                            : PadMode::Wrap,
+                         &pi));
+    Shape os;
+    for (int d = 0; d < pi.rank; ++d) os.push_back(pi.out[d]);
+    Tensor g = randn(os, 28);
+    Tensor got = Tensor::zeros(DType::F32, x.shape);
+    for (int64_t i = 0; i < g.numel(); ++i) {  // as pad_bw_kernel, serially
+      const int64_t s = pad_offset(pi, i);
+      if (s >= 0) got.data<float>()[s] += g.data<float>()[i];
+    }
+    expect_close(got, cpu_input_grad(n, {&x, &pads}, g), 1e-5, 1e-5);
+  }
+}

@@ -239,11 +239,16 @@ namespace {
 // Whole-model gradients against PyTorch (models/make_train_fixtures.py): CREDIT's model in
 // train mode (one spectral-norm power iteration), latitude- and channel-weighted MSE, one
 // backward. Every parameter gradient within 1e-4 relative L2; u and v updated as PyTorch did.
-void expect_gradients_match_pytorch(const std::string& model) {
+// On `device` (a backend name) the GradExecutor runs that backend's kernels and falls back
+// to the host for the others; the same tolerances hold.
+void expect_gradients_match_pytorch(const std::string& model, const std::string& device = "cpu") {
   const std::string dir = data_path("tests/data/train/");
   Graph g = training_graph(model + "_opset17.onnx", model + "_checkpoint.pt");
   std::vector<int> params = trainable_parameters(g);
-  GradExecutor ex(g, params);
+  ExecOptions opt;
+  opt.device = device;
+  GradExecutor ex(g, params, opt);
+  if (device != "cpu") std::printf("%s on %s: %zu kernels on the host\n", model.c_str(), device.c_str(), ex.host_nodes().size());
   Tensor x = read_npy(dir + model + "_grad_x.npy"), target = read_npy(dir + model + "_grad_target.npy");
   std::vector<Tensor> y = ex.forward({{"x", x}});
   LossWeights w;
@@ -304,6 +309,109 @@ void expect_gradients_match_pytorch(const std::string& model) {
 }
 
 TEST(GoldenGradients, CrossformerTinyMatchesPyTorch) { expect_gradients_match_pytorch("crossformer_tiny"); }
+
+// A backend on host memory with part of the CPU kernel table (forward and backward): the
+// GradExecutor's device path on a whole model without a GPU (values and gradients moving
+// between "device" and host, views, host fallback with SpectralNorm updating u and v).
+class HostGradBackend : public TableBackend {
+ public:
+  const char* name() const override { return "hostgrad"; }
+  DeviceKind device() const override { return DeviceKind::CPU; }
+  bool available(std::string*) const override { return true; }
+  std::shared_ptr<Storage> allocate(size_t nbytes) override { return std::make_shared<Storage>(nbytes); }
+  void copy_to_device(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void synchronize() override {}
+  void prepare(Graph&, Precision) override {}
+};
+
+void ensure_hostgrad_backend() {
+  static bool once = [] {
+    register_cpu_kernels();
+    auto b = std::make_unique<HostGradBackend>();
+    for (const char* op : {"Add", "Mul", "Conv", "Transpose", "Softmax", "Einsum", "Concat", "Sub"}) {
+      b->register_kernel(op, kernel_for(op, KernelKind::Fast));
+      b->register_backward(op, backward_kernel(op));
+    }
+    b->register_kernel("Slice", kernel_for("Slice", KernelKind::Fast), 0b11110);
+    b->register_backward("Slice", backward_kernel("Slice"));
+    b->register_kernel("Erf", kernel_for("Erf", KernelKind::Fast));  // forward here, backward on the host
+    register_backend(std::move(b));
+    return true;
+  }();
+  (void)once;
+}
+
+TEST(GoldenGradients, CrossformerTinyOnAHostBackend) {
+  ensure_hostgrad_backend();
+  expect_gradients_match_pytorch("crossformer_tiny", "hostgrad");
+}
+
+// Fine-tuning on a device: the losses and parameters of 2 steps (EMA, a rollout of 2) follow
+// the CPU's. `device` must be registered and available.
+void expect_finetune_matches_cpu(const std::string& device, double tol) {
+  std::string data = make_series("device_series", 3, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 31);
+  FinetuneConfig c = tiny_config(data, "");
+  c.forecast_len = 2;
+  c.steps = 2;
+  c.accum = 1;
+  c.schedule.warmup_steps = 1;
+  c.schedule.total_steps = 2;
+  c.ema = true;
+  Trainer cpu(c, open_npy_dir(data, 2));
+  std::vector<double> ref = run_steps(cpu, 2);
+  c.device = device;
+  Trainer dev(c, open_npy_dir(data, 2));
+  std::vector<double> got = run_steps(dev, 2);
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(got[i], ref[i], tol * std::fabs(ref[i])) << device << " step " << i + 1;
+  // parameters: relative L2 over all of them (AdamW's normalized step can flip the sign of a
+  // gradient that is zero by construction and rounding noise in both engines)
+  std::map<std::string, Tensor> a = by_name(cpu.parameters());
+  double d2 = 0, r2 = 0;
+  for (auto& [name, t] : dev.parameters()) {
+    ASSERT_TRUE(a.count(name));
+    ASSERT_EQ(t.numel(), a[name].numel()) << name;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double x = t.data<float>()[i], y = a[name].data<float>()[i];
+      d2 += (x - y) * (x - y);
+      r2 += y * y;
+    }
+  }
+  EXPECT_LE(std::sqrt(d2 / r2), tol * 10) << device;
+}
+
+TEST(Finetune, HostBackendMatchesCpu) {
+  ensure_hostgrad_backend();
+  expect_finetune_matches_cpu("hostgrad", 1e-5);
+}
+
+TEST(Finetune, DeviceMatchesCpu) {
+  register_gpu_backends();
+  int ran = 0;
+  for (const std::string& name : backend_names()) {
+    Backend* b = find_backend(name);
+    std::string why;
+    if (b->device() == DeviceKind::CPU || !b->available(&why)) continue;
+    expect_finetune_matches_cpu(name, 1e-4);
+    ++ran;
+  }
+  if (!ran) GTEST_SKIP() << "no GPU backend with a device present";
+}
+
+// The same on every GPU backend this build has (skipped without a GPU).
+TEST(GoldenGradients, CrossformerAndWxformerTinyOnDevice) {
+  register_gpu_backends();
+  int ran = 0;
+  for (const std::string& name : backend_names()) {
+    Backend* b = find_backend(name);
+    std::string why;
+    if (b->device() == DeviceKind::CPU || !b->available(&why)) continue;
+    expect_gradients_match_pytorch("crossformer_tiny", name);
+    expect_gradients_match_pytorch("wxformer_tiny", name);
+    ++ran;
+  }
+  if (!ran) GTEST_SKIP() << "no GPU backend with a device present";
+}
 
 }  // namespace
 }  // namespace wxe::test

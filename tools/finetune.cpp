@@ -140,8 +140,17 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   opt.threads = cfg.threads;
   opt.kernels = cfg.reference ? KernelKind::Reference : KernelKind::Fast;
   opt.optimize = false;
-  opt.profile = true;
+  opt.device = cfg.device;
+  opt.profile = cfg.device == "cpu";  // on a device, timing per op would wait for every kernel
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
+  if (!exec_->host_nodes().empty()) {
+    std::map<std::string, int> by_op;  // "Op, pass" -> nodes
+    for (const std::string& s : exec_->host_nodes()) ++by_op[s.substr(s.rfind('(') + 1, s.size() - s.rfind('(') - 2)];
+    std::string list;
+    for (auto& [k, c] : by_op) list += str(list.empty() ? "" : ", ", k, " x", c);
+    note("wxe: --device %s: %zu kernels run on the host (no %s kernel yet): %s\n", cfg.device.c_str(),
+         exec_->host_nodes().size(), cfg.device.c_str(), list.c_str());
+  }
   if (!cfg.plain_mse) {
     NpyDirInfo info;
     if (!cfg.data.empty() && !cfg.open_data) info = read_npy_dir_info(cfg.data);

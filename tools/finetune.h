@@ -58,6 +58,7 @@ struct FinetuneConfig {
   std::string plan;                // tensor-parallel plan file (parallel/shard.h), with tp > 1
   int threads = 0;
   bool reference = false;          // reference kernels only
+  std::string device = "cpu";      // a backend (engine/backend.h): "cpu" or "cuda"
   int64_t save_every = 0;          // 0: only at the end
   int keep = 2;                    // checkpoints kept
   bool progress = true;            // progress bar / log lines on stderr

@@ -7,7 +7,12 @@
 # Environment: STAGE_DATA="repo-relative files" (default: every model the GPU tests read);
 # STAGE_LIBS=0 leaves the libraries out (run.sh then takes LIBS_TARBALL, an xz tarball of
 # them, at run time). On the GPU machine, from the folder holding DIR:
-#   bash DIR/run.sh tests                          the GPU tests (Backends.*, CudaIndexMath.*)
+#   bash DIR/run.sh check                          everything below that needs no extra arguments
+#   bash DIR/run.sh tests                          the GPU tests (Backends.*, CudaIndexMath.*, the
+#                                                  training ones: GoldenGradients.*, Finetune.*Matches*)
+#   bash DIR/run.sh finetune                       wxe finetune --device cuda vs cpu, 3 steps (losses)
+#   bash DIR/run.sh mpi                            mpirun -n 2 finetune/infer --tp 2 --device cuda (needs
+#                                                  2 GPUs and mpirun; NCCL refuses two ranks on one GPU)
 #   bash DIR/run.sh v2026 MODEL.onnx [RUNS]        random input; CPU vs CUDA output; bench --device cuda
 #   bash DIR/run.sh wxe ARGS...                    wxe itself
 set -euo pipefail
@@ -17,7 +22,13 @@ data=${STAGE_DATA:-"models/wxformer_tiny/model.onnx models/wxformer_tiny/x.npy m
   tests/data/crossformer_tiny_opset17.onnx tests/data/crossformer_tiny_snbaked_opset17.onnx
   tests/data/crossformer_tiny_x.npy tests/data/crossformer_tiny_y.npy
   tests/data/torch2_crossformer_tiny_dynamo.onnx tests/data/torch2_crossformer_tiny_x.npy tests/data/torch2_crossformer_tiny_y.npy
-  tests/data/torch2_wxformer_tiny_dynamo.onnx tests/data/torch2_wxformer_tiny_x.npy tests/data/torch2_wxformer_tiny_y.npy"}
+  tests/data/torch2_wxformer_tiny_dynamo.onnx tests/data/torch2_wxformer_tiny_x.npy tests/data/torch2_wxformer_tiny_y.npy
+  tests/data/crossformer_tiny_checkpoint.pt tests/data/wxformer_tiny_opset17.onnx tests/data/wxformer_tiny_checkpoint.pt
+  tests/data/train/channel_weights.npy tests/data/train/crossformer_tiny_grad_x.npy tests/data/train/crossformer_tiny_grad_target.npy
+  tests/data/train/crossformer_tiny_grad_loss.npy tests/data/train/crossformer_tiny_grads.safetensors
+  tests/data/train/crossformer_tiny_grad_state.safetensors tests/data/train/wxformer_tiny_grad_x.npy
+  tests/data/train/wxformer_tiny_grad_target.npy tests/data/train/wxformer_tiny_grad_loss.npy
+  tests/data/train/wxformer_tiny_grads.safetensors tests/data/train/wxformer_tiny_grad_state.safetensors"}
 tmpb=$(mktemp -d)
 for b in wxe wxe_tests; do strip -g -o "$tmpb/$b" "$repo/build/$b"; done
 tar -C "$tmpb" -cJf "$dst/bin.tar.xz" wxe wxe_tests
@@ -53,8 +64,50 @@ mkdir -p "\$w/lib" "\$w/bin"
 }
 export LD_LIBRARY_PATH=\$w/lib:/usr/local/cuda/lib64:/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 mkdir -p "\$(dirname "$srcdir")" && ln -sfn "\$w/src" "$srcdir"
+py=\${PYTHON:-/opt/torch/.venv/bin/python}
+gpu_tests() {
+  "\$w/bin/wxe_tests" --gtest_filter='Backends.*:CudaIndexMath.*:GoldenGradients.*:Finetune.DeviceMatchesCpu:Finetune.HostBackendMatchesCpu'
+}
+# 3 steps of wxe finetune on random data (crossformer_tiny), on the CPU and on the GPU: the
+# logged losses must agree to 1e-4 relative
+finetune_check() {
+  local m=\$w/src/tests/data/crossformer_tiny_snbaked_opset17.onnx t=\$w/ft
+  rm -rf "\$t" && mkdir -p "\$t/data"
+  "\$py" -c "import numpy as n; r=n.random.default_rng(0)
+for i in range(4):
+    n.save('\$t/data/x_%04d.npy' % i, r.standard_normal((1, 7, 1, 32, 64)).astype('float32'))
+    n.save('\$t/data/y_%04d.npy' % i, (0.5 * r.standard_normal((1, 6, 1, 32, 64))).astype('float32'))"
+  "\$w/bin/wxe" finetune "\$m" --data "\$t/data" --save "\$t/cpu" --steps 3 --accum 2 --lr 1e-3
+  "\$w/bin/wxe" finetune "\$m" --data "\$t/data" --save "\$t/cuda" --steps 3 --accum 2 --lr 1e-3 --device cuda
+  "\$py" - "\$t/cpu/training_log.csv" "\$t/cuda/training_log.csv" <<'PY'
+import csv, sys
+a, b = ([float(r['loss']) for r in csv.DictReader(open(p))] for p in sys.argv[1:3])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print('finetune cpu losses', a, 'cuda losses', b, 'worst relative difference %.2e' % worst)
+sys.exit(0 if len(a) == len(b) == 3 and worst < 1e-4 else 1)
+PY
+}
+mpi_check() {
+  local n; n=\$(nvidia-smi -L 2>/dev/null | wc -l)
+  if ! command -v mpirun >/dev/null || [ "\$n" -lt 2 ]; then echo "mpi: skipped (needs mpirun and 2 GPUs; \$n GPUs)"; return 0; fi
+  local m=\$w/src/tests/data/crossformer_tiny_snbaked_opset17.onnx t=\$w/ft
+  [ -d "\$t/data" ] || finetune_check
+  mpirun -n 2 "\$w/bin/wxe" finetune "\$m" --data "\$t/data" --save "\$t/tp2" --steps 3 --accum 2 --lr 1e-3 --tp 2 --device cuda
+  "\$py" - "\$t/cpu/training_log.csv" "\$t/tp2/training_log.csv" <<'PY'
+import csv, sys
+a, b = ([float(r['loss']) for r in csv.DictReader(open(p))] for p in sys.argv[1:3])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print('tp2 cuda losses', b, 'worst relative difference to cpu %.2e' % worst)
+sys.exit(0 if len(a) == len(b) and worst < 1e-4 else 1)
+PY
+  mpirun -n 2 "\$w/bin/wxe" infer "\$m" --input "\$w/src/tests/data/crossformer_tiny_x.npy" --tp 2 --device cuda \\
+    --compare "\$w/src/tests/data/crossformer_tiny_y.npy"
+}
 case "\${1:-tests}" in
-  tests) "\$w/bin/wxe_tests" --gtest_filter='Backends.*:CudaIndexMath.*' ;;
+  check) gpu_tests; finetune_check; mpi_check ;;
+  tests) gpu_tests ;;
+  finetune) finetune_check ;;
+  mpi) mpi_check ;;
   v2026)
     m=\$2
     /opt/torch/.venv/bin/python -c "import numpy as n; n.save('\$w/x.npy', n.random.default_rng(0).standard_normal((1, 80, 1, 181, 360)).astype('float32'))"

@@ -24,6 +24,9 @@
 #include "parallel/collective_ops.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
+#ifdef WXE_HAVE_NCCL
+#include "parallel/nccl_comm.h"
+#endif
 #include "parallel/shard.h"
 #include "parallel/sharded_checkpoint.h"
 #include "tools/credit_checkpoint.h"
@@ -314,8 +317,7 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
   opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
   opt.device = a.device;
-  WXE_CHECK(a.device == "cpu" || (!a.reference && mesh.world == 1),
-            "--device ", a.device, " runs one process without --reference (no --tp or mpirun yet)");
+  WXE_CHECK(a.device == "cpu" || !a.reference, "--device ", a.device, " runs without --reference");
   Executor ex(g, opt);
   auto t2 = std::chrono::steady_clock::now();
   std::vector<Tensor> outs = run_any_batch(ex, inputs, batch);
@@ -513,6 +515,25 @@ constexpr int kMaxThreads = 1024;
 // Exit codes: 0 success; 1 bad input or a usage error (one line "wxe: error: ..." on stderr);
 // 3 infer --compare difference above --tolerance; 4 finetune stopped on a non-finite loss or
 // gradient. A rank's error under mpirun ends the job through MPI_Abort (mpirun's exit code).
+// Ranks on GPUs: each binds the GPU of its node-local rank (MPI_Comm_split_type; the CUDA
+// backend reads WXE_LOCAL_RANK at its first use) and the tensor-parallel collectives go
+// through NCCL on the device buffers (its unique id broadcast over the MPI tp group). The
+// data-parallel group stays on MPI: it carries host tensors (ZeRO's gradient and weight
+// shards, the dp output gather).
+static void use_device_mesh(Mesh& mesh, const std::string& device) {
+  if (mesh.world <= 1) return;
+  setenv("WXE_LOCAL_RANK", std::to_string(MpiRuntime::local_rank()).c_str(), 1);
+  if (mesh.tp <= 1) return;
+#ifdef WXE_HAVE_NCCL
+  if (device == "cuda") {
+    mesh.tp_comm = std::make_unique<NcclComm>(*mesh.tp_comm);
+    return;
+  }
+#endif
+  note("wxe: --device %s: tensor-parallel collectives go through the host (MPI); this build has no NCCL\n",
+       device.c_str());
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"wxe: run and fine-tune CREDIT wxformer-style weather models"};
   app.require_subcommand(1);
@@ -611,6 +632,9 @@ int main(int argc, char** argv) {
   finetune->add_option("--freeze", fc.freeze, "freeze parameters whose name matches this glob (repeatable)")->allow_extra_args(false);
   finetune->add_option("--threads,-t", fc.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
   finetune->add_flag("--reference", fc.reference, "reference kernels only (slow; the oracle)");
+  finetune->add_option("--device", fc.device, "cpu (default) or cuda: forward and backward on the GPU (float32; "
+                       "ops without a GPU kernel run on the host); under mpirun one GPU per rank")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   finetune->add_option("--save-every", fc.save_every, "also write a checkpoint every N steps (default: only at the end)");
   finetune->add_option("--keep", fc.keep, "checkpoints kept (default 2)");
   int finetune_tp = 1;
@@ -652,6 +676,8 @@ int main(int argc, char** argv) {
   // options that would do nothing here are refused rather than silently ignored
   if (*infer && !ia.plan.empty() && ia.tp <= 1) return usage_error("--plan needs --tp 2 or more");
   if (*inspect && !inspect_plan.empty() && inspect_tp <= 1) return usage_error("--plan needs --tp 2 or more");
+  if (*finetune && fc.reference && fc.device != "cpu")
+    return usage_error("--reference runs the CPU reference kernels; --device " + fc.device + " does not apply");
   if (*infer && ia.reference && ia.precision == "bf16")
     return usage_error("--reference runs the float32 reference kernels; --precision bf16 does not apply");
   bool finetune_config = false;
@@ -687,6 +713,9 @@ int main(int argc, char** argv) {
   }
   try {
     register_gpu_backends();
+    register_collective_device_kernels();
+    const std::string device = *infer ? ia.device : *finetune ? fc.device : *bench ? ba.device : "cpu";
+    if (device != "cpu") use_device_mesh(mesh, device);
     if (*bench && bench_train) WXE_CHECK(ba.device == "cpu", "bench --train runs on the cpu only (no --device cuda yet)");
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan);
     if (*infer) return cmd_infer(ia, mesh);

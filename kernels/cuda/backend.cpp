@@ -1,5 +1,7 @@
-// The CUDA backend: device 0, one stream, memory from cudaMalloc, the kernel table of
-// kernels/cuda, and its own graph preparation.
+// The CUDA backend: one GPU per process (the node-local rank's, modulo the GPUs visible), one
+// stream, memory from cudaMalloc, the kernel table of kernels/cuda, and its own graph
+// preparation.
+#include <cstdlib>
 #include <mutex>
 
 #include "engine/fuse.h"
@@ -24,7 +26,21 @@ bool device_present(std::string* why) {
   return true;
 }
 
-void free_device(void* p) { cudaFree(p); }  // at exit the context may be gone: ignore errors
+// Stream-ordered: freed after the kernels queued so far (every kernel, copy and library call
+// of the backend runs on its one stream). At exit the context may be gone: errors ignored.
+void free_device(void* p) { cudaFreeAsync(p, ctx().stream); }
+
+// The node-local rank: WXE_LOCAL_RANK (set by wxe from MPI_Comm_split_type under mpirun), else
+// the launcher's variable, else 0.
+int local_rank() {
+  for (const char* v : {"WXE_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) {
+      char* end = nullptr;
+      const long r = std::strtol(s, &end, 10);
+      if (end != s && r >= 0) return (int)r;
+    }
+  return 0;
+}  // at exit the context may be gone: ignore errors
 
 struct Workspace {
   void* p = nullptr;
@@ -43,7 +59,7 @@ class CudaBackend : public TableBackend {
   std::shared_ptr<Storage> allocate(size_t nbytes) override {
     ctx();
     void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, nbytes ? nbytes : 256));
+    CUDA_CHECK(cudaMallocAsync(&p, nbytes ? nbytes : 256, ctx().stream));  // from the device's pool
     return std::make_shared<Storage>(p, nbytes, DeviceKind::CUDA, free_device);
   }
   void copy_to_device(void* dst, const void* src, size_t n) override {
@@ -73,8 +89,17 @@ Context& ctx() {
     std::string why;
     WXE_CHECK(device_present(&why), "device 'cuda' is not available: ", why);
     Context r;
-    CUDA_CHECK(cudaSetDevice(0));
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    r.device = local_rank() % count;
+    CUDA_CHECK(cudaSetDevice(r.device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    // the pool keeps freed memory for the next allocation (training allocates every value of
+    // every step) instead of returning it to the driver at each synchronization
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, r.device));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     CUBLAS_CHECK(cublasCreate(&r.blas));
     CUBLAS_CHECK(cublasSetStream(r.blas, r.stream));
     // exact float32 products (no TF32), as the CPU reference computes them
@@ -119,6 +144,7 @@ void register_gpu_backends() {
     cuda::register_pointwise(*b);
     cuda::register_norm(*b);
     cuda::register_linalg(*b);
+    cuda::register_backward_kernels(*b);
     register_backend(std::move(b));
   });
 }

@@ -1,4 +1,4 @@
-// Private plumbing of the CUDA backend: error checks, the process-wide context (device 0, one
+// Private plumbing of the CUDA backend: error checks, the process-wide context (one GPU, one
 // stream, cuBLAS and cuDNN handles, a grow-only workspace), and the launchers that the op
 // files share. Every CUDA, cuBLAS and cuDNN call and every kernel launch is checked.
 #pragma once
@@ -41,6 +41,7 @@ using Ins = std::vector<const Tensor*>;
 using Outs = std::vector<Tensor*>;
 
 struct Context {
+  int device = 0;  // the node-local rank modulo the visible GPUs
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   cudnnHandle_t dnn = nullptr;
@@ -56,6 +57,17 @@ inline unsigned blocks_for(int64_t n, int threads = 256) {
   return (unsigned)(b < 1 ? 1 : (b > 65535LL * 512 ? 65535LL * 512 : b));
 }
 
+// Device scratch allocated and freed in stream order (kernels may still read it when the
+// host returns).
+struct Scratch {
+  void* p = nullptr;
+  explicit Scratch(size_t bytes) { CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 4, ctx().stream)); }
+  ~Scratch() { cudaFreeAsync(p, ctx().stream); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* f() { return (float*)p; }
+};
+
 // Fails naming the node unless every present input is float32.
 void require_f32(const Node& n, const Ins& in);
 
@@ -69,9 +81,17 @@ void launch_pad(const PadIndex& p, int64_t total, const float* x, float* y, floa
 // y (contiguous, total elements) = the einsum of up to 3 operands (EinsumIndex in index_math.h).
 void launch_einsum_generic(const EinsumIndex& e, const std::vector<const float*>& src, float* y, int64_t total);
 
+// dst (shape `to`, which broadcasts to `from`) = scale * full (contiguous, shape `from`) summed
+// over the broadcast dims; deterministic (double accumulation in a fixed order).
+void launch_sum_to(const Node& n, const float* full, const Shape& from, float* dst, const Shape& to, float scale = 1.f);
+// Zeros a device tensor (nullptr: nothing).
+void launch_zero(Tensor* t);
+
 // Registration of each op group into the CUDA backend's table (kernels/cuda/*).
 void register_pointwise(TableBackend& b);  // pointwise.cu: elementwise, copies, Pad, Resize
 void register_norm(TableBackend& b);       // norm.cu: reductions, Softmax, norms, Einsum (generic)
 void register_linalg(TableBackend& b);     // linalg.cpp: Linear, MatMul, Gemm, Einsum, Conv, ConvTranspose
+                                           //   (forward and backward)
+void register_backward_kernels(TableBackend& b);  // backward.cu: the other ops' backward kernels
 
 }  // namespace wxe::cuda

@@ -121,6 +121,20 @@ inline std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& in, co
   return st;
 }
 
+// The walk of a backward pass: reads side b and writes side a of the forward's walk (for
+// one-to-one maps such as Transpose, Slice, DepthToSpace: the input gradient from the output
+// gradient, no collisions).
+inline Walk reversed_walk(const Walk& w) {
+  Walk r = w;
+  for (int d = 0; d < w.rank; ++d) {
+    r.sa[d] = w.sb[d];
+    r.sb[d] = w.sa[d];
+  }
+  r.oa = w.ob;
+  r.ob = w.oa;
+  return r;
+}
+
 // ---- Pad ----
 enum class PadMode : int { Constant, Reflect, Edge, Wrap };
 
@@ -217,6 +231,20 @@ inline bool make_reduce(const std::vector<int64_t>& x, const std::vector<bool>& 
     (is_reduced[d] ? rst : kst).push_back(st[d]);
   }
   return make_walk(ks, kst, kst, 0, 0, &r->kept) && make_walk(rs, rst, rst, 0, 0, &r->red);
+}
+
+// Summing a contiguous tensor of shape `from` to a shape `to` that broadcasts to it (the
+// gradient of a broadcast input): the reduced dims are those `to` lacks or has as 1; output
+// element i (over the kept dims, in order) is the contiguous element i of `to`.
+inline bool make_sum_to(const std::vector<int64_t>& from, const std::vector<int64_t>& to, ReduceIndex* r) {
+  if (to.size() > from.size()) return false;
+  const size_t off = from.size() - to.size();
+  std::vector<bool> red(from.size());
+  for (size_t d = 0; d < from.size(); ++d) {
+    if (d >= off && to[d - off] != 1 && to[d - off] != from[d]) return false;
+    red[d] = (d < off || to[d - off] == 1) && from[d] != 1;
+  }
+  return make_reduce(from, red, r);
 }
 
 // ---- Resize as a product of per-axis taps (kernels/cpu/cpu_ops.h ResizeAxisTaps) ----

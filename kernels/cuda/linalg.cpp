@@ -398,6 +398,318 @@ void conv_transpose_op(const Node& n, const Ins& in, const Outs& out) {
                   out[0]->numel() / std::max<int64_t>(os[0] * os[1], 1), false);
 }
 
+// ================================================================ backward
+// Same contract as the CPU backward kernels (engine/ops.h BackwardFn): gin[i] is overwritten,
+// a missing gout is zero.
+using Gouts = std::vector<const Tensor*>;
+using Gins = std::vector<Tensor*>;
+
+void zero_all(const Gins& gin) {
+  for (Tensor* t : gin) launch_zero(t);
+}
+Tensor* gin_at(const Gins& gin, size_t i) { return i < gin.size() ? gin[i] : nullptr; }
+
+// Linear: Y (P, N, Q) = W (N, K) X (P, K, Q) + b.
+void linear_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  if (!gout[0]) return zero_all(gin);
+  require_f32(n, in);
+  NCHECK(n.s("activation", "").empty(), "no cuda backward for a fused activation (training graphs are unfused)");
+  const Tensor& x = *in[0];
+  const Tensor& w = *in[1];
+  const int64_t axis = norm_axis(n.i("axis", -1), x.rank(), n);
+  const int64_t K = x.shape[axis], N = w.shape[0];
+  int64_t P = 1, Q = 1;
+  for (int64_t d = 0; d < axis; ++d) P *= x.shape[d];
+  for (int64_t d = axis + 1; d < x.rank(); ++d) Q *= x.shape[d];
+  const float* gy = gout[0]->data<float>();
+  Tensor *gx = gin[0], *gw = gin_at(gin, 1), *gb = gin_at(gin, 2);
+  if (P * Q == 0 || N == 0 || K == 0) return zero_all(gin);
+  if (Q == 1) {
+    if (gx) gemm_rowmajor(1, P, K, N, gy, false, 0, w.data<float>(), false, 0, gx->data<float>(), 0);  // gY W
+    if (gw) gemm_rowmajor(1, N, K, P, gy, true, 0, x.data<float>(), false, 0, gw->data<float>(), 0);    // gY^T X
+  } else {
+    if (gx)  // per p: gX_p (K, Q) = W^T gY_p
+      gemm_rowmajor(P, K, Q, N, w.data<float>(), true, 0, gy, false, N * Q, gx->data<float>(), K * Q);
+    if (gw)  // sum over p of gY_p (N, Q) X_p^T
+      for (int64_t p = 0; p < P; ++p)
+        gemm_rowmajor(1, N, K, Q, gy + p * N * Q, false, 0, x.data<float>() + p * K * Q, true, 0, gw->data<float>(), 0,
+                      1.f, p == 0 ? 0.f : 1.f);
+  }
+  if (gb) launch_sum_to(n, gy, {P, N, Q}, gb->data<float>(), {N, 1});
+}
+
+// MatMul with batch dims equal or one side a single matrix (as the forward's batched path).
+void matmul_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  if (!gout[0]) return zero_all(gin);
+  require_f32(n, in);
+  Shape a = in[0]->shape, b = in[1]->shape;
+  if (a.size() == 1) a.insert(a.begin(), 1);
+  if (b.size() == 1) b.push_back(1);
+  const int64_t M = a[a.size() - 2], K = a.back(), N = b.back();
+  const int64_t ba = numel(Shape(a.begin(), a.end() - 2)), bb = numel(Shape(b.begin(), b.end() - 2));
+  const int64_t batch = out[0]->numel() / std::max<int64_t>(M * N, 1);
+  NCHECK((ba == batch || ba == 1) && (bb == batch || bb == 1), "no cuda backward for partly broadcast batch dims ",
+         shape_str(in[0]->shape), " x ", shape_str(in[1]->shape));
+  if (out[0]->numel() == 0 || K == 0) return zero_all(gin);
+  const float* gy = gout[0]->data<float>();
+  const float* A = in[0]->data<float>();
+  const float* B = in[1]->data<float>();
+  if (Tensor* ga = gin[0]) {  // gA_b (M, K) = gY_b B_b^T, summed over b when A is shared
+    if (ba == batch)
+      gemm_rowmajor(batch, M, K, N, gy, false, M * N, B, true, bb == 1 ? 0 : K * N, ga->data<float>(), M * K);
+    else
+      for (int64_t i = 0; i < batch; ++i)
+        gemm_rowmajor(1, M, K, N, gy + i * M * N, false, 0, B + (bb == 1 ? 0 : i * K * N), true, 0, ga->data<float>(),
+                      0, 1.f, i == 0 ? 0.f : 1.f);
+  }
+  if (Tensor* gb = gin_at(gin, 1)) {  // gB_b (K, N) = A_b^T gY_b, summed over b when B is shared
+    if (bb == batch)
+      gemm_rowmajor(batch, K, N, M, A, true, ba == 1 ? 0 : M * K, gy, false, M * N, gb->data<float>(), K * N);
+    else if (ba == batch)  // A and gY stacked: (batch M, K)^T (batch M, N)
+      gemm_rowmajor(1, K, N, batch * M, A, true, 0, gy, false, 0, gb->data<float>(), 0);
+    else
+      for (int64_t i = 0; i < batch; ++i)
+        gemm_rowmajor(1, K, N, M, A, true, 0, gy + i * M * N, false, 0, gb->data<float>(), 0, 1.f, i == 0 ? 0.f : 1.f);
+  }
+}
+
+// Gemm: Y = alpha A' B' + beta C, A' = A or A^T, B' = B or B^T.
+void gemm_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  if (!gout[0]) return zero_all(gin);
+  require_f32(n, in);
+  const bool ta = n.i("transA", 0) != 0, tb = n.i("transB", 0) != 0;
+  const float alpha = n.f("alpha", 1.f), beta = n.f("beta", 1.f);
+  const Tensor &A = *in[0], &B = *in[1];
+  const int64_t M = ta ? A.shape[1] : A.shape[0], K = ta ? A.shape[0] : A.shape[1];
+  const int64_t N = tb ? B.shape[0] : B.shape[1];
+  const float* gy = gout[0]->data<float>();
+  if (M * N == 0 || K == 0) return zero_all(gin);
+  if (Tensor* ga = gin[0]) {
+    if (!ta)  // gA (M, K) = alpha gY B'^T
+      gemm_rowmajor(1, M, K, N, gy, false, 0, B.data<float>(), !tb, 0, ga->data<float>(), 0, alpha);
+    else  // gA (K, M) = alpha B' gY^T
+      gemm_rowmajor(1, K, M, N, B.data<float>(), tb, 0, gy, true, 0, ga->data<float>(), 0, alpha);
+  }
+  if (Tensor* gb = gin_at(gin, 1)) {
+    if (!tb)  // gB (K, N) = alpha A'^T gY
+      gemm_rowmajor(1, K, N, M, A.data<float>(), !ta, 0, gy, false, 0, gb->data<float>(), 0, alpha);
+    else  // gB (N, K) = alpha gY^T A'
+      gemm_rowmajor(1, N, K, M, gy, true, 0, A.data<float>(), ta, 0, gb->data<float>(), 0, alpha);
+  }
+  if (Tensor* gc = gin_at(gin, 2)) launch_sum_to(n, gy, {M, N}, gc->data<float>(), in[2]->shape, beta);
+}
+
+// Einsum: the gradient of operand k is itself an einsum of the output gradient and the other
+// operands ("ab,bc->ac": gA = "ac,bc->ab" (gY, B)), run by the forward kernel. Needs every
+// letter of operand k, each once, in the output or another operand.
+void einsum_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  if (!gout[0]) return zero_all(gin);
+  require_f32(n, in);
+  const cpu::EinsumEq eq = cpu::parse_einsum(n, in.size());
+  NCHECK(in.size() <= 2, "no cuda backward for an einsum of ", in.size(), " operands");
+  for (size_t k = 0; k < in.size(); ++k) {
+    if (!gin[k]) continue;
+    std::string others = eq.out;
+    Ins args{gout[0]};
+    for (size_t j = 0; j < in.size(); ++j)
+      if (j != k) {
+        others += "," + eq.in[j];
+        args.push_back(in[j]);
+      }
+    std::string seen;
+    for (char c : eq.in[k]) {
+      NCHECK(seen.find(c) == std::string::npos, "no cuda backward for a repeated letter in '", eq.in[k], "'");
+      NCHECK(others.find(c) != std::string::npos, "no cuda backward for letter '", c,
+             "' summed within one operand");
+      seen.push_back(c);
+    }
+    Node g = n;
+    g.attrs["equation"] = attr_s(others + "->" + eq.in[k]);
+    einsum_op(g, args, {gin[k]});
+  }
+}
+
+// cuDNN algorithms for the backward passes of a plan, picked once per plan: deterministic and
+// float32 FMA math, as the forward's.
+struct Algo {
+  int algo = -1;
+  size_t ws = 0;
+};
+struct BwdAlgos {
+  Algo fwd, data, filter;
+};
+std::map<const ConvPlan*, BwdAlgos>& bwd_algos() {
+  static std::map<const ConvPlan*, BwdAlgos> m;
+  return m;
+}
+
+template <class Perf>
+bool pick(const Perf* perf, int found, Algo* a) {
+  constexpr size_t kMaxWs = size_t(1) << 30;
+  for (int i = 0; i < found; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH &&
+        perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
+      a->algo = (int)perf[i].algo;
+      return true;
+    }
+  return false;
+}
+
+enum class Pass { Fwd, Data, Filter };
+
+Algo algo_for(const Node& n, const ConvPlan& p, Pass pass) {
+  std::lock_guard<std::mutex> lk(plan_mu);
+  BwdAlgos& b = bwd_algos()[&p];
+  Algo& a = pass == Pass::Fwd ? b.fwd : pass == Pass::Data ? b.data : b.filter;
+  if (a.algo >= 0) return a;
+  int found = 0;
+  bool ok = false;
+  if (pass == Pass::Fwd) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
+                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
+    ok = pick(perf, found, &a);
+    if (ok)
+      CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(ctx().dnn, p.x, p.w, p.conv, p.y,
+                                                          (cudnnConvolutionFwdAlgo_t)a.algo, &a.ws));
+  } else if (pass == Pass::Data) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
+                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
+    ok = pick(perf, found, &a);
+    if (ok)
+      CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx().dnn, p.w, p.y, p.conv, p.x,
+                                                               (cudnnConvolutionBwdDataAlgo_t)a.algo, &a.ws));
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx().dnn, p.x, p.y, p.conv, p.w,
+                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf));
+    ok = pick(perf, found, &a);
+    if (ok)
+      CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx().dnn, p.x, p.y, p.conv, p.w,
+                                                                 (cudnnConvolutionBwdFilterAlgo_t)a.algo, &a.ws));
+  }
+  if (!ok) {
+    a.algo = -1;
+    NCHECK(false, "cuDNN has no deterministic float32 (FMA) algorithm for this convolution's backward pass");
+  }
+  return a;
+}
+
+// Bias gradient of a conv output y (N, C, spatial...): summed over N and the spatial dims.
+void conv_bias_bw(const Node& n, const Tensor& gy, Tensor* gb) {
+  if (!gb) return;
+  const Shape& s = gy.shape;
+  const int64_t N = s[0], C = s[1], S = gy.numel() / std::max<int64_t>(N * C, 1);
+  launch_sum_to(n, gy.data<float>(), {N, C, S}, gb->data<float>(), {C, 1});
+}
+
+// Conv: gx = cuDNN backward data, gw = cuDNN backward filter (on the explicitly padded input
+// when the pads are asymmetric, as the forward), gb = gY summed.
+void conv_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  if (!gout[0]) return zero_all(gin);
+  require_f32(n, in);
+  const Tensor &x = *in[0], &w = *in[1];
+  cpu::ConvGeom g = cpu::conv_geometry(n, x.shape, w.shape, false);
+  if (out[0]->numel() == 0) return zero_all(gin);
+  bool asym = false;
+  for (int i = 0; i < 3; ++i) asym = asym || g.pb[i] != g.pe[i];
+  Shape xs = x.shape;
+  std::vector<int64_t> begin(x.rank(), 0), end(x.rank(), 0);
+  if (asym)
+    for (int d = 2; d < x.rank(); ++d) {
+      const int a = g.first() + d - 2;
+      begin[d] = g.pb[a];
+      end[d] = g.pe[a];
+      xs[d] = x.shape[d] + begin[d] + end[d];
+      g.pb[a] = g.pe[a] = 0;
+    }
+  const ConvPlan& p = conv_plan(n, g, xs, w.shape, out[0]->shape);
+  const float one = 1.f, zero = 0.f;
+  const float* dy = gout[0]->data<float>();
+  if (Tensor* gx = gin[0]) {
+    const Algo a = algo_for(n, p, Pass::Data);
+    Scratch ws(a.ws), full(asym ? numel(xs) * sizeof(float) : 0);
+    float* dx = asym ? full.f() : gx->data<float>();
+    CUDNN_CHECK(cudnnConvolutionBackwardData(ctx().dnn, &one, p.w, w.data<float>(), p.y, dy, p.conv,
+                                             (cudnnConvolutionBwdDataAlgo_t)a.algo, ws.p, a.ws, &zero, p.x, dx));
+    if (asym) {  // crop the padded gradient back to x
+      std::vector<int64_t> nb(begin.size()), ne(end.size());
+      for (size_t d = 0; d < begin.size(); ++d) {
+        nb[d] = -begin[d];
+        ne[d] = -end[d];
+      }
+      PadIndex c;
+      NCHECK(make_pad(xs, nb, ne, PadMode::Constant, &c), "too many dims");
+      launch_pad(c, x.numel(), dx, gx->data<float>(), 0.f);
+    }
+  }
+  if (Tensor* gw = gin_at(gin, 1)) {
+    const Algo a = algo_for(n, p, Pass::Filter);
+    Scratch ws(a.ws), padded(asym ? numel(xs) * sizeof(float) : 0);
+    const float* xp = x.data<float>();
+    if (asym) {
+      PadIndex pi;
+      NCHECK(make_pad(x.shape, begin, end, PadMode::Constant, &pi), "too many dims");
+      launch_pad(pi, numel(xs), xp, padded.f(), 0.f);
+      xp = padded.f();
+    }
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx().dnn, &one, p.x, xp, p.y, dy, p.conv,
+                                               (cudnnConvolutionBwdFilterAlgo_t)a.algo, ws.p, a.ws, &zero, p.w,
+                                               gw->data<float>()));
+  }
+  conv_bias_bw(n, *gout[0], gin_at(gin, 2));
+}
+
+// ConvTranspose (forward = cuDNN backward data from x to the natural output `full`, then
+// cropped or padded to the output): gx = cuDNN forward conv of gY (padded back to `full`),
+// gw = cuDNN backward filter with gY as the conv's input and x as its output gradient.
+void conv_transpose_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  if (!gout[0]) return zero_all(gin);
+  require_f32(n, in);
+  const Tensor &x = *in[0], &w = *in[1];
+  cpu::ConvGeom g = cpu::conv_geometry(n, x.shape, w.shape, true);
+  const Shape& os = out[0]->shape;
+  if (out[0]->numel() == 0) return zero_all(gin);
+  bool asym = false;
+  for (int i = 0; i < 3; ++i) asym = asym || g.pb[i] != g.pe[i] || g.pb[i] < 0;
+  Shape full = os;
+  std::vector<int64_t> begin(os.size(), 0), end(os.size(), 0);  // full -> gY's reverse: pad by the crop
+  if (asym)
+    for (int i = g.first(); i < 3; ++i) {
+      const size_t d = 2 + i - g.first();
+      full[d] = os[d] + g.pb[i] + g.pe[i];
+      begin[d] = g.pb[i];
+      end[d] = g.pe[i];
+      g.pb[i] = g.pe[i] = 0;
+    }
+  const ConvPlan& p = conv_plan(n, g, full, w.shape, x.shape);
+  Scratch gfull(asym ? numel(full) * sizeof(float) : 0);
+  const float* dy = gout[0]->data<float>();
+  if (asym) {
+    PadIndex pi;
+    NCHECK(make_pad(os, begin, end, PadMode::Constant, &pi), "too many dims");
+    launch_pad(pi, numel(full), dy, gfull.f(), 0.f);
+    dy = gfull.f();
+  }
+  const float one = 1.f, zero = 0.f;
+  if (Tensor* gx = gin[0]) {
+    const Algo a = algo_for(n, p, Pass::Fwd);
+    Scratch ws(a.ws);
+    CUDNN_CHECK(cudnnConvolutionForward(ctx().dnn, &one, p.x, dy, p.w, w.data<float>(), p.conv,
+                                        (cudnnConvolutionFwdAlgo_t)a.algo, ws.p, a.ws, &zero, p.y,
+                                        gx->data<float>()));
+  }
+  if (Tensor* gw = gin_at(gin, 1)) {
+    const Algo a = algo_for(n, p, Pass::Filter);
+    Scratch ws(a.ws);
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx().dnn, &one, p.x, dy, p.y, x.data<float>(), p.conv,
+                                               (cudnnConvolutionBwdFilterAlgo_t)a.algo, ws.p, a.ws, &zero, p.w,
+                                               gw->data<float>()));
+  }
+  conv_bias_bw(n, *gout[0], gin_at(gin, 2));
+}
+
 }  // namespace
 
 void register_linalg(TableBackend& b) {
@@ -407,6 +719,12 @@ void register_linalg(TableBackend& b) {
   b.register_kernel("Einsum", einsum_op);
   b.register_kernel("Conv", conv_op);
   b.register_kernel("ConvTranspose", conv_transpose_op);
+  b.register_backward("Linear", linear_bw);
+  b.register_backward("MatMul", matmul_bw);
+  b.register_backward("Gemm", gemm_bw);
+  b.register_backward("Einsum", einsum_bw);
+  b.register_backward("Conv", conv_bw);
+  b.register_backward("ConvTranspose", conv_transpose_bw);
 }
 
 }  // namespace wxe::cuda
