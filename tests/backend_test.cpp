@@ -172,12 +172,12 @@ std::string compare_grad_case(const GradCase& c, const std::string& device, doub
   for (auto& t : c.inputs) hin.push_back(t.defined() ? &t : nullptr);
   Node n = c.node;
   std::vector<Tensor> ref_out = run_node(n, hin, KernelKind::Reference);
-  std::vector<Tensor> gout_h;
+  std::vector<Tensor> gout_h(ref_out.size());  // sized first: gout_p points into it
   std::vector<const Tensor*> gout_p;
   for (size_t o = 0; o < ref_out.size(); ++o) {
     const bool f = ref_out[o].dtype == DType::F32;
-    gout_h.push_back(f ? randn(ref_out[o].shape, 900 + (unsigned)o) : Tensor());
-    gout_p.push_back(f ? &gout_h.back() : nullptr);
+    if (f) gout_h[o] = randn(ref_out[o].shape, 900 + (unsigned)o);
+    gout_p.push_back(f ? &gout_h[o] : nullptr);
   }
   auto wants = [&](size_t i) {
     return c.inputs[i].defined() && c.inputs[i].dtype == DType::F32 &&
@@ -278,6 +278,7 @@ TEST(Backends, EveryDeviceBackwardMatchesTheCpuReference) {
     for (const std::string& op : find_backend(dev)->ops()) {
       if (!find_backend(dev)->kernel(op)->backward) continue;
       for (const GradCase& c : cases_for(op)) {
+        if (std::getenv("WXE_TRACE_CASES")) std::fprintf(stderr, "%s: %s case '%s'\n", dev.c_str(), op.c_str(), c.label.c_str());
         std::string bad = compare_grad_case(c, dev, &worst);
         if (bad.rfind("unsupported: ", 0) == 0) {
           std::printf("%s: %s case '%s': %s\n", dev.c_str(), op.c_str(), c.label.c_str(), bad.c_str());
