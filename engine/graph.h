@@ -48,6 +48,12 @@ struct Value {
   bool shape_known = false;
   std::shared_ptr<Tensor> constant;  // set when the value is known without running the graph
   bool is_param = false;             // a trained parameter (initializer or folded weight)
+  // Set where a pass named a parameter from the graph's structure (passes.h
+  // name_params_by_scope): the initializer's name in the export ("div_12", "onnx::MatMul_7").
+  std::string export_name;
+  // Other checkpoint names this parameter may carry, tried in order when `name` is not in the
+  // checkpoint; one that fits its shape is taken, two that fit are an ambiguity (load_weights).
+  std::vector<std::string> alt_names;
   bool is_const() const { return constant != nullptr; }
 };
 

@@ -125,6 +125,21 @@ std::array<Tensor, 3> split_qkv(const Tensor& w, const std::string& name) {
   return r;
 }
 
+Tensor position_bias_grid(int64_t rows) {
+  int64_t side = 1;
+  while (side * side < rows) side += 2;
+  if (rows < 1 || side * side != rows) return Tensor(DType::F32, {0, 2});
+  const int64_t w = side / 2;
+  Tensor t(DType::F32, {rows, 2});
+  float* p = t.data<float>();
+  for (int64_t i = -w; i <= w; ++i)
+    for (int64_t j = -w; j <= w; ++j) {
+      *p++ = (float)i;
+      *p++ = (float)j;
+    }
+  return t;
+}
+
 Tensor conv1x1_to_linear(const Tensor& w, const std::string& name) {
   if (w.rank() == 2) return w;
   WXE_CHECK(w.rank() == 4 && w.shape[2] == 1 && w.shape[3] == 1, name, ": ", shape_str(w.shape),

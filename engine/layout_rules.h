@@ -41,6 +41,10 @@ std::array<Tensor, 3> split_qkv(const Tensor& w, const std::string& name);
 // (O, I, 1, 1) -> (O, I); 2-D passes through.
 Tensor conv1x1_to_linear(const Tensor& w, const std::string& name);
 
+// CREDIT's DynamicPositionBias input: the relative positions of a window of w+1 tokens,
+// [[i, j] for i in -w..w for j in -w..w] as float (rows, 2). Empty unless rows = (2w+1)^2.
+Tensor position_bias_grid(int64_t rows);
+
 struct ConvertReport {
   int tensors_in = 0, tensors_out = 0;
   int spectral_norm_folded = 0, qkv_split = 0, reshaped = 0;

@@ -1,6 +1,7 @@
 #include "engine/passes.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -297,6 +298,30 @@ bool is_pointwise_conv(const Graph& g, const Node& n) {
          n.s("auto_pad", "NOTSET") != "SAME_LOWER";
 }
 
+// An initializer whose name says nothing of the module it belongs to: the TorchScript
+// exporter's "onnx::Mul_123", the dynamo exporter's folded constants ("div_12", "val_7",
+// "linear_4"). Module parameters are named by their path ("layers.0.to_out.bias").
+bool anonymous_name(const std::string& n) { return n.rfind("onnx::", 0) == 0 || n.find('.') == std::string::npos; }
+
+// "col_attn_1.norm_1.weight" -> "col_attn.norm.weight": the TorchScript exporter scopes the
+// second call of a module "<name>_1" (a frames-2 model calls its level embedding once a frame).
+std::string collapse_repeated_calls(const std::string& name) {
+  std::string r, c;
+  auto flush = [&] {
+    size_t u = c.rfind('_');
+    bool digits = u != std::string::npos && u + 1 < c.size() && u > 0 &&
+                  std::all_of(c.begin() + u + 1, c.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    r += (r.empty() ? "" : ".") + (digits ? c.substr(0, u) : c);
+    c.clear();
+  };
+  for (char ch : name) {
+    if (ch == '.') flush();
+    else c += ch;
+  }
+  flush();
+  return r;
+}
+
 std::string node_name_of(const std::string& module) { return "/" + module + "/Linear"; }
 
 bool ends_with_any(const std::string& m, std::initializer_list<const char*> tails) {
@@ -313,8 +338,11 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[1] < 0) return false;
   const Value& c = g.values[n.inputs[1]];
   const std::string module = scope_module(n.name);
+  // a projection role, or any module whose weight the exporter transposed into an anonymous
+  // constant (nn.Linear without bias, nn.MultiheadAttention's in_proj/out_proj)
+  const bool anonymous = anonymous_name(c.name) && !module.empty();
   if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
-      !ends_with_any(module, {".to_q", ".to_k", ".to_v", ".to_out", ".layers.1", ".layers.4"}))
+      (!anonymous && !ends_with_any(module, {".to_q", ".to_k", ".to_v", ".to_out", ".layers.1", ".layers.4"})))
     return false;
   const Tensor& ct = *c.constant;  // (K, N)
   Tensor w(ct.dtype, {ct.shape[1], ct.shape[0]});
@@ -326,7 +354,15 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   l.op = "Linear";
   l.name = node_name_of(module);
   l.attrs["axis"] = attr_i(-1);
+  const std::string export_name = anonymous_name(c.name) ? c.name : c.export_name;
   l.inputs = {n.inputs[0], g.add_constant(module + ".weight", std::move(w), true)};
+  Value& wv = g.values[l.inputs[1]];
+  wv.export_name = export_name;
+  if (anonymous)  // nn.MultiheadAttention calls its projections functionally, in its own scope
+    for (const std::string& m : {module, collapse_repeated_calls(module)})
+      for (const char* leaf : {".weight", ".in_proj_weight", ".out_proj.weight"})
+        if (m + leaf != wv.name && std::find(wv.alt_names.begin(), wv.alt_names.end(), m + leaf) == wv.alt_names.end())
+          wv.alt_names.push_back(m + leaf);
   l.outputs = n.outputs;
   out.push_back(std::move(l));
   return true;
@@ -438,29 +474,74 @@ void remove_slices_of_concat(Graph& g) {
     }
 }
 
-std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source) {
+WeightMatch match_weights(const Graph& g, const NamedTensors& weights) {
   std::map<std::string, const Tensor*> by_name;
   for (auto& kv : weights) by_name[kv.first] = &kv.second;
   std::vector<int> uses = g.use_counts();
-  std::set<std::string> used;
-  std::vector<std::string> missing, mismatched;
+  std::vector<int> reader(g.values.size(), -1);
+  for (size_t k = g.nodes.size(); k-- > 0;)
+    for (int i : g.nodes[k].inputs)
+      if (i >= 0) reader[i] = (int)k;
+  WeightMatch m;
   for (size_t v = 0; v < g.values.size(); ++v) {
-    Value& x = g.values[v];
+    const Value& x = g.values[v];
     if (!x.is_param || !x.is_const() || !uses[v]) continue;
-    auto it = by_name.find(x.name);
-    if (it == by_name.end()) {
-      missing.push_back(x.name);
+    // where a name came from the graph's structure, say which initializer and node it is
+    std::string what = x.name;
+    if (!x.export_name.empty() || anonymous_name(x.name)) {
+      what += " (initializer '" + (x.export_name.empty() ? x.name : x.export_name) + "'";
+      if (reader[v] >= 0) what += ", read by node " + g.nodes[reader[v]].name;
+      what += ")";
+    }
+    std::string name = x.name;
+    if (!by_name.count(name)) {
+      std::vector<std::string> fit;
+      for (const std::string& a : x.alt_names) {
+        auto it = by_name.find(a);
+        if (it != by_name.end() && shapes_fit(it->second->shape, x.shape) &&
+            std::find(fit.begin(), fit.end(), a) == fit.end())
+          fit.push_back(a);
+      }
+      if (fit.size() > 1) {
+        m.ambiguous.push_back(what + " could be " + fit[0] + " or " + fit[1]);
+        continue;
+      }
+      if (fit.empty()) {
+        m.missing.push_back(what);
+        continue;
+      }
+      name = fit[0];
+    }
+    m.used.insert(name);
+    const Tensor* t = by_name[name];
+    if (!shapes_fit(t->shape, x.shape)) {
+      m.mismatched.push_back(what + " " + shape_str(t->shape) + " vs graph " + shape_str(x.shape));
       continue;
     }
-    used.insert(x.name);
-    if (!shapes_fit(it->second->shape, x.shape)) {
-      mismatched.push_back(x.name + " " + shape_str(it->second->shape) + " vs graph " + shape_str(x.shape));
-      continue;
-    }
+    if (name != x.name || !x.export_name.empty()) ++m.by_structure;
+    m.matched.push_back({(int)v, name});
+  }
+  for (auto& kv : weights)
+    if (!m.used.count(kv.first)) m.unused.push_back(kv.first);
+  return m;
+}
+
+std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source,
+                                      int* by_structure) {
+  std::map<std::string, const Tensor*> by_name;
+  for (auto& kv : weights) by_name[kv.first] = &kv.second;
+  WeightMatch m = match_weights(g, weights);
+  std::vector<std::string>& missing = m.missing;
+  std::vector<std::string>& mismatched = m.mismatched;
+  for (auto& [v, name] : m.matched) {
+    Value& x = g.values[v];
     Tensor t(x.dtype, x.shape);  // a (C,) checkpoint tensor may feed a (C, 1, 1) graph one
-    convert(*it->second, t);
+    convert(*by_name[name], t);
     x.constant = std::make_shared<Tensor>(std::move(t));
   }
+  if (by_structure) *by_structure = m.by_structure;
+  WXE_CHECK(m.ambiguous.empty(), source, ": weights do not fit the model: ", m.ambiguous.size(),
+            " parameters match more than one checkpoint tensor: ", m.ambiguous[0]);
   if (!missing.empty() || !mismatched.empty()) {
     // the first few names of each list, not thousands: the error stays one readable line
     auto some = [](const std::vector<std::string>& v) {
@@ -493,10 +574,7 @@ std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, con
     }
     fail(msg);
   }
-  std::vector<std::string> unused;
-  for (auto& kv : weights)
-    if (!used.count(kv.first)) unused.push_back(kv.first);
-  return unused;
+  return m.unused;
 }
 
 std::string scope_module(const std::string& node_name) {
@@ -517,25 +595,145 @@ std::string scope_module(const std::string& node_name) {
   return m;
 }
 
+namespace {
+
+int producer_op(const Graph& g, const std::vector<int>& prod, int v, const char* op) {
+  return v >= 0 && prod[v] >= 0 && g.nodes[prod[v]].op == op ? prod[v] : -1;
+}
+
+// GroupNorm as both exporters write it: Reshape -> InstanceNormalization (unit scale, zero bias,
+// one per group) -> Reshape -> Mul(weight) -> Add(bias).
+bool in_of_group_norm(const Graph& g, const std::vector<int>& prod, const Node& n) {
+  return n.op == "InstanceNormalization" && producer_op(g, prod, n.inputs[0], "Reshape") >= 0;
+}
+
+// What a constant read at input `slot` of `n` is: a parameter ("weight"/"bias" of the node's
+// module, "?" for one whose name the structure does not give) or a literal ("").
+std::string param_slot(const Graph& g, const std::vector<int>& prod, const Node& n, size_t slot) {
+  const Value& c = g.values[n.inputs[slot]];
+  auto runtime = [&](size_t k) { return k < n.inputs.size() && n.inputs[k] >= 0 && !g.values[n.inputs[k]].is_const(); };
+  if (n.op == "Conv" || n.op == "ConvTranspose") return slot == 1 ? "weight" : slot == 2 ? "bias" : "?";
+  if (n.op == "Gemm") {
+    if (slot == 2) return "bias";
+    if (slot == 1) return n.i("transB", 0) == 1 && n.i("transA", 0) == 0 ? "weight" : "?";
+    return "?";  // a folded computation (a Linear run on a constant)
+  }
+  if (n.op == "LayerNormalization" || (n.op == "InstanceNormalization" && !in_of_group_norm(g, prod, n)))
+    return slot == 1 ? "weight" : slot == 2 ? "bias" : "?";
+  if (n.op == "MatMul") return slot == 1 && c.shape.size() == 2 && runtime(0) ? "?" : "";  // matmul_to_linear
+  if ((n.op == "Mul" || n.op == "Add") && n.inputs.size() == 2 && runtime(1 - slot) &&
+      (c.constant->numel() > 1 || c.name.rfind("onnx::", 0) == 0))
+    return n.op == "Mul" ? "weight" : "bias";  // GroupNorm's affine, a level embedding's bias
+  return "";
+}
+
+// CREDIT's DynamicPositionBias runs an MLP on the relative-position grid of a window
+// (layout::position_bias_grid). The dynamo exporter folds its first Linear, run on that
+// constant grid, into one constant `(n, D)` read by the LayerNorm `<P>.layers.1`: the Linear
+// is put back (Gemm(grid, P.layers.0.weight, P.layers.0.bias)), its parameters fitted to the
+// constant so that the graph computes the same without a checkpoint and a checkpoint's
+// P.layers.0 takes effect.
+void restore_position_bias_linear(Graph& g) {
+  std::vector<Node> out;
+  for (Node& n : g.nodes) {
+    const std::string module = scope_module(n.name);
+    const std::string tail = ".layers.1";
+    int xi = n.inputs.empty() ? -1 : n.inputs[0];
+    if (n.op != "LayerNormalization" || xi < 0 || !ends_with(module, tail) || !g.values[xi].is_param ||
+        !g.values[xi].is_const() || !anonymous_name(g.values[xi].name) || g.values[xi].shape.size() != 2 ||
+        g.values[xi].dtype != DType::F32) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    const std::string p = module.substr(0, module.size() - tail.size());
+    const Value x = g.values[xi];  // a copy: adding values below may move g.values
+    Tensor grid = layout::position_bias_grid(x.shape[0]);
+    WXE_CHECK(grid.numel() > 0, g.source, ": initializer '", x.name, "' read by node ", n.name,
+              " is a folded computation ", shape_str(x.shape), ", not a parameter, and its rows are not a "
+              "(2w+1)^2 relative-position grid: which parameters made it is not known, so a checkpoint cannot "
+              "be loaded into this export (export it without constant folding)");
+    const int64_t rows = x.shape[0], d = x.shape[1];
+    const float* y = x.constant->data<float>();
+    const float* gr = grid.data<float>();
+    // least squares y[:, j] = w_j0 * gi + w_j1 * gj + b_j; the grid is centred and its two
+    // columns orthogonal with equal norms, so the normal equations are diagonal
+    double ss = 0;
+    for (int64_t r = 0; r < rows; ++r) ss += (double)gr[2 * r] * gr[2 * r];
+    Tensor w(DType::F32, {d, 2}), b(DType::F32, {d});
+    double worst = 0, scale = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      double s0 = 0, s1 = 0, sb = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        double v = y[r * d + j];
+        s0 += gr[2 * r] * v;
+        s1 += gr[2 * r + 1] * v;
+        sb += v;
+        scale = std::max(scale, std::fabs(v));
+      }
+      w.data<float>()[2 * j] = (float)(ss > 0 ? s0 / ss : 0.0);
+      w.data<float>()[2 * j + 1] = (float)(ss > 0 ? s1 / ss : 0.0);
+      b.data<float>()[j] = (float)(sb / rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        double fit = w.data<float>()[2 * j] * gr[2 * r] + w.data<float>()[2 * j + 1] * gr[2 * r + 1] + b.data<float>()[j];
+        worst = std::max(worst, std::fabs(fit - y[r * d + j]));
+      }
+    }
+    WXE_CHECK(worst <= 1e-4 * (1 + scale), g.source, ": initializer '", x.name, "' read by node ", n.name,
+              " (the position-bias MLP of ", p, ") is not a Linear of the relative-position grid (off by ", worst,
+              "): which parameters made it is not known, so a checkpoint cannot be loaded into this export");
+    Node gemm;
+    gemm.op = "Gemm";
+    gemm.name = "/" + p + ".layers.0/Gemm";
+    gemm.attrs["transB"] = attr_i(1);
+    int wi = g.add_constant(p + ".layers.0.weight", std::move(w), true);
+    int bi = g.add_constant(p + ".layers.0.bias", std::move(b), true);
+    g.values[wi].export_name = g.values[bi].export_name = x.name;
+    gemm.inputs = {g.add_constant(p + ".grid", std::move(grid)), wi, bi};
+    Value o;
+    o.name = gemm.name + "_output_0";
+    gemm.outputs = {g.add_value(o)};
+    n.inputs[0] = gemm.outputs[0];
+    out.push_back(std::move(gemm));
+    out.push_back(std::move(n));
+  }
+  g.nodes = std::move(out);
+}
+
+}  // namespace
+
 void name_params_by_scope(Graph& g) {
+  restore_position_bias_linear(g);
+  std::vector<int> prod = g.producers();
   size_t nvalues = g.values.size();
   std::map<std::string, int> by_name;
   for (size_t v = 0; v < nvalues; ++v) by_name[g.values[v].name] = (int)v;
+  std::vector<bool> param_use(nvalues, false);  // read where a parameter goes
   // per parameter: the consumers' modules
   std::map<int, std::map<std::string, std::vector<std::pair<int, int>>>> uses;  // value -> name -> (node, slot)
   for (size_t k = 0; k < g.nodes.size(); ++k) {
-    const Node& n = g.nodes[k];
+    Node& n = g.nodes[k];
     std::string module = scope_module(n.name);
-    if (module.empty()) continue;
     for (size_t s2 = 0; s2 < n.inputs.size(); ++s2) {
       int v = n.inputs[s2];
       if (v < 0 || !g.values[v].is_param || !g.values[v].is_const()) continue;
       const std::string& name = g.values[v].name;
+      if (in_of_group_norm(g, prod, n) && s2 > 0) {
+        // its unit scale and zero bias are constants; the exporter may have shared them with a
+        // parameter of equal value (a LayerNorm's gain): loading that parameter must not move them
+        if (!anonymous_name(name)) {
+          Value copy = g.values[v];
+          copy.name = n.name + "/group_constant" + std::to_string(s2);
+          copy.is_param = false;
+          n.inputs[s2] = g.add_value(copy);
+        }
+        continue;
+      }
       std::string want;
-      if (name.rfind("onnx::", 0) == 0) {  // exporter-made copy: GroupNorm's affine Mul/Add
-        if (n.op == "Mul") want = module + ".weight";
-        if (n.op == "Add") want = module + ".bias";
-      } else {
+      if (anonymous_name(name)) {
+        std::string leaf = param_slot(g, prod, n, s2);
+        if (!leaf.empty()) param_use[v] = true;
+        if (!module.empty() && leaf != "?" && !leaf.empty()) want = module + "." + leaf;
+      } else if (!module.empty()) {
         std::string leaf = name.substr(name.rfind('.') + 1);
         if (leaf == "weight" || leaf == "bias" || leaf == "g" || leaf == "b") want = module + "." + leaf;
       }
@@ -553,13 +751,25 @@ void name_params_by_scope(Graph& g) {
                                std::any_of(g.outputs.begin(), g.outputs.end(), [&](int o) { return o == v; }))) {
         Value copy = g.values[v];  // shares the tensor; loading weights replaces it per copy
         copy.name = want;
+        copy.export_name = g.values[v].name;
         target = g.add_value(copy);
       } else {
+        g.values[v].export_name = g.values[v].name;
         g.values[v].name = want;
       }
       by_name[want] = target;
       for (auto [k, slot] : slots) g.nodes[k].inputs[slot] = target;
     }
+  }
+  // anonymous initializers read only where literals go (eps, scales, shapes) are constants, not
+  // parameters a checkpoint sets; one read where a parameter goes keeps its name, and loading a
+  // checkpoint names it and its node when it does not find it
+  for (size_t v = 0; v < nvalues; ++v)
+    if (g.values[v].is_param && anonymous_name(g.values[v].name) && !param_use[v]) g.values[v].is_param = false;
+  for (Value& x : g.values) {
+    std::string c = collapse_repeated_calls(x.name);
+    if (x.is_param && c != x.name && std::find(x.alt_names.begin(), x.alt_names.end(), c) == x.alt_names.end())
+      x.alt_names.push_back(c);
   }
 }
 

@@ -1,6 +1,7 @@
 // Graph -> Graph passes. Each can run and be tested alone; simplify() runs them in order.
 #pragma once
 #include <map>
+#include <set>
 #include <string>
 
 #include "engine/graph.h"
@@ -67,20 +68,43 @@ void rewrite_linear_layout(Graph& g);
 // Slice nodes that take exactly one input of a Concat read that input instead.
 void remove_slices_of_concat(Graph& g);
 
-// Replaces every parameter the graph uses by the tensor of the same name in `weights`
-// (converted to the graph's dtype). Parameters missing from `weights`, and shapes that differ,
-// are one error listing them all. Returns the names in `weights` the graph does not use.
-std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source);
+// Which checkpoint tensor each parameter the graph uses takes: the one of its name, else the
+// one of its alt_names (Value) whose shape fits. Parameters named from the graph's structure
+// are described with their initializer and the node that reads them.
+struct WeightMatch {
+  std::vector<std::pair<int, std::string>> matched;  // value id -> checkpoint name
+  std::vector<std::string> missing, mismatched, ambiguous;  // one description each
+  std::set<std::string> used;
+  std::vector<std::string> unused;  // checkpoint names no parameter takes
+  int by_structure = 0;  // matched parameters whose name the graph's structure gave
+};
+WeightMatch match_weights(const Graph& g, const NamedTensors& weights);
+
+// Replaces every parameter the graph uses by its tensor in `weights` (match_weights; converted
+// to the graph's dtype). Parameters missing from `weights`, shapes that differ and parameters
+// that fit more than one tensor are one error. Returns the names in `weights` the graph does
+// not use; `by_structure` gets how many parameters were matched by a name from the graph's
+// structure (name_params_by_scope) rather than the export's own.
+std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source,
+                                      int* by_structure = nullptr);
 
 // Module path of a torch.onnx.export node name: "/layers.0.1/layers.0.1/layers/layers.0/Mul"
 // -> "layers.0.1.layers.0.1.layers.0". "" for names not in that form.
 std::string scope_module(const std::string& node_name);
 
-// Gives every parameter the name of the module that reads it, from the reader's scope:
-// the exporter shares one initializer between modules whose values are equal (LayerNorm gains
-// at initialization, say) and names its own copies "onnx::Mul_123" (GroupNorm's affine
-// parameters); each reader gets a parameter named "<module>.<leaf>" so loading a checkpoint
-// sets each module's own value.
+// Gives every parameter the name of the module that reads it, from the reader's scope
+// (TorchScript node names; the dynamo exporter's name_scopes metadata, which the importer puts
+// in front of its node names): the exporter shares one initializer between modules whose
+// values are equal (LayerNorm gains at initialization, say) and names its own copies
+// "onnx::Mul_123" (GroupNorm's affine parameters); the dynamo exporter folds the spectral norm
+// of small layers into anonymous constants ("div_12"). An anonymous constant read where a
+// parameter goes (Conv/ConvTranspose/Gemm weight and bias, a norm's scale and bias, Mul/Add
+// with a non-scalar constant) becomes "<module>.weight"/".bias"; a spectral-norm layer's then
+// takes the checkpoint's folded X.weight. Anonymous constants read only where literals go
+// (eps, scales, shapes) stop being parameters. The position-bias MLP's first Linear, which the
+// dynamo exporter folds with its constant grid, is put back (Gemm on the grid, parameters fitted
+// to the constant). A parameter read in a module called twice ("level_embedding_1", TorchScript's
+// name for the second call) gets the first call's name as an alternative (Value::alt_names).
 void name_params_by_scope(Graph& g);
 
 // Shapes equal once dimensions of size 1 are dropped ((C,) fits (C, 1, 1)).

@@ -57,8 +57,12 @@ void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, con
     bool keep_sn = opt.training && std::any_of(g.nodes.begin(), g.nodes.end(),
                                                [](const Node& n) { return n.op == "SpectralNorm"; });
     NamedTensors w = read_weights(opt.weights, nullptr, slices.empty() ? nullptr : &slices, keep_sn);
-    std::vector<std::string> unused = load_weights(g, w, opt.weights);
-    note("wxe: loaded %zu tensors from %s\n", w.size() - unused.size(), opt.weights.c_str());
+    int by_structure = 0;
+    std::vector<std::string> unused = load_weights(g, w, opt.weights, &by_structure);
+    note("wxe: loaded %zu tensors from %s", w.size() - unused.size(), opt.weights.c_str());
+    if (by_structure)  // names the export lost (folded spectral norm, shared or renamed initializers)
+      note(" (%d parameters matched by graph structure)", by_structure);
+    note("\n");
     if (!unused.empty())
       note("wxe: warning: %zu tensors of %s are not used by the model (first: %s)\n", unused.size(),
            opt.weights.c_str(), unused[0].c_str());

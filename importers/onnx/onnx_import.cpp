@@ -1,5 +1,6 @@
 #include "importers/onnx/onnx_import.h"
 
+#include <google/protobuf/unknown_field_set.h>
 #include <onnx/onnx_pb.h>
 
 #include <fcntl.h>
@@ -342,6 +343,25 @@ Graph import_onnx(const std::string& path) {
     n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
     if (!n.domain.empty()) n.op = n.domain + "." + n.op;
     n.name = np.name();
+    // the dynamo exporter names nodes "node_conv2d_5" and keeps the module that made each in
+    // metadata (pkg.torch.onnx.name_scopes = "['', 'layers.0', 'layers.0.to_out', 'conv2d_5']");
+    // prefix it as the TorchScript exporter's "/layers.0/to_out/Conv" does (passes.h scope_module)
+    // (NodeProto field 9, newer than the onnx.proto wxe builds with: read from the unknown fields)
+    const google::protobuf::UnknownFieldSet& unknown = np.GetReflection()->GetUnknownFields(np);
+    for (int f = 0; f < unknown.field_count() && !n.name.empty() && n.name[0] != '/'; ++f) {
+      onnx::StringStringEntryProto p;
+      if (unknown.field(f).number() != 9 || unknown.field(f).type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED ||
+          !p.ParseFromString(unknown.field(f).length_delimited()) || p.key() != "pkg.torch.onnx.name_scopes")
+        continue;
+      std::vector<std::string> scopes;
+      for (size_t a = p.value().find('\''); a != std::string::npos; a = p.value().find('\'', a + 1)) {
+        size_t b = p.value().find('\'', a + 1);
+        if (b == std::string::npos) break;
+        scopes.push_back(p.value().substr(a + 1, b - a - 1));
+        a = b;
+      }
+      if (scopes.size() >= 2 && !scopes[scopes.size() - 2].empty()) n.name = "/" + scopes[scopes.size() - 2] + "/" + n.name;
+    }
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
     if (n.domain.empty()) check_arity(np, n.op, where);
     for (auto& a : np.attribute()) {
