@@ -539,6 +539,41 @@ std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, con
     convert(*by_name[name], t);
     x.constant = std::make_shared<Tensor>(std::move(t));
   }
+  // a bias the export dropped: the exporter's optimizer removes the Add of a bias that was zero
+  // when it ran, so the checkpoint's M.bias has no parameter; it goes back on M's only
+  // convolution or linear node that lacks one, where its size is that node's output channels
+  std::vector<std::string> unused;
+  for (const std::string& name : m.unused) {
+    const std::string module = ends_with(name, ".bias") ? name.substr(0, name.size() - 5) : "";
+    int at = -1, count = 0;
+    for (size_t k = 0; !module.empty() && k < g.nodes.size(); ++k) {
+      const Node& n = g.nodes[k];
+      if (scope_module(n.name) != module) continue;
+      if (n.op != "Conv" && n.op != "ConvTranspose" && n.op != "Linear" && n.op != "Gemm") continue;
+      ++count;
+      if (n.inputs.size() == 2 && n.inputs[1] >= 0) at = (int)k;
+    }
+    const Tensor& b = *by_name[name];
+    int64_t channels = -1;
+    if (at >= 0 && count == 1) {
+      const Node& n = g.nodes[at];
+      const Shape& w = g.values[n.inputs[1]].shape;
+      if (n.op == "ConvTranspose" && w.size() >= 2) channels = w[1] * n.i("group", 1);
+      else if (n.op == "Gemm" && w.size() == 2) channels = n.i("transB", 0) ? w[0] : w[1];
+      else if (!w.empty()) channels = w[0];
+    }
+    if (channels < 0 || b.rank() != 1 || b.shape[0] != channels) {
+      unused.push_back(name);
+      continue;
+    }
+    Tensor t(g.values[g.nodes[at].inputs[1]].dtype, b.shape);
+    convert(b, t);
+    int bi = g.add_constant(name, std::move(t), true);
+    g.values[bi].export_name = "(none: dropped by the exporter)";
+    g.nodes[at].inputs.push_back(bi);
+    ++m.by_structure;
+  }
+  m.unused = unused;
   if (by_structure) *by_structure = m.by_structure;
   WXE_CHECK(m.ambiguous.empty(), source, ": weights do not fit the model: ", m.ambiguous.size(),
             " parameters match more than one checkpoint tensor: ", m.ambiguous[0]);

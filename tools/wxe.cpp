@@ -404,27 +404,19 @@ int cmd_convert(const ConvertArgs& a) {
     std::map<std::string, InputSpec> given;
     if (!a.inputs.empty()) given = specs_of(read_inputs(g, a.inputs));
     prepare_graph(g, given);
-    std::map<std::string, const Tensor*> by_name;
-    for (auto& kv : w) by_name[kv.first] = &kv.second;
-    int bad = 0, matched = 0;
-    for (auto& [name, t] : graph_parameters(g)) {
-      auto it = by_name.find(name);
-      if (it == by_name.end()) {
-        std::printf("mismatch: %s %s is in the graph, not in the checkpoint\n", name.c_str(), shape_str(t.shape).c_str());
-        ++bad;
-      } else if (!shapes_fit(it->second->shape, t.shape)) {
-        std::printf("mismatch: %s is %s in the checkpoint, %s in the graph\n", name.c_str(),
-                    shape_str(it->second->shape).c_str(), shape_str(t.shape).c_str());
-        ++bad;
-      } else {
-        ++matched;
-      }
-      by_name.erase(name);
-    }
+    // the same matching as --weights (passes.h match_weights): names the export lost are
+    // recovered from the graph's structure
+    WeightMatch m = match_weights(g, w);
+    int bad = 0, matched = (int)m.matched.size();
+    for (const std::string& d : m.missing) std::printf("mismatch: %s is in the graph, not in the checkpoint\n", d.c_str()), ++bad;
+    for (const std::string& d : m.mismatched) std::printf("mismatch: %s (checkpoint vs graph)\n", d.c_str()), ++bad;
+    for (const std::string& d : m.ambiguous) std::printf("mismatch: %s\n", d.c_str()), ++bad;
     std::string unused;  // modules the exported graph does not use (e.g. CREDIT's cube_embedding)
-    for (auto& kv : by_name) unused += (unused.empty() ? "" : ", ") + kv.first;
-    std::printf("checked against %s: %d parameters match, %d mismatch, %zu checkpoint tensors not in the graph%s\n",
-                a.onnx.c_str(), matched, bad, by_name.size(), unused.empty() ? "" : (" (" + unused + ")").c_str());
+    for (const std::string& n : m.unused) unused += (unused.empty() ? "" : ", ") + n;
+    std::printf("checked against %s: %d parameters match (%d by graph structure), %d mismatch, %zu checkpoint tensors "
+                "not in the graph%s\n",
+                a.onnx.c_str(), matched, m.by_structure, bad, m.unused.size(),
+                unused.empty() ? "" : (" (" + unused + ")").c_str());
     if (bad) {
       std::fprintf(stderr, "wxe: error: %s: %d tensors do not fit %s; nothing written\n", a.checkpoint.c_str(), bad,
                    a.onnx.c_str());

@@ -1,0 +1,113 @@
+// A legacy CREDIT checkpoint loaded into exports that lost its parameter names (issue 10 item 6;
+// passes.h name_params_by_scope, match_weights): the dynamo exporter's folded spectral norm,
+// GroupNorm and position-bias constants, and a frames-2 TorchScript export's renamed second
+// calls and pre-transposed MultiheadAttention weights. Fixtures: models/make_structw_fixtures.py
+// (each export made from weights A, the checkpoint and y from weights B: a parameter left at
+// the export's value, or put in the wrong place, changes y).
+#include <gtest/gtest.h>
+
+#include "engine/executor.h"
+#include "engine/npy.h"
+#include "engine/passes.h"
+#include "importers/onnx/onnx_import.h"
+#include "importers/torch/torch_checkpoint.h"
+#include "tests/test_util.h"
+#include "tools/model.h"
+
+using namespace wxe;
+using namespace wxe::test;
+
+namespace {
+
+// The model with `weights` loaded as `wxe infer --weights` does ("" keeps the export's own).
+Tensor run_with(const std::string& stem, const std::string& weights) {
+  Graph g = import_onnx(data_path("tests/data/" + stem + ".onnx"));
+  Tensor x = read_npy(data_path("tests/data/" + stem + "_x.npy"));
+  LoadOptions opt;
+  opt.weights = weights.empty() ? "" : data_path("tests/data/" + weights);
+  prepare_model(g, {{"x", {x.dtype, x.shape}}}, opt);
+  return Executor(g, {0, KernelKind::Fast}).run({{"x", x}})[0];
+}
+
+// match_weights on the prepared export, as `wxe convert --onnx` runs it.
+WeightMatch match(const std::string& model, const std::string& x_npy, const NamedTensors& w) {
+  Graph g = import_onnx(data_path("tests/data/" + model));
+  Tensor x = read_npy(data_path("tests/data/" + x_npy));
+  prepare_graph(g, {{"x", {x.dtype, x.shape}}});
+  return match_weights(g, w);
+}
+
+}  // namespace
+
+// The checkpoint's outputs, not the export's: every parameter of B found its place.
+TEST(StructureWeights, CheckpointLoadsIntoExportsThatLostItsNames) {
+  register_cpu_kernels();
+  for (const char* stem : {"structw_crossformer_dynamo", "structw_nextgen_f2_ts"}) {
+    SCOPED_TRACE(stem);
+    Tensor ref = read_npy(data_path(std::string("tests/data/") + stem + "_y.npy"));
+    Tensor own = run_with(stem, "");
+    EXPECT_GT(max_abs_diff(own, ref), 0.1);  // the export's weights A give another y
+    Tensor y = run_with(stem, std::string(stem) + "_checkpoint.pt");
+    ASSERT_EQ(shape_str(y.shape), shape_str(ref.shape));
+    EXPECT_LE(max_abs_diff(y, ref), 1e-4);
+    EXPECT_LE(rel_l2(y, ref), 1e-5);
+  }
+}
+
+// `convert --onnx` finds every parameter, most of the dynamo export's by structure; the
+// torch 2 dynamo exports of the tiny models (shipped before, not loadable before) too.
+TEST(StructureWeights, ConvertCheckFindsEveryParameter) {
+  register_cpu_kernels();
+  struct Case {
+    const char *model, *x, *ckpt;
+    int min_structural;
+  } cases[] = {
+      {"structw_crossformer_dynamo.onnx", "structw_crossformer_dynamo_x.npy", "structw_crossformer_dynamo_checkpoint.pt", 60},
+      {"structw_nextgen_f2_ts.onnx", "structw_nextgen_f2_ts_x.npy", "structw_nextgen_f2_ts_checkpoint.pt", 10},
+      {"torch2_crossformer_tiny_dynamo.onnx", "torch2_crossformer_tiny_x.npy", "crossformer_tiny_checkpoint.pt", 100},
+      {"torch2_wxformer_tiny_dynamo.onnx", "torch2_wxformer_tiny_x.npy", "wxformer_tiny_checkpoint.pt", 100},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.model);
+    NamedTensors w = read_weights(data_path(std::string("tests/data/") + c.ckpt));
+    WeightMatch m = match(c.model, c.x, w);
+    EXPECT_TRUE(m.missing.empty()) << m.missing[0];
+    EXPECT_TRUE(m.mismatched.empty()) << m.mismatched[0];
+    EXPECT_TRUE(m.ambiguous.empty()) << m.ambiguous[0];
+    EXPECT_GE(m.by_structure, c.min_structural);
+    for (const std::string& u : m.unused)  // CREDIT's cube_embedding is not in these graphs; dropped biases
+      EXPECT_TRUE(u.rfind("cube_embedding.", 0) == 0 || ends_with(u, ".bias")) << u;
+  }
+}
+
+// A parameter whose tensor is not in the checkpoint: one error naming the export's initializer
+// and the node that reads it. Two tensors that both fit: refused, not guessed.
+TEST(StructureWeights, UnmatchedOrAmbiguousParameterIsNamed) {
+  register_cpu_kernels();
+  NamedTensors w = read_weights(data_path("tests/data/structw_nextgen_f2_ts_checkpoint.pt"));
+  NamedTensors lacking, twice;
+  for (auto& [n, t] : w) {
+    if (n != "col_attn.attn.in_proj_weight") lacking.push_back({n, t});
+    // out_proj shaped like in_proj: both fit the (6, 2) projection
+    twice.push_back({n, n == "col_attn.attn.out_proj.weight" ? randn({6, 2}, 3) : t});
+  }
+  Graph g = import_onnx(data_path("tests/data/structw_nextgen_f2_ts.onnx"));
+  Tensor x = read_npy(data_path("tests/data/structw_nextgen_f2_ts_x.npy"));
+  prepare_graph(g, {{"x", {x.dtype, x.shape}}});
+  Graph g2 = g;
+  std::string e = error_of([&] { load_weights(g, lacking, "ckpt.pt"); });
+  EXPECT_NE(e.find("ckpt.pt: weights do not fit the model: missing 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("initializer 'onnx::MatMul_4681', read by node /col_attn.attn/Linear"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  e = error_of([&] { load_weights(g2, twice, "ckpt.pt"); });
+  EXPECT_NE(e.find("match more than one checkpoint tensor"), std::string::npos) << e;
+  EXPECT_NE(e.find("col_attn.attn.in_proj_weight or col_attn.attn.out_proj.weight"), std::string::npos) << e;
+}
+
+// The position-bias grid of CREDIT's DynamicPositionBias: (2w+1)^2 rows of (i, j), i major.
+TEST(StructureWeights, PositionBiasGrid) {
+  Tensor t = layout::position_bias_grid(9);
+  ASSERT_EQ(shape_str(t.shape), "(9, 2)");
+  expect_close(t, Tensor::from_f32({9, 2}, {-1, -1, -1, 0, -1, 1, 0, -1, 0, 0, 0, 1, 1, -1, 1, 0, 1, 1}), 0);
+  EXPECT_EQ(layout::position_bias_grid(8).numel(), 0);
+}
