@@ -73,6 +73,17 @@ if "$wxe" infer "$model" --input "$x" --weights "$tmp/w.safetensors" --compare "
 else
   echo "FAIL infer-weights-safetensors"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
+# an export that lost the checkpoint's names (dynamo: spectral norm folded into anonymous
+# constants): matched by graph structure, converted, and the converted weights give PyTorch's y
+sw=$src/tests/data/structw_crossformer_dynamo
+if "$wxe" convert "${sw}_checkpoint.pt" --output "$tmp/sw.safetensors" --onnx "$sw.onnx" >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "by graph structure), 0 mismatch" "$tmp/out" \
+   && "$wxe" infer "$sw.onnx" --input "${sw}_x.npy" --weights "$tmp/sw.safetensors" --compare "${sw}_y.npy" --tolerance 1e-4 >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "matched by graph structure" "$tmp/err"; then
+  echo "ok   convert-by-structure"
+else
+  echo "FAIL convert-by-structure"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
 expect_fail convert-mismatch "do not fit" "$wxe" convert "$ckpt" --output "$tmp/bad.safetensors" --onnx "$src/tests/data/crossformer_tiny_snbaked_opset17.onnx"
 [ -e "$tmp/bad.safetensors" ] && { echo "FAIL convert-mismatch wrote a file"; fails=$((fails + 1)); }
 expect_fail weights-mismatch "weights do not fit the model" "$wxe" infer "$model" --input "$x" --weights "$src/tests/data/crossformer_tiny_checkpoint.pt"
