@@ -770,7 +770,10 @@ void name_params_by_scope(Graph& g) {
         if (!module.empty() && leaf != "?" && !leaf.empty()) want = module + "." + leaf;
       } else if (!module.empty()) {
         std::string leaf = name.substr(name.rfind('.') + 1);
-        if (leaf == "weight" || leaf == "bias" || leaf == "g" || leaf == "b") want = module + "." + leaf;
+        // a submodule's parameter read in its parent's scope (nn.MultiheadAttention calls
+        // out_proj functionally) keeps its name
+        bool descendant = name.rfind(module + ".", 0) == 0;
+        if (!descendant && (leaf == "weight" || leaf == "bias" || leaf == "g" || leaf == "b")) want = module + "." + leaf;
       }
       if (want.empty() || want == name) want = name;
       uses[v][want].push_back({(int)k, (int)s2});

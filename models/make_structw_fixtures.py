@@ -17,9 +17,14 @@ trainer format: torch.save({"model_state_dict": state_dict})) holds other weight
 and `*_y.npy` is model B's output on `*_x.npy`: a test that loads the checkpoint and matches y
 has put every tensor of B where it belongs (the export's own values would give another y).
 
-    /root/wxe-venv/bin/python models/make_structw_fixtures.py
+    /root/wxe-venv/bin/python models/make_structw_fixtures.py [--extra DIR]
+
+--extra DIR writes, instead, the same models through the other exporter (and a wxformer) to
+DIR, for checking by hand: `wxe infer DIR/NAME.onnx -i DIR/NAME_x.npy -w DIR/NAME_checkpoint.pt
+--compare DIR/NAME_y.npy`.
 """
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -58,14 +63,14 @@ def build(cls, kw, seed, xshape):
     return m.eval()
 
 
-def make(name, cls, kw, xshape, exporter):
+def make(name, cls, kw, xshape, exporter, out=OUT):
     a = build(cls, kw, 0, xshape)
     b = build(cls, kw, 1, xshape)
     torch.manual_seed(2)
     x = torch.randn(*xshape)
     with torch.no_grad():
         ya, yb = a(x), b(x)
-    path = os.path.join(OUT, f"{name}.onnx")
+    path = os.path.join(out, f"{name}.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "ts":
@@ -84,17 +89,25 @@ def make(name, cls, kw, xshape, exporter):
             for k, v in keep:
                 n.metadata_props.add(key=k, value=v)
         onnx.save(m, path)
-    out = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
-    torch.save({"model_state_dict": b.state_dict()}, os.path.join(OUT, f"{name}_checkpoint.pt"))
-    np.save(os.path.join(OUT, f"{name}_x.npy"), x.numpy())
-    np.save(os.path.join(OUT, f"{name}_y.npy"), yb.numpy())
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    torch.save({"model_state_dict": b.state_dict()}, os.path.join(out, f"{name}_checkpoint.pt"))
+    np.save(os.path.join(out, f"{name}_x.npy"), x.numpy())
+    np.save(os.path.join(out, f"{name}_y.npy"), yb.numpy())
     print(name, "params", sum(p.numel() for p in a.parameters()), "bytes", os.path.getsize(path),
-          "ORT vs PyTorch A", float(np.abs(out - ya.numpy()).max()), "|yA - yB|", float((ya - yb).abs().max()))
+          "ORT vs PyTorch A", float(np.abs(got - ya.numpy()).max()), "|yA - yB|", float((ya - yb).abs().max()))
 
 
 if __name__ == "__main__":
     from credit.models.crossformer import CrossFormer
     from credit.models.wxformer.wxformer_next import NextGenWXFormer
 
+    if "--extra" in sys.argv:  # the other exporter of each, and the wxformer, to DIR (not kept)
+        from credit.models.wxformer.crossformer import CrossFormer as WXFormer
+
+        out = sys.argv[sys.argv.index("--extra") + 1]
+        make("structw_crossformer_ts", CrossFormer, CF_KW, CF_X, "ts", out)
+        make("structw_wxformer_dynamo", WXFormer, CF_KW, CF_X, "dynamo", out)
+        make("structw_nextgen_f2_dynamo", NextGenWXFormer, NG_KW, NG_X, "dynamo", out)
+        sys.exit(0)
     make("structw_crossformer_dynamo", CrossFormer, CF_KW, CF_X, "dynamo")
     make("structw_nextgen_f2_ts", NextGenWXFormer, NG_KW, NG_X, "ts")
