@@ -34,8 +34,6 @@ bool non_differentiable(const std::string& op) {
       "If",
       // random: no gradient to its input (it reads only the shape)
       "RandomNormalLike",
-      // inference-only until its backward passes the finite-difference check (kernels/cpu/pool.cpp)
-      "MaxPool",
       // made by the CPU fusion passes for inference; training runs the unfused graph
       "ChannelLayerNorm", "WindowAttention", "ConvChannelsLast", "DepthToSpaceChannelsLast",
       // collectives: their backward is the conjugate collective (parallel/), not a kernel

@@ -250,9 +250,7 @@ void register_pool_ops() {
   register_op("AveragePool", pool_shape, pool_ref);
   register_backward("AveragePool", pool_backward);
   register_op("MaxPool", maxpool_shape, maxpool_ref);
-  // maxpool_backward is written but disagrees with finite differences (tests/pool_test.cpp): not
-  // registered until it is fixed; MaxPool is inference-only for now
-  (void)maxpool_backward;
+  register_backward("MaxPool", maxpool_backward);
   register_op("GlobalAveragePool", gap_shape, gap_ref);
   register_backward("GlobalAveragePool", gap_backward);
 }
