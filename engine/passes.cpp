@@ -382,6 +382,7 @@ void rewrite_linear_layout(Graph& g) {
       continue;
     }
     const Tensor& w = *g.values[n.inputs[1]].constant;
+    const std::string origin = g.values[n.inputs[1]].export_name;  // kept on the rewritten weights
     int bias = n.inputs.size() > 2 ? n.inputs[2] : -1;
     if (linear) {
       Node l;
@@ -389,6 +390,7 @@ void rewrite_linear_layout(Graph& g) {
       l.name = node_name_of(module);
       l.attrs["axis"] = attr_i(1);
       l.inputs = {n.inputs[0], g.add_constant(wname, layout::conv1x1_to_linear(w, wname), true)};
+      g.values[l.inputs[1]].export_name = origin;
       if (bias >= 0) l.inputs.push_back(bias);
       l.outputs = n.outputs;
       out.push_back(std::move(l));
@@ -411,6 +413,7 @@ void rewrite_linear_layout(Graph& g) {
       l.name = node_name_of(mods[k]);
       l.attrs["axis"] = attr_i(1);
       l.inputs = {n.inputs[0], g.add_constant(mods[k] + ".weight", ws[k], true)};
+      g.values[l.inputs[1]].export_name = origin;
       if (bias >= 0) l.inputs.push_back(g.add_constant(mods[k] + ".bias", bs[k], true));
       Value o;
       o.name = l.name + "_output_0";

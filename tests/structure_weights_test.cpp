@@ -111,3 +111,29 @@ TEST(StructureWeights, PositionBiasGrid) {
   expect_close(t, Tensor::from_f32({9, 2}, {-1, -1, -1, 0, -1, 1, 0, -1, 0, 0, 0, 1, 1, -1, 1, 0, 1, 1}), 0);
   EXPECT_EQ(layout::position_bias_grid(8).numel(), 0);
 }
+
+// Fine-tuning a dynamo export that baked the spectral norm of its small layers and traced the
+// others: the traced ones stay SpectralNorm ops reading weight_orig/u/v, the baked ones read
+// the checkpoint's folded weight (and train as plain weights).
+TEST(StructureWeights, TrainingGraphOfAMixedSpectralNormExport) {
+  register_cpu_kernels();
+  Graph g = import_onnx(data_path("tests/data/torch2_crossformer_tiny_dynamo.onnx"));
+  Tensor x = read_npy(data_path("tests/data/torch2_crossformer_tiny_x.npy"));
+  LoadOptions opt;
+  opt.training = true;
+  opt.weights = data_path("tests/data/crossformer_tiny_checkpoint.pt");
+  prepare_model(g, {{"x", {x.dtype, x.shape}}}, opt);
+  EXPECT_EQ(op_counts(g)["SpectralNorm"], 30);
+  NamedTensors folded = read_weights(opt.weights);
+  int checked = 0;
+  for (auto& [name, t] : folded)
+    if (name == "layers.0.0.convs.0.weight" || name == "layers.0.1.layers.0.0.to_q.weight") {
+      int v = g.find_value(name);
+      ASSERT_GE(v, 0) << name;
+      EXPECT_FALSE(g.values[v].export_name.empty()) << name;  // an anonymous constant in the export
+      expect_close(*g.values[v].constant, t, 0);
+      ++checked;
+    }
+  EXPECT_EQ(checked, 2);
+  EXPECT_GE(g.find_value("layers.3.1.layers.0.0.to_qkv.weight_orig"), 0);  // traced: kept
+}

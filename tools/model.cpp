@@ -4,6 +4,7 @@
 #include <cstring>
 #include <cstdarg>
 #include <cstdio>
+#include <set>
 
 #include "importers/torch/torch_checkpoint.h"
 #include "tools/finetune.h"
@@ -57,6 +58,29 @@ void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, con
     bool keep_sn = opt.training && std::any_of(g.nodes.begin(), g.nodes.end(),
                                                [](const Node& n) { return n.op == "SpectralNorm"; });
     NamedTensors w = read_weights(opt.weights, nullptr, slices.empty() ? nullptr : &slices, keep_sn);
+    if (keep_sn) {
+      // layers whose spectral norm the exporter baked into a constant (dynamo folds small ones)
+      // are plain weights in this graph: they read the checkpoint's folded weight, and train
+      // without spectral norm
+      std::set<std::string> have, wanted;
+      for (auto& kv : w) have.insert(kv.first);
+      for (auto& kv : graph_parameters(g))
+        if (!have.count(kv.first)) wanted.insert(kv.first);
+      std::set<std::string> baked;  // their modules' weight_orig/u/v, which nothing reads
+      if (!wanted.empty())
+        for (auto& kv : read_weights(opt.weights, nullptr, slices.empty() ? nullptr : &slices, false)) {
+          if (!wanted.count(kv.first)) continue;
+          w.push_back(kv);
+          std::string m = layout::module_of(kv.first);
+          for (const char* part : {".to_q", ".to_k", ".to_v"})
+            if (ends_with(m, part)) m = m.substr(0, m.size() - 5) + ".to_qkv";
+          baked.insert(m);
+        }
+      w.erase(std::remove_if(w.begin(), w.end(), [&](const auto& kv) {
+                const std::string m = layout::module_of(kv.first), leaf = kv.first.substr(m.size() + 1);
+                return baked.count(m) && (leaf == "weight_orig" || leaf == "weight_u" || leaf == "weight_v");
+              }), w.end());
+    }
     int by_structure = 0;
     std::vector<std::string> unused = load_weights(g, w, opt.weights, &by_structure);
     note("wxe: loaded %zu tensors from %s", w.size() - unused.size(), opt.weights.c_str());
