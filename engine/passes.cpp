@@ -437,6 +437,30 @@ void remove_slices_of_concat(Graph& g) {
   std::vector<int> alias(g.values.size());
   for (size_t i = 0; i < alias.size(); ++i) alias[i] = (int)i;
   for (const Node& n : g.nodes) {
+    // Split into exactly the Concat's parts (the dynamo exporter's qkv.chunk(3)): each output
+    // is the matching input
+    if (n.op == "Split" && !n.inputs.empty() && n.inputs[0] >= 0 && prod[n.inputs[0]] >= 0 &&
+        g.nodes[prod[n.inputs[0]]].op == "Concat" && g.values[n.inputs[0]].shape_known) {
+      const Node& cat = g.nodes[prod[n.inputs[0]]];
+      const int64_t rank = (int64_t)g.values[n.inputs[0]].shape.size();
+      int64_t axis = n.i("axis", 0), caxis = cat.i("axis", 0);
+      if (axis < 0) axis += rank;
+      if (caxis < 0) caxis += rank;
+      std::vector<int64_t> sizes;
+      if (n.inputs.size() > 1 && n.inputs[1] >= 0) {
+        if (g.values[n.inputs[1]].is_const()) sizes = g.values[n.inputs[1]].constant->to_i64();
+      } else if (n.has("split")) {
+        sizes = n.ints("split");
+      } else if (!n.outputs.empty() && g.values[n.inputs[0]].shape[axis] % (int64_t)n.outputs.size() == 0) {
+        sizes.assign(n.outputs.size(), g.values[n.inputs[0]].shape[axis] / (int64_t)n.outputs.size());
+      }
+      bool same = axis == caxis && sizes.size() == cat.inputs.size() && sizes.size() == n.outputs.size();
+      for (size_t k = 0; same && k < sizes.size(); ++k)
+        same = g.values[cat.inputs[k]].shape_known && g.values[cat.inputs[k]].shape[axis] == sizes[k];
+      if (same)
+        for (size_t k = 0; k < sizes.size(); ++k) alias[n.outputs[k]] = cat.inputs[k];
+      continue;
+    }
     if (n.op != "Slice" || n.inputs.size() < 3 || n.inputs[0] < 0 || prod[n.inputs[0]] < 0) continue;
     const Node& cat = g.nodes[prod[n.inputs[0]]];
     if (cat.op != "Concat") continue;

@@ -65,7 +65,8 @@ void eliminate_dead_nodes(Graph& g);
 // slices of that concatenation that take exactly one part read the part directly.
 void rewrite_linear_layout(Graph& g);
 
-// Slice nodes that take exactly one input of a Concat read that input instead.
+// Slice nodes that take exactly one input of a Concat, and Split nodes that split a Concat back
+// into its inputs, are read from those inputs instead.
 void remove_slices_of_concat(Graph& g);
 
 // Which checkpoint tensor each parameter the graph uses takes: the one of its name, else the
