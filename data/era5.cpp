@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "engine/error.h"
@@ -85,24 +87,70 @@ void Era5Data::load_scaler() {
     ss << f.rdbuf();
     Json j = parse_json(ss.str(), cfg_.scaler_json, "scaler JSON");
     if (j.type != Json::Obj) fail(cfg_.scaler_json, ": not a JSON object of scalers");
-    for (size_t i = 0; i < j.keys.size(); ++i) {
-      const std::string key = j.keys[i], name = key.substr(key.rfind('/') + 1);
-      const Json& e = j.items[i];
-      auto nums = [&](const char* k) {
-        const Json* a = e.get(k);
-        if (!a || a->type != Json::Arr) fail(cfg_.scaler_json, ": scaler '", key, "' has no ", k);
-        std::vector<double> v;
+    // mean_x_ / var_x_: a list of numbers, or numpy's {"__numpy__": base64, "dtype", "shape"}
+    // as bridgescaler writes a tensor scaler
+    auto nums = [&](const Json& e, const std::string& key, const char* k) {
+      const Json* a = e.get(k);
+      std::vector<double> v;
+      if (a && a->type == Json::Arr) {
         for (const Json& x : a->items) {
           if (x.type != Json::Num) fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " is not numbers");
           v.push_back(std::stod(x.s));
         }
         return v;
-      };
-      std::vector<double> mean = nums("mean_x_"), var = nums("var_x_");
-      if (mean.size() != var.size()) fail(cfg_.scaler_json, ": scaler '", key, "': mean_x_ and var_x_ differ in length");
-      for (double& v : var) v = std::sqrt(v);
-      stats[name] = {mean, var};
-    }
+      }
+      const Json* b64 = a && a->type == Json::Obj ? a->get("__numpy__") : nullptr;
+      const Json* dt = a && a->type == Json::Obj ? a->get("dtype") : nullptr;
+      if (!b64 || b64->type != Json::Str || !dt || dt->type != Json::Str)
+        fail(cfg_.scaler_json, ": scaler '", key, "' has no ", k, " (a list of numbers or a numpy array)");
+      if (dt->s != "<f4" && dt->s != "<f8")
+        fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " has dtype ", dt->s, " (float32 or float64 expected)");
+      const std::string bytes = base64_decode(b64->s, cfg_.scaler_json + ": scaler '" + key + "': " + k);
+      const size_t esz = dt->s == "<f4" ? 4 : 8;
+      if (bytes.size() % esz) fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " is ", bytes.size(), " bytes");
+      for (size_t i = 0; i < bytes.size(); i += esz) {
+        if (esz == 4) {
+          float f;
+          std::memcpy(&f, bytes.data() + i, 4);
+          v.push_back(f);
+        } else {
+          double d;
+          std::memcpy(&d, bytes.data() + i, 8);
+          v.push_back(d);
+        }
+      }
+      return v;
+    };
+    // bridgescaler's save_scaler_dict (what `credit convert` and `credit preprocess` write):
+    // {data_type: {source: {"source/field_type/3d/VAR": "<the scaler's own JSON text>"}}};
+    // also a flat {VAR: {mean_x_, var_x_}}. A variable under both input and target must have
+    // one scaler: wxe normalises a variable one way.
+    std::function<void(const Json&, int)> walk = [&](const Json& obj, int depth) {
+      for (size_t i = 0; i < obj.keys.size(); ++i) {
+        const std::string& key = obj.keys[i];
+        const Json* e = &obj.items[i];
+        Json text;
+        if (e->type == Json::Str) {
+          text = parse_json(e->s, cfg_.scaler_json, "scaler '" + key + "'");
+          e = &text;
+        }
+        if (e->type != Json::Obj) fail(cfg_.scaler_json, ": scaler '", key, "' is not a JSON object");
+        if (!e->get("mean_x_")) {
+          if (depth >= 3) fail(cfg_.scaler_json, ": scaler '", key, "' has no mean_x_");
+          walk(*e, depth + 1);
+          continue;
+        }
+        std::vector<double> mean = nums(*e, key, "mean_x_"), sd = nums(*e, key, "var_x_");
+        if (mean.size() != sd.size()) fail(cfg_.scaler_json, ": scaler '", key, "': mean_x_ and var_x_ differ in length");
+        for (double& v : sd) v = std::sqrt(v);
+        const std::string name = key.substr(key.rfind('/') + 1);
+        auto seen = stats.find(name);
+        if (seen != stats.end() && (seen->second.first != mean || seen->second.second != sd))
+          fail(cfg_.scaler_json, ": scaler '", key, "' differs from another scaler of variable '", name, "'");
+        stats[name] = {mean, sd};
+      }
+    };
+    walk(j, 0);
   } else if (!cfg_.mean_nc.empty() || !cfg_.std_nc.empty()) {
     if (cfg_.mean_nc.empty() || cfg_.std_nc.empty()) fail(cfg_.file, ": the scaler needs both mean_path and std_path");
     NcFile mf(cfg_.mean_nc), sf(cfg_.std_nc);

@@ -254,13 +254,17 @@ int64_t Trainer::sample_index(int64_t micro) {
 }
 
 Tensor Trainer::predict(const Tensor& x) {
-  // a training forward runs one power iteration on the spectral-norm buffers, in place
-  std::vector<std::pair<Tensor*, Tensor>> saved;
-  for (Value& v : graph_.values)
-    if (v.is_param && v.is_const() && (ends_with(v.name, "weight_u") || ends_with(v.name, "weight_v")))
-      saved.push_back({v.constant.get(), v.constant->clone()});
+  // PyTorch's eval forward: spectral norm divides by u . (W_mat v) with the stored u and v, no
+  // power iteration (which would also move u and v, the training state)
+  std::vector<std::pair<Attr*, int64_t>> saved;
+  for (Node& n : graph_.nodes)
+    if (n.op == "SpectralNorm" || n.op == "SpectralNormTP") {
+      Attr& a = n.attrs["power_iterations"];
+      saved.push_back({&a, a.i});
+      a = attr_i(0);
+    }
   Tensor y = exec_->forward({{input_name_, x}}).at(0).clone();
-  for (auto& [dst, src] : saved) std::memcpy(dst->raw(), src.raw(), src.nbytes());
+  for (auto& [a, iters] : saved) *a = attr_i(iters);
   return y;
 }
 
