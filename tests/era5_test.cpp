@@ -3,6 +3,9 @@
 // rollout against the model run step by step, the forecast netCDF read back, and the errors.
 // Expected values come from the fixture's closed formula, recomputed here.
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <tuple>
 #include <netcdf.h>
 
 #include <cmath>
@@ -268,6 +271,24 @@ TEST(Era5Data, ErrorsNameFileAndVariable) {
   e = err(write_config("dims", {{kDir + "/era5_%Y.*", tmpl}}), kT0);
   EXPECT_NE(e.find("bad_2020.nc"), std::string::npos) << e;
   EXPECT_NE(e.find("variable 'T' has dimensions (time, latitude, level, longitude)"), std::string::npos) << e;
+  // a scaler whose numpy array is not float, and one whose base64 is broken: file and key named
+  const std::string good = slurp(kDir + "/scaler.json");
+  const std::string key = "era5/prognostic/2d/SP";
+  for (auto [what, from, to] : {std::tuple<const char*, const char*, const char*>{"dtype <i8", "<f4", "<i8"},
+                                {"malformed base64", "==", "=*"}}) {
+    std::string text = good;
+    const size_t at = text.find(key), p = text.find(from, at);
+    ASSERT_NE(p, std::string::npos);
+    text.replace(p, std::strlen(from), to);
+    const std::string path = tmp_path(std::string("scaler_") + (from[0] == '<' ? "dtype" : "b64") + ".json");
+    spit(path, text);
+    CreditConfig c = read_credit_config(kDir + "/config.yml");
+    c.scaler_json = path;
+    e = error_of([&] { Era5Data d(c); });
+    EXPECT_NE(e.find(path), std::string::npos) << e;
+    EXPECT_NE(e.find(key), std::string::npos) << e;
+    EXPECT_NE(e.find(what), std::string::npos) << e;
+  }
 }
 
 TEST(FinetuneConfig, ValidationRmseAndBiasOfAKnownPredictor) {
