@@ -302,6 +302,19 @@ void Era5Data::read_channels(const std::vector<ChannelInfo>& chans, int64_t t, f
   }
 }
 
+Tensor Era5Data::input_window(int64_t t) const {
+  const int64_t n = cfg_.history_len;
+  if (n == 1) return input(t);
+  std::vector<Tensor> steps;
+  for (int64_t k = n - 1; k >= 0; --k) steps.push_back(input(t - k * cfg_.timestep));
+  Tensor x(DType::F32, {1, (int64_t)in_.size(), n, h_, w_});
+  const int64_t hw = h_ * w_;
+  for (int64_t c = 0; c < (int64_t)in_.size(); ++c)
+    for (int64_t k = 0; k < n; ++k)
+      std::copy_n(steps[k].data<float>() + c * hw, hw, x.data<float>() + (c * n + k) * hw);
+  return x;
+}
+
 Tensor Era5Data::input(int64_t t) const {
   if (!h_) {  // read one channel to learn the grid
     std::vector<float> tmp(1);
@@ -374,16 +387,17 @@ namespace {
 
 class Era5Samples : public SampleSource {
  public:
-  Era5Samples(std::shared_ptr<const Era5Data> d, int64_t t0, int64_t t1, int L) : d_(d), t0_(t0), L_(L) {
+  Era5Samples(std::shared_ptr<const Era5Data> d, int64_t t0, int64_t t1, int L) : d_(d), L_(L) {
     const int64_t dt = d_->config().timestep;
-    const int64_t times = t1 >= t0 ? (t1 - t0) / dt + 1 : 0;
+    t0_ = t0 + (d_->config().history_len - 1) * dt;  // the first window starts at t0
+    const int64_t times = t1 >= t0_ ? (t1 - t0_) / dt + 1 : 0;
     n_ = std::max<int64_t>(0, times - L);
   }
   int64_t size() const override { return n_; }
   Sample get(int64_t i) const override {
     const int64_t dt = d_->config().timestep, t = t0_ + i * dt;
     Sample s;
-    s.input = d_->input(t);
+    s.input = d_->input_window(t);
     s.forcing.push_back(s.input);
     for (int k = 0; k < L_; ++k) {
       s.targets.push_back(d_->target(t + (k + 1) * dt));

@@ -45,21 +45,6 @@ std::string step_dir_name(int64_t step) {
   return b;
 }
 
-// x[:, :c] = pred[:, :c] over the trailing dims, which must agree
-void feed_back(Tensor& x, const Tensor& pred, int64_t c) {
-  WXE_CHECK(x.rank() == pred.rank() && x.shape[0] == pred.shape[0], "rollout: prediction ", shape_str(pred.shape),
-            " cannot be fed back into input ", shape_str(x.shape));
-  int64_t inner = 1;
-  for (int d = 2; d < x.rank(); ++d) {
-    WXE_CHECK(x.shape[d] == pred.shape[d], "rollout: prediction ", shape_str(pred.shape),
-              " cannot be fed back into input ", shape_str(x.shape), " (dim ", d, " differs)");
-    inner *= x.shape[d];
-  }
-  for (int64_t b = 0; b < x.shape[0]; ++b)
-    std::memcpy(x.data<float>() + b * x.shape[1] * inner, pred.data<float>() + b * pred.shape[1] * inner,
-                c * inner * sizeof(float));
-}
-
 std::string fmt_time(double s) {
   char b[32];
   int64_t t = (int64_t)std::llround(std::max(0.0, s));
@@ -283,8 +268,8 @@ StepLog Trainer::step() {
     Sample s = data_->get(sample_index(step_ * cfg_.accum + j));
     Tensor x = s.input, pred;
     for (int k = 0; k < cfg_.forecast_len; ++k) {
-      if (k > 0) {  // the prediction, detached, replaces the prognostic channels
-        x = s.forcing[k].clone();
+      if (k > 0) {  // step k's input slid into the window, its prognostic channels the prediction (detached)
+        x = slide_window(x, s.forcing[k]);
         feed_back(x, pred, prognostic);
       }
       std::vector<Tensor> outs = exec_->forward({{input_name_, x}});
