@@ -590,15 +590,71 @@ void fold_if(Graph& g) {
     }
     propagate(pre, false, [&](size_t m, const Node&) { return (bool)needed[m]; }, true);
     const Value& c = pre.values[n.inputs[0]];
-    WXE_CHECK(c.is_const() && c.constant->numel() == 1, g.source, ": node ", n.name, " (If): its condition '",
-              c.name, "' depends on the input's values, not only on its shape; wxe runs a static graph "
-              "(memory planned ahead) and folds only an If whose condition is known once the input shapes are");
-    WXE_CHECK(c.constant->dtype == DType::Bool, g.source, ": node ", n.name, " (If): condition '", c.name,
-              "' is ", dtype_name(c.constant->dtype), ", not bool");
-    const bool taken = c.constant->data<uint8_t>()[0] != 0;
+    WXE_CHECK(c.dtype == DType::Bool && numel(c.shape) == 1, g.source, ": node ", n.name, " (If): condition '", c.name,
+              "' is ", dtype_name(c.dtype), " ", shape_str(c.shape), ", not one bool");
     const std::string id = n.s("if_id", "");
-    const std::string keep = "|" + id + (taken ? ".then" : ".else"), drop = "|" + id + (taken ? ".else" : ".then");
+    // the branches' nodes lose this If's tag: "|<id>.then" / "|<id>.else" (`drop`: removed)
+    auto retag = [&](std::vector<Node>& out, Node& x, const std::string& drop) {
+      if (x.has("if_branch")) {
+        std::string tag = x.s("if_branch", "");
+        if (!drop.empty() && tag.find(drop) != std::string::npos) return;
+        for (const char* b : {".then", ".else"}) {
+          size_t at = tag.find("|" + id + b);
+          if (at != std::string::npos) tag.erase(at, id.size() + 1 + std::strlen(b));
+        }
+        if (tag.empty())
+          x.attrs.erase("if_branch");
+        else
+          x.attrs["if_branch"] = attr_s(tag);
+      }
+      out.push_back(std::move(x));
+    };
     std::vector<Node> nodes;
+    if (!c.is_const()) {
+      // known only at run time: both branches run and Where picks, output by output, which
+      // needs branches of the same type and shape (the memory plan is static)
+      Graph shaped = g;
+      shaped.nodes.resize(k);
+      propagate(shaped, false, [](size_t, const Node&) { return true; });
+      for (size_t o = 0; o < nout; ++o) {
+        const Value &t = shaped.values[n.inputs[1 + o]], &e = shaped.values[n.inputs[1 + nout + o]];
+        WXE_CHECK(t.dtype == e.dtype && t.shape_known && e.shape_known && t.shape == e.shape, g.source, ": node ",
+                  n.name, " (If): its condition '", c.name, "' is known only at run time and its branches give ",
+                  dtype_name(t.dtype), " ", shape_str(t.shape), " and ", dtype_name(e.dtype), " ", shape_str(e.shape),
+                  " for output ", o, "; wxe runs such an If as a Where over both branches, which needs one type and shape");
+      }
+      for (size_t m = 0; m < g.nodes.size(); ++m) {
+        if (m != k) {
+          retag(nodes, g.nodes[m], "");
+          continue;
+        }
+        int cond = n.inputs[0];
+        if (!c.shape.empty()) {  // a scalar condition keeps Where's output at the branches' shape
+          Node r;
+          r.op = "Reshape";
+          r.name = n.name + "/cond";
+          Value cv;
+          cv.name = r.name + ":0";
+          cv.dtype = DType::Bool;
+          r.inputs = {cond, g.add_constant(r.name + "/shape", Tensor(DType::I64, {0}))};
+          cond = g.add_value(cv);
+          r.outputs = {cond};
+          nodes.push_back(std::move(r));
+        }
+        for (size_t o = 0; o < nout; ++o) {
+          Node w;
+          w.op = "Where";
+          w.name = n.name + "/out" + std::to_string(o);
+          w.inputs = {cond, n.inputs[1 + o], n.inputs[1 + nout + o]};
+          w.outputs = {n.outputs[o]};
+          if (n.has("if_branch")) w.attrs["if_branch"] = n.attrs.at("if_branch");
+          nodes.push_back(std::move(w));
+        }
+      }
+      g.nodes = std::move(nodes);
+      continue;
+    }
+    const bool taken = c.constant->data<uint8_t>()[0] != 0;
     for (size_t m = 0; m < g.nodes.size(); ++m) {
       Node& x = g.nodes[m];
       if (m == k) {  // the If's outputs keep their names, read from the taken branch
@@ -613,17 +669,7 @@ void fold_if(Graph& g) {
         }
         continue;
       }
-      if (x.has("if_branch")) {
-        std::string tag = x.s("if_branch", "");
-        if (tag.find(drop) != std::string::npos) continue;
-        size_t at = tag.find(keep);
-        if (at != std::string::npos) tag.erase(at, keep.size());
-        if (tag.empty())
-          x.attrs.erase("if_branch");
-        else
-          x.attrs["if_branch"] = attr_s(tag);
-      }
-      nodes.push_back(std::move(x));
+      retag(nodes, x, "|" + id + (taken ? ".else" : ".then"));
     }
     g.nodes = std::move(nodes);
   }

@@ -26,9 +26,11 @@ bool op_updates_inputs(const std::string& op);
 
 // Inlines every If whose condition is known once the input shapes are bound (a shape test, as
 // torch.onnx.export writes for `squeeze(dim)` on a dim it cannot see): the taken branch's nodes
-// replace the If. An If whose condition depends on input values is refused, naming the node:
-// the executor runs one static graph with its memory planned ahead, so it does not run a
-// general If. Run after bind_inputs (prepare_graph does).
+// replace the If. An If whose condition depends on input values becomes Where(cond, then
+// output, else output) per output: both branches run and the condition picks at run time
+// (the executor runs one static graph with its memory planned ahead). That needs branches of
+// one type and shape; others are refused, naming the node. Run after bind_inputs
+// (prepare_graph does).
 void fold_if(Graph& g);
 
 // Runs every node's shape rule in order; all value shapes become known. Nodes whose inputs
