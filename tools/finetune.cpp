@@ -453,6 +453,13 @@ bool is_train_checkpoint(const std::string& dir) {
   return is_sharded_checkpoint(dir) || fs::exists(fs::path(dir) / "model.safetensors");
 }
 
+std::vector<std::string> TrainCheckpoint::parameter_names() const {
+  std::vector<std::string> r;
+  for (const std::string& n : names)
+    if (!is_moment(n) && n.rfind("ema.", 0) != 0) r.push_back(n);
+  return r;
+}
+
 TrainCheckpoint open_train_checkpoint(const std::string& dir) {
   TrainCheckpoint ck;
   if (is_sharded_checkpoint(dir)) {

@@ -160,6 +160,9 @@ struct TrainCheckpoint {
   std::map<std::string, std::string> meta;  // step, adam_step, hyper-parameters
   std::function<Tensor(const std::string&, const TensorSlice&)> get;
   bool has(const std::string& name) const { return std::find(names.begin(), names.end(), name) != names.end(); }
+  // The model's own tensors: names without the optimizer's and the EMA's prefixes.
+  std::vector<std::string> parameter_names() const;
+  static bool is_moment(const std::string& name) { return name.rfind("exp_avg", 0) == 0; }
 };
 TrainCheckpoint open_train_checkpoint(const std::string& dir);
 bool is_train_checkpoint(const std::string& dir);

@@ -29,8 +29,7 @@ NamedTensors read_weights(const std::string& path, layout::ConvertReport* report
   NamedTensors raw;
   if (is_train_checkpoint(path)) {  // a wxe finetune step directory: its parameters
     TrainCheckpoint ck = open_train_checkpoint(path);
-    for (const std::string& n : ck.names) {
-      if (n.rfind("exp_avg", 0) == 0 || n.rfind("ema.", 0) == 0) continue;
+    for (const std::string& n : ck.parameter_names()) {
       auto it = slices ? slices->find(n) : std::map<std::string, TensorSlice>::const_iterator();
       raw.push_back({n, ck.get(n, slices && it != slices->end() ? it->second : TensorSlice{})});
     }
