@@ -6,6 +6,7 @@
 #include <set>
 
 #include "engine/layout_rules.h"
+#include "engine/module_roles.h"
 #include "engine/ops.h"
 
 namespace wxe {
@@ -299,11 +300,8 @@ bool is_pointwise_conv(const Graph& g, const Node& n) {
 
 std::string node_name_of(const std::string& module) { return "/" + module + "/Linear"; }
 
-bool ends_with_any(const std::string& m, std::initializer_list<const char*> tails) {
-  for (const char* t : tails)
-    if (ends_with(m, t)) return true;
-  return false;
-}
+// The projections that are nn.Linear in the Linear layout (all but the legacy fused qkv).
+bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
 
 // nn.Linear as torch.onnx.export writes it: MatMul(x, W^T) with W^T an exporter-made
 // constant, in the scope of a projection module M (nextgen_wxformer's to_q/k/v/out and
@@ -314,7 +312,7 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   const Value& c = g.values[n.inputs[1]];
   const std::string module = scope_module(n.name);
   if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
-      !ends_with_any(module, {".to_q", ".to_k", ".to_v", ".to_out", ".layers.1", ".layers.4"}))
+      !is_linear_projection(module_role(module)))
     return false;
   const Tensor& ct = *c.constant;  // (K, N)
   Tensor w(ct.dtype, {ct.shape[1], ct.shape[0]});
@@ -537,7 +535,7 @@ void name_params_by_scope(Graph& g) {
         if (n.op == "Add") want = module + ".bias";
       } else {
         std::string leaf = name.substr(name.rfind('.') + 1);
-        if (leaf == "weight" || leaf == "bias" || leaf == "g" || leaf == "b") want = module + "." + leaf;
+        if (is_param_leaf(leaf)) want = module + "." + leaf;
       }
       if (want.empty() || want == name) want = name;
       uses[v][want].push_back({(int)k, (int)s2});

@@ -21,6 +21,7 @@
 #include "engine/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
+#include "models/credit_modules.h"
 #include "parallel/collective_ops.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
@@ -701,6 +702,7 @@ int main(int argc, char** argv) {
     }
   }
   register_collective_ops();
+  register_credit_modules();
   Mesh mesh;
   if (*infer || *finetune || *forecast) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
     try {
