@@ -158,3 +158,25 @@ TEST(ModuleTable, EveryCreditFixtureShardsAttentionAndFeedForwardAtTp2) {
     EXPECT_GT(st.all_reduces, 0);
   }
 }
+
+// torch 2 (dynamo) exports: nodes take their module from the export's metadata, and the
+// spectral-norm weights the exporter folded into initializers named after the division
+// ("div_54") take their module's name, so the table sees every projection.
+TEST(ModuleTable, DynamoExportsNameFoldedWeightsByModule) {
+  register_cpu_kernels();
+  for (const char* m : {"crossformer", "wxformer"}) {
+    SCOPED_TRACE(m);
+    const std::string stem = std::string("tests/data/torch2_") + m + "_tiny";
+    Graph g = import_onnx(data_path(stem + "_dynamo.onnx"));
+    Tensor x = read_npy(data_path(stem + "_x.npy"));
+    simplify(g, {{g.values[g.inputs[0]].name, {x.dtype, x.shape}}});
+    for (const Node& n : g.nodes)
+      if (n.op == "Conv" || n.op == "Linear") {
+        const std::string& w = g.values[n.inputs[1]].name;
+        EXPECT_NE(w.find('.'), std::string::npos) << n.name << " reads " << w;
+      }
+    std::map<std::string, Shape> params;
+    for (auto& [name, t] : graph_parameters(g)) params[name] = t.shape;
+    EXPECT_EQ(shape_str(params["layers.2.1.layers.0.0.to_out.weight"]), "(64, 64)");
+  }
+}
