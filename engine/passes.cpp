@@ -6,6 +6,7 @@
 #include <set>
 
 #include "engine/layout_rules.h"
+#include "engine/module_roles.h"
 #include "engine/ops.h"
 
 namespace wxe {
@@ -299,11 +300,8 @@ bool is_pointwise_conv(const Graph& g, const Node& n) {
 
 std::string node_name_of(const std::string& module) { return "/" + module + "/Linear"; }
 
-bool ends_with_any(const std::string& m, std::initializer_list<const char*> tails) {
-  for (const char* t : tails)
-    if (ends_with(m, t)) return true;
-  return false;
-}
+// The projections that are nn.Linear in the Linear layout (all but the legacy fused qkv).
+bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
 
 // nn.Linear as torch.onnx.export writes it: MatMul(x, W^T) with W^T an exporter-made
 // constant, in the scope of a projection module M (nextgen_wxformer's to_q/k/v/out and
@@ -314,7 +312,7 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   const Value& c = g.values[n.inputs[1]];
   const std::string module = scope_module(n.name);
   if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
-      !ends_with_any(module, {".to_q", ".to_k", ".to_v", ".to_out", ".layers.1", ".layers.4"}))
+      !is_linear_projection(module_role(module)))
     return false;
   const Tensor& ct = *c.constant;  // (K, N)
   Tensor w(ct.dtype, {ct.shape[1], ct.shape[0]});
@@ -398,6 +396,25 @@ void remove_slices_of_concat(Graph& g) {
   std::vector<int> alias(g.values.size());
   for (size_t i = 0; i < alias.size(); ++i) alias[i] = (int)i;
   for (const Node& n : g.nodes) {
+    if (n.op == "Split" && !n.inputs.empty() && n.inputs[0] >= 0 && prod[n.inputs[0]] >= 0 &&
+        g.nodes[prod[n.inputs[0]]].op == "Concat") {
+      // torch 2 (dynamo) exports take q, k and v apart with a Split: output k is part k when
+      // every output's extent along the concat axis is that part's
+      const Node& cat = g.nodes[prod[n.inputs[0]]];
+      const int64_t rank = (int64_t)g.values[n.inputs[0]].shape.size();
+      int64_t axis = cat.i("axis", 0), split_axis = n.i("axis", 0);
+      if (axis < 0) axis += rank;
+      if (split_axis < 0) split_axis += rank;
+      if (split_axis != axis || n.outputs.size() != cat.inputs.size()) continue;
+      bool same = true;
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        const Value &o = g.values[n.outputs[k]], &part = g.values[cat.inputs[k]];
+        same = same && n.outputs[k] >= 0 && o.shape_known && part.shape_known && o.shape == part.shape;
+      }
+      if (same)
+        for (size_t k = 0; k < n.outputs.size(); ++k) alias[n.outputs[k]] = cat.inputs[k];
+      continue;
+    }
     if (n.op != "Slice" || n.inputs.size() < 3 || n.inputs[0] < 0 || prod[n.inputs[0]] < 0) continue;
     const Node& cat = g.nodes[prod[n.inputs[0]]];
     if (cat.op != "Concat") continue;
@@ -535,9 +552,13 @@ void name_params_by_scope(Graph& g) {
       if (name.rfind("onnx::", 0) == 0) {  // exporter-made copy: GroupNorm's affine Mul/Add
         if (n.op == "Mul") want = module + ".weight";
         if (n.op == "Add") want = module + ".bias";
+      } else if (name.find('.') == std::string::npos && s2 == 1 && (n.op == "Conv" || n.op == "ConvTranspose")) {
+        // a weight without a module path: torch 2 (dynamo) folds a small spectral-norm
+        // weight into an initializer named after the division ("div_54")
+        want = module + ".weight";
       } else {
         std::string leaf = name.substr(name.rfind('.') + 1);
-        if (leaf == "weight" || leaf == "bias" || leaf == "g" || leaf == "b") want = module + "." + leaf;
+        if (is_param_leaf(leaf)) want = module + "." + leaf;
       }
       if (want.empty() || want == name) want = name;
       uses[v][want].push_back({(int)k, (int)s2});

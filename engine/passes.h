@@ -66,7 +66,8 @@ void eliminate_dead_nodes(Graph& g);
 // slices of that concatenation that take exactly one part read the part directly.
 void rewrite_linear_layout(Graph& g);
 
-// Slice nodes that take exactly one input of a Concat read that input instead.
+// Slice nodes that take exactly one input of a Concat, and Split nodes that take it apart into
+// its inputs, are read through: their readers read the Concat's inputs instead.
 void remove_slices_of_concat(Graph& g);
 
 // Replaces every parameter the graph uses by the tensor of the same name in `weights`
@@ -82,7 +83,8 @@ std::string scope_module(const std::string& node_name);
 // the exporter shares one initializer between modules whose values are equal (LayerNorm gains
 // at initialization, say) and names its own copies "onnx::Mul_123" (GroupNorm's affine
 // parameters); each reader gets a parameter named "<module>.<leaf>" so loading a checkpoint
-// sets each module's own value.
+// sets each module's own value. A Conv weight whose name has no module path (torch 2 folds
+// small spectral-norm weights into initializers such as "div_54") becomes "<module>.weight".
 void name_params_by_scope(Graph& g);
 
 // Shapes equal once dimensions of size 1 are dropped ((C,) fits (C, 1, 1)).

@@ -13,8 +13,6 @@
 #include "engine/file_util.h"
 #include "engine/loss.h"
 #include "importers/onnx/onnx_import.h"
-#include "parallel/collective_ops.h"
-#include "parallel/shard.h"
 #include "tools/model.h"
 
 namespace fs = std::filesystem;
@@ -74,25 +72,13 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
   const int tp = mesh ? mesh->tp : 1;
   WXE_CHECK(!mesh || mesh->dp == 1, "forecast runs one model copy: the world must equal --tp (", mesh ? mesh->world : 1,
             " ranks, --tp ", tp, ")");
-  TpPlan plan;
-  bool have_plan = false;
-  auto tp_plan = [&](const Graph& pg) -> const TpPlan& {
-    if (!have_plan) plan = plan_for(pg, a.plan, tp);
-    have_plan = true;
-    return plan;
-  };
+  TpSharding sharding(mesh, a.plan);
   LoadOptions lo;
   lo.weights = a.weights;
-  if (tp > 1 && ends_with(a.weights, ".safetensors"))
-    lo.slices_of = [&](const Graph& pg) { return parameter_slices(tp_plan(pg), pg, tp, mesh->tp_rank); };
+  lo.slices_of = sharding.slices_of(a.weights);
   prepare_model(g, {{in_name, {DType::F32, x0.shape}}}, lo);
   if (tp > 1) {
-    const TpPlan& p = tp_plan(g);
-    std::string text = str("forecast tp", tp);
-    for (auto& [w, split] : p.by_weight) text += w + split_name(split) + ";";
-    check_same_on_all_ranks(*mesh, fingerprint(text), "tensor-parallel plan");
-    ShardStats st = shard_graph(g, p, tp, mesh->tp_rank);
-    set_tp_communicator(mesh->tp_comm.get());
+    ShardStats st = sharding.shard(g);
     note("wxe: tp %d: %d column- and %d row-parallel layers\n", tp, st.column, st.row);
   }
   ExecOptions opt;

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "importers/torch/torch_checkpoint.h"
+#include "parallel/collective_ops.h"
 #include "tools/finetune.h"
 
 namespace wxe {
@@ -83,6 +84,30 @@ TpPlan plan_for(const Graph& g, const std::string& plan_file, int tp, bool train
             "can be split over ", tp, " ranks (fewer heads than ", tp, ", or widths it does not divide); run with a "
             "smaller --tp or without it, or give a --plan file that replicates on purpose");
   return plan;
+}
+
+SlicesOf TpSharding::slices_of(const std::string& weights) {
+  if (tp() == 1 || !ends_with(weights, ".safetensors")) return nullptr;
+  return [this](const Graph& g) { return parameter_slices(plan(g), g, mesh_->tp, mesh_->tp_rank); };
+}
+
+const TpPlan& TpSharding::plan(const Graph& g) {
+  if (!have_plan_) plan_ = plan_for(g, plan_file_, tp());
+  have_plan_ = true;
+  return plan_;
+}
+
+ShardStats TpSharding::shard(Graph& g) {
+  if (tp() == 1) return {};
+  const TpPlan& p = plan(g);
+  // all ranks must agree on the plan before the first all-reduce (parallel/mesh.h)
+  std::string text = str("tp", mesh_->tp, "dp", mesh_->dp);
+  for (auto& [w, split] : p.by_weight) text += w + split_name(split) + ";";
+  for (auto& [name, t] : graph_parameters(g)) text += name + shape_str(t.shape) + ";";
+  check_same_on_all_ranks(*mesh_, fingerprint(text), "tensor-parallel plan");
+  ShardStats st = shard_graph(g, p, mesh_->tp, mesh_->tp_rank);
+  set_tp_communicator(mesh_->tp_comm.get());
+  return st;
 }
 
 int64_t traced_batch(const Graph& g, const std::map<std::string, Tensor>& inputs) {

@@ -1,5 +1,6 @@
 #include "importers/onnx/onnx_import.h"
 
+#include <google/protobuf/unknown_field_set.h>
 #include <onnx/onnx_pb.h>
 
 #include <fcntl.h>
@@ -24,6 +25,28 @@ namespace wxe {
 namespace {
 
 constexpr int kMinOpset = 13, kMaxOpset = 21;
+
+// The module a torch 2 (dynamo) export put a node in: its metadata_props entry "namespace",
+// e.g. ": CrossFormer/layers.2.1: Transformer/layers.2.1.layers.0.0.to_out: Conv2d/conv2d_25:
+// aten.conv2d.default", gives the module path before the last '/'. NodeProto.metadata_props
+// (field 9) is newer than the ONNX release this builds against, so it is read from the unknown
+// fields. "" when there is none.
+std::string dynamo_module(const onnx::NodeProto& np) {
+  const auto& unknown = np.GetReflection()->GetUnknownFields(np);
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    const auto& f = unknown.field(i);
+    if (f.number() != 9 || f.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) continue;
+    onnx::StringStringEntryProto e;
+    if (!e.ParseFromString(f.length_delimited()) || e.key() != "namespace") continue;
+    const std::string& ns = e.value();
+    const size_t last = ns.rfind('/');
+    if (last == std::string::npos || last == 0) return "";
+    const size_t first = ns.rfind('/', last - 1);
+    const std::string scope = ns.substr(first == std::string::npos ? 0 : first + 1, last - (first + 1));
+    return scope.substr(0, scope.find(':'));  // "layers.2.1.layers.0.0.to_out: ...Conv2d" -> the path
+  }
+  return "";
+}
 
 DType from_onnx_type(int t, const std::string& what) {
   switch (t) {
@@ -342,6 +365,12 @@ Graph import_onnx(const std::string& path) {
     n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
     if (!n.domain.empty()) n.op = n.domain + "." + n.op;
     n.name = np.name();
+    // a dynamo export's node in a module gets the TorchScript exporter's form "/module/name"
+    // (passes.h scope_module), so the passes find its module the same way
+    if (!n.name.empty() && n.name[0] != '/') {
+      const std::string module = dynamo_module(np);
+      if (!module.empty()) n.name = "/" + module + "/" + n.name;
+    }
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
     if (n.domain.empty()) check_arity(np, n.op, where);
     for (auto& a : np.attribute()) {

@@ -41,6 +41,18 @@ else
   echo "FAIL nextgen-np4-tp4"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
 
+# the torch 2 (dynamo) exporter's graphs: every attention and feed-forward layer sharded
+# (40 column-, 20 row-parallel, as the TorchScript export), PyTorch's outputs
+for m in crossformer wxformer; do
+  if run -n 2 "$wxe" infer "$d/torch2_${m}_tiny_dynamo.onnx" -i "$d/torch2_${m}_tiny_x.npy" --tp 2 --threads 1 \
+       --compare "$d/torch2_${m}_tiny_y.npy" --tolerance 1e-4 >"$tmp/out" 2>"$tmp/err" \
+     && grep -q "tp 2: 40 column- and 20 row-parallel layers" "$tmp/err"; then
+    echo "ok   torch2-${m}-dynamo-np2-tp2"
+  else
+    echo "FAIL torch2-${m}-dynamo-np2-tp2"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+  fi
+done
+
 # a static-batch export (nextgen_block: batch 2 traced in) split over 2 dp groups of 1 row
 if run -n 2 "$wxe" infer "$d/nextgen_block.onnx" -i "$d/nextgen_block_x.npy" --threads 1 \
      --compare "$d/nextgen_block_y.npy" --tolerance 1e-5 >"$tmp/out" 2>"$tmp/err" \
