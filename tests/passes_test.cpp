@@ -54,7 +54,9 @@ TEST(Passes, FoldConstantsResolvesShapeChains) {
   EXPECT_EQ(c["Reshape"], 1);
   // the Reshape target is now the constant (2, -1)
   for (auto& n : g.nodes) {
-    if (n.op == "Reshape") EXPECT_EQ(g.values[n.inputs[1]].constant->to_i64(), (std::vector<int64_t>{2, -1}));
+    if (n.op == "Reshape") {
+      EXPECT_EQ(g.values[n.inputs[1]].constant->to_i64(), (std::vector<int64_t>{2, -1}));
+    }
   }
   expect_close(run_graph(g, x), before, 0, 0);
 }
