@@ -1,7 +1,7 @@
 // Per-node profile of the forward pass: the slowest nodes with their shapes. A developer tool,
 // not part of the build; compile against a build tree, e.g. (from the repo root):
 //   B=build-perf; c++ -O2 -fopenmp -std=c++17 -I. bench/node_profile.cpp -o $B/node_profile \
-//     $B/libwxe_onnx.a $B/libwxe_cpu.a $B/libwxe_engine.a -lonnx -lonnx_proto -lprotobuf -ldnnl
+//     $B/libwxe_onnx.a $B/libwxe_models.a $B/libwxe_cpu.a $B/libwxe_engine.a -lonnx -lonnx_proto -lprotobuf -ldnnl
 //   $B/node_profile MODEL.onnx X.npy [threads] [runs] [top]
 #include <algorithm>
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include "engine/npy.h"
 #include "engine/passes.h"
 #include "importers/onnx/onnx_import.h"
+#include "models/credit_modules.h"
 
 using namespace wxe;
 
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
   const int runs = argc > 4 ? std::atoi(argv[4]) : 3;
   const int top = argc > 5 ? std::atoi(argv[5]) : 40;
   register_cpu_kernels();
+  register_credit_modules();
   Graph g = import_onnx(argv[1]);
   Tensor x = read_npy(argv[2]);
   const std::string in_name = g.values[g.inputs[0]].name;

@@ -135,7 +135,10 @@ struct Reader {
                        !c->dynamic_forcing.vars_3D.empty() || !c->statics.vars_3D.empty();
     if (any3d && c->levels.empty()) fail(where(p + ".levels"), ": 3D variables need a list of levels");
     c->history_len = get<int>(s["history_len"], p + ".history_len", get<int>(d["history_len"], "data.history_len", 1));
-    if (c->history_len != 1) fail(where("data.history_len"), ": ", c->history_len, " is not implemented (only 1)");
+    if (c->history_len < 1) fail(where("data.history_len"), ": ", c->history_len, " must be at least 1");
+    if (d["valid_history_len"] && get<int>(d["valid_history_len"], "data.valid_history_len", 1) != c->history_len)
+      fail(where("data.valid_history_len"), ": differs from history_len ", c->history_len,
+           " (the model takes one window length)");
     c->forecast_len = get<int>(d["forecast_len"], "data.forecast_len", 1);
     if (c->forecast_len < 1) fail(where("data.forecast_len"), ": must be at least 1");
     c->timestep = parse_timestep(get<std::string>(d["timestep"], "data.timestep", "6h"), where("data.timestep"));

@@ -1,6 +1,6 @@
 // CREDIT gen2 YAML configs (yaml-cpp): the keys wxe implements, under CREDIT's names.
 // A key wxe does not know is a warning naming it; a known key with a value whose meaning wxe
-// does not implement (a second data source, history_len > 1, a scheduler type other than
+// does not implement (a second data source, a scheduler type other than
 // linear-warmup-cosine, ...) is an error naming it. Relative paths resolve from the config's
 // folder. The data layer (data/) knows netCDF and YAML; engine/ knows neither.
 #pragma once

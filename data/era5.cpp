@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "engine/error.h"
@@ -85,24 +87,70 @@ void Era5Data::load_scaler() {
     ss << f.rdbuf();
     Json j = parse_json(ss.str(), cfg_.scaler_json, "scaler JSON");
     if (j.type != Json::Obj) fail(cfg_.scaler_json, ": not a JSON object of scalers");
-    for (size_t i = 0; i < j.keys.size(); ++i) {
-      const std::string key = j.keys[i], name = key.substr(key.rfind('/') + 1);
-      const Json& e = j.items[i];
-      auto nums = [&](const char* k) {
-        const Json* a = e.get(k);
-        if (!a || a->type != Json::Arr) fail(cfg_.scaler_json, ": scaler '", key, "' has no ", k);
-        std::vector<double> v;
+    // mean_x_ / var_x_: a list of numbers, or numpy's {"__numpy__": base64, "dtype", "shape"}
+    // as bridgescaler writes a tensor scaler
+    auto nums = [&](const Json& e, const std::string& key, const char* k) {
+      const Json* a = e.get(k);
+      std::vector<double> v;
+      if (a && a->type == Json::Arr) {
         for (const Json& x : a->items) {
           if (x.type != Json::Num) fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " is not numbers");
           v.push_back(std::stod(x.s));
         }
         return v;
-      };
-      std::vector<double> mean = nums("mean_x_"), var = nums("var_x_");
-      if (mean.size() != var.size()) fail(cfg_.scaler_json, ": scaler '", key, "': mean_x_ and var_x_ differ in length");
-      for (double& v : var) v = std::sqrt(v);
-      stats[name] = {mean, var};
-    }
+      }
+      const Json* b64 = a && a->type == Json::Obj ? a->get("__numpy__") : nullptr;
+      const Json* dt = a && a->type == Json::Obj ? a->get("dtype") : nullptr;
+      if (!b64 || b64->type != Json::Str || !dt || dt->type != Json::Str)
+        fail(cfg_.scaler_json, ": scaler '", key, "' has no ", k, " (a list of numbers or a numpy array)");
+      if (dt->s != "<f4" && dt->s != "<f8")
+        fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " has dtype ", dt->s, " (float32 or float64 expected)");
+      const std::string bytes = base64_decode(b64->s, cfg_.scaler_json + ": scaler '" + key + "': " + k);
+      const size_t esz = dt->s == "<f4" ? 4 : 8;
+      if (bytes.size() % esz) fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " is ", bytes.size(), " bytes");
+      for (size_t i = 0; i < bytes.size(); i += esz) {
+        if (esz == 4) {
+          float f;
+          std::memcpy(&f, bytes.data() + i, 4);
+          v.push_back(f);
+        } else {
+          double d;
+          std::memcpy(&d, bytes.data() + i, 8);
+          v.push_back(d);
+        }
+      }
+      return v;
+    };
+    // bridgescaler's save_scaler_dict (what `credit convert` and `credit preprocess` write):
+    // {data_type: {source: {"source/field_type/3d/VAR": "<the scaler's own JSON text>"}}};
+    // also a flat {VAR: {mean_x_, var_x_}}. A variable under both input and target must have
+    // one scaler: wxe normalises a variable one way.
+    std::function<void(const Json&, int)> walk = [&](const Json& obj, int depth) {
+      for (size_t i = 0; i < obj.keys.size(); ++i) {
+        const std::string& key = obj.keys[i];
+        const Json* e = &obj.items[i];
+        Json text;
+        if (e->type == Json::Str) {
+          text = parse_json(e->s, cfg_.scaler_json, "scaler '" + key + "'");
+          e = &text;
+        }
+        if (e->type != Json::Obj) fail(cfg_.scaler_json, ": scaler '", key, "' is not a JSON object");
+        if (!e->get("mean_x_")) {
+          if (depth >= 3) fail(cfg_.scaler_json, ": scaler '", key, "' has no mean_x_");
+          walk(*e, depth + 1);
+          continue;
+        }
+        std::vector<double> mean = nums(*e, key, "mean_x_"), sd = nums(*e, key, "var_x_");
+        if (mean.size() != sd.size()) fail(cfg_.scaler_json, ": scaler '", key, "': mean_x_ and var_x_ differ in length");
+        for (double& v : sd) v = std::sqrt(v);
+        const std::string name = key.substr(key.rfind('/') + 1);
+        auto seen = stats.find(name);
+        if (seen != stats.end() && (seen->second.first != mean || seen->second.second != sd))
+          fail(cfg_.scaler_json, ": scaler '", key, "' differs from another scaler of variable '", name, "'");
+        stats[name] = {mean, sd};
+      }
+    };
+    walk(j, 0);
   } else if (!cfg_.mean_nc.empty() || !cfg_.std_nc.empty()) {
     if (cfg_.mean_nc.empty() || cfg_.std_nc.empty()) fail(cfg_.file, ": the scaler needs both mean_path and std_path");
     NcFile mf(cfg_.mean_nc), sf(cfg_.std_nc);
@@ -254,6 +302,19 @@ void Era5Data::read_channels(const std::vector<ChannelInfo>& chans, int64_t t, f
   }
 }
 
+Tensor Era5Data::input_window(int64_t t) const {
+  const int64_t n = cfg_.history_len;
+  if (n == 1) return input(t);
+  std::vector<Tensor> steps;
+  for (int64_t k = n - 1; k >= 0; --k) steps.push_back(input(t - k * cfg_.timestep));
+  Tensor x(DType::F32, {1, (int64_t)in_.size(), n, h_, w_});
+  const int64_t hw = h_ * w_;
+  for (int64_t c = 0; c < (int64_t)in_.size(); ++c)
+    for (int64_t k = 0; k < n; ++k)
+      std::copy_n(steps[k].data<float>() + c * hw, hw, x.data<float>() + (c * n + k) * hw);
+  return x;
+}
+
 Tensor Era5Data::input(int64_t t) const {
   if (!h_) {  // read one channel to learn the grid
     std::vector<float> tmp(1);
@@ -326,16 +387,17 @@ namespace {
 
 class Era5Samples : public SampleSource {
  public:
-  Era5Samples(std::shared_ptr<const Era5Data> d, int64_t t0, int64_t t1, int L) : d_(d), t0_(t0), L_(L) {
+  Era5Samples(std::shared_ptr<const Era5Data> d, int64_t t0, int64_t t1, int L) : d_(d), L_(L) {
     const int64_t dt = d_->config().timestep;
-    const int64_t times = t1 >= t0 ? (t1 - t0) / dt + 1 : 0;
+    t0_ = t0 + (d_->config().history_len - 1) * dt;  // the first window starts at t0
+    const int64_t times = t1 >= t0_ ? (t1 - t0_) / dt + 1 : 0;
     n_ = std::max<int64_t>(0, times - L);
   }
   int64_t size() const override { return n_; }
   Sample get(int64_t i) const override {
     const int64_t dt = d_->config().timestep, t = t0_ + i * dt;
     Sample s;
-    s.input = d_->input(t);
+    s.input = d_->input_window(t);
     s.forcing.push_back(s.input);
     for (int k = 0; k < L_; ++k) {
       s.targets.push_back(d_->target(t + (k + 1) * dt));

@@ -37,6 +37,9 @@ class Era5Data {
   // (1, C_in, 1, H, W) / (1, C_out, 1, H, W), normalised, at time t (seconds since 1970).
   Tensor input(int64_t t) const;
   Tensor target(int64_t t) const;
+  // data.history_len steps ending at t (oldest first) on dim 2: (1, C_in, history_len, H, W),
+  // every step's channels as input() reads them (CREDIT's history window).
+  Tensor input_window(int64_t t) const;
   // Overwrites x's dynamic-forcing channels with time t's (normalised).
   void set_forcing(Tensor& x, int64_t t) const;
   // y (1, C_out, ...) normalised -> physical units, in place.
@@ -72,8 +75,9 @@ class Era5Data {
   mutable std::map<std::string, std::vector<int64_t>> times_;  // file -> its times (s since 1970)
 };
 
-// Training samples over [t0, t1] every timestep: sample i starts at t0 + i*dt; input at its
-// start, targets of the forecast_len steps after it, forcing[k] the input at step k.
+// Training samples over [t0, t1] every timestep: sample i starts at t = t0 + (history_len - 1
+// + i) * dt; input the window ending at t, targets of the forecast_len steps after it,
+// forcing[k] (k >= 1) the one-step input at t + k * dt.
 std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> data, int64_t t0, int64_t t1,
                                                 int forecast_len);
 

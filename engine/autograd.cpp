@@ -60,49 +60,6 @@ void GradExecutor::zero_grad() {
   for (Tensor& t : grads_) std::memset(t.raw(), 0, t.nbytes());
 }
 
-std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& inputs) {
-  if (dev_) return forward_device(inputs);
-  set_threads(opt_.threads);
-  vals_.assign(g_.values.size(), Tensor());
-  for (size_t v = 0; v < g_.values.size(); ++v)
-    if (g_.values[v].is_const()) vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
-  for (int id : g_.inputs) {
-    const Value& v = g_.values[id];
-    auto it = inputs.find(v.name);
-    WXE_CHECK(it != inputs.end(), "no tensor given for input '", v.name, "'");
-    WXE_CHECK(it->second.dtype == v.dtype && it->second.shape == v.shape, "input '", v.name, "' expects ",
-              dtype_name(v.dtype), " ", shape_str(v.shape), ", got ", dtype_name(it->second.dtype), " ",
-              shape_str(it->second.shape));
-    vals_[id] = it->second;
-  }
-  std::vector<const Tensor*> in;
-  std::vector<Tensor*> out;
-  for (size_t k = 0; k < g_.nodes.size(); ++k) {
-    const Node& n = g_.nodes[k];
-    auto t0 = std::chrono::steady_clock::now();
-    in.clear();
-    out.clear();
-    for (int i : n.inputs) in.push_back(i < 0 ? nullptr : &vals_[i]);
-    for (int o : n.outputs) {
-      vals_[o] = Tensor(g_.values[o].dtype, g_.values[o].shape);
-      out.push_back(&vals_[o]);
-    }
-    try {
-      kernels_[k](n, in, out);
-    } catch (const Error& e) {
-      throw Error(g_.source + ": node " + n.name + " (" + n.op + "): " + e.what());
-    }
-    if (opt_.profile) {
-      auto& p = profile_[n.op];
-      p.ms += ms_since(t0);
-      ++p.calls;
-    }
-  }
-  std::vector<Tensor> result;
-  for (int o : g_.outputs) result.push_back(vals_[o]);
-  return result;
-}
-
 void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
   if (dev_) return backward_device(grad_outputs);
   WXE_CHECK(grad_outputs.size() == g_.outputs.size(), "backward: ", grad_outputs.size(), " output gradients for ",
@@ -179,17 +136,6 @@ Tensor device_tensor(Backend& b, DType t, const Shape& s) {
   return r;
 }
 
-void check_inputs(const Graph& g, const std::map<std::string, Tensor>& inputs) {
-  for (int id : g.inputs) {
-    const Value& v = g.values[id];
-    auto it = inputs.find(v.name);
-    WXE_CHECK(it != inputs.end(), "no tensor given for input '", v.name, "'");
-    WXE_CHECK(it->second.dtype == v.dtype && it->second.shape == v.shape, "input '", v.name, "' expects ",
-              dtype_name(v.dtype), " ", shape_str(v.shape), ", got ", dtype_name(it->second.dtype), " ",
-              shape_str(it->second.shape));
-  }
-}
-
 bool host_input(const BackendKernel* k, size_t i) { return i < 32 && (k->host_inputs >> i & 1); }
 
 }  // namespace
@@ -218,25 +164,30 @@ Tensor& GradExecutor::host_value(int v) {
   return vals_[v];
 }
 
-std::vector<Tensor> GradExecutor::forward_device(const std::map<std::string, Tensor>& inputs) {
+// One loop for the CPU and a device backend (dev_): on a device, a node whose kernel the
+// backend has runs there (its inputs uploaded on first use), any other on the host (its
+// inputs downloaded); view ops alias their input wherever it is.
+std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& inputs) {
   set_threads(opt_.threads);
   check_inputs(g_, inputs);
   const size_t nv = g_.values.size();
   vals_.assign(nv, Tensor());
-  dvals_.assign(nv, Tensor());
-  if (dconst_.size() != nv) dconst_.assign(nv, Tensor());
   for (size_t v = 0; v < nv; ++v)
-    if (g_.values[v].is_const()) vals_[v] = *g_.values[v].constant;
-  for (int p : trainable_)  // the optimizer updated the host copy
-    if (dconst_[p].defined() && dconst_[p].nbytes())
-      dev_->copy_to_device(dconst_[p].raw(), g_.values[p].constant->raw(), dconst_[p].nbytes());
+    if (g_.values[v].is_const()) vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
+  if (dev_) {
+    dvals_.assign(nv, Tensor());
+    if (dconst_.size() != nv) dconst_.assign(nv, Tensor());
+    for (int p : trainable_)  // the optimizer updated the host copy
+      if (dconst_[p].defined() && dconst_[p].nbytes())
+        dev_->copy_to_device(dconst_[p].raw(), g_.values[p].constant->raw(), dconst_[p].nbytes());
+  }
   for (int id : g_.inputs) vals_[id] = inputs.at(g_.values[id].name);
   std::vector<const Tensor*> in;
   std::vector<Tensor*> out;
   for (size_t k = 0; k < g_.nodes.size(); ++k) {
     const Node& n = g_.nodes[k];
     auto t0 = std::chrono::steady_clock::now();
-    if (is_view_op(n.op)) {  // an alias wherever the input is
+    if (dev_ && is_view_op(n.op)) {
       const int x = n.inputs[0], o = n.outputs[0];
       if (dvals_[x].defined())
         dvals_[o] = dvals_[x].reshaped(g_.values[o].shape);
@@ -244,7 +195,7 @@ std::vector<Tensor> GradExecutor::forward_device(const std::map<std::string, Ten
         vals_[o] = vals_[x].reshaped(g_.values[o].shape);
       continue;
     }
-    const BackendKernel* dk = dk_[k];
+    const BackendKernel* dk = dev_ ? dk_[k] : nullptr;
     in.clear();
     out.clear();
     for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -275,7 +226,7 @@ std::vector<Tensor> GradExecutor::forward_device(const std::map<std::string, Ten
   }
   std::vector<Tensor> result;
   for (int o : g_.outputs) result.push_back(host_value(o));
-  dev_->synchronize();
+  if (dev_) dev_->synchronize();
   return result;
 }
 

@@ -72,7 +72,6 @@ class GradExecutor {
   std::vector<std::string> host_nodes_;
   Tensor& dev_value(int v);
   Tensor& host_value(int v);
-  std::vector<Tensor> forward_device(const std::map<std::string, Tensor>& inputs);
   void backward_device(const std::vector<Tensor>& grad_outputs);
 };
 

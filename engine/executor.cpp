@@ -119,90 +119,36 @@ void Executor::plan_memory() {
 
 Executor::~Executor() = default;
 
-std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
-  if (dev_) return run_device(inputs);
-  set_threads(opt_.threads);
-  std::vector<Tensor> vals(g_->values.size());
-  for (size_t v = 0; v < g_->values.size(); ++v)
-    if (g_->values[v].is_const()) vals[v] = *g_->values[v].constant;
-  for (int id : g_->inputs) {
-    const Value& v = g_->values[id];
-    auto it = inputs.find(v.name);
-    WXE_CHECK(it != inputs.end(), "no tensor given for input '", v.name, "'");
-    WXE_CHECK(it->second.dtype == v.dtype && it->second.shape == v.shape, "input '", v.name,
-              "' expects ", dtype_name(v.dtype), " ", shape_str(v.shape), ", got ",
-              dtype_name(it->second.dtype), " ", shape_str(it->second.shape));
-    vals[id] = it->second;
-  }
-  if (!arena_ && arena_bytes_) arena_ = std::make_shared<Storage>(arena_bytes_);
-  peak_bytes_ = arena_bytes_;
-  std::vector<const Tensor*> in;
-  std::vector<Tensor*> out;
-  for (size_t k = 0; k < g_->nodes.size(); ++k) {
-    const Node& n = g_->nodes[k];
-    in.clear();
-    out.clear();
-    for (int i : n.inputs) in.push_back(i < 0 ? nullptr : &vals[i]);
-    auto t0 = std::chrono::steady_clock::now();
-    if (is_view_[k]) {
-      const Value& o = g_->values[n.outputs[0]];
-      vals[n.outputs[0]] = in[0]->reshaped(o.shape);
-    } else {
-      for (int o : n.outputs) {
-        const Value& v = g_->values[o];
-        Tensor t;
-        t.dtype = v.dtype;
-        t.shape = v.shape;
-        if (offset_[o] >= 0) {
-          t.storage = arena_;
-          t.offset = (size_t)offset_[o];
-        } else {  // a graph output: the caller keeps it
-          t.storage = std::make_shared<Storage>(t.nbytes());
-          peak_bytes_ += t.nbytes();
-        }
-        vals[o] = std::move(t);
-        out.push_back(&vals[o]);
-      }
-      try {
-        kernels_[k](n, in, out);
-      } catch (const Error& e) {
-        throw Error(g_->source + ": node " + n.name + " (" + n.op + "): " + e.what());
-      }
-    }
-    if (opt_.profile) {
-      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (node_ms_.size() != g_->nodes.size()) node_ms_.assign(g_->nodes.size(), 0.0);
-      node_ms_[k] += ms;
-      auto& p = profile_[n.op];
-      p.ms += ms;
-      ++p.calls;
-    }
-  }
-  std::vector<Tensor> result;
-  for (int o : g_->outputs) result.push_back(vals[o]);
-  return result;
-}
-
-std::vector<Tensor> Executor::run_device(const std::map<std::string, Tensor>& inputs) {
-  set_threads(opt_.threads);
-  const Graph& g = *g_;
-  std::vector<Tensor> vals(g.values.size());
-  for (size_t v = 0; v < g.values.size(); ++v)
-    if (g.values[v].is_const()) vals[v] = dev_const_[v].defined() ? dev_const_[v] : *g.values[v].constant;
+void check_inputs(const Graph& g, const std::map<std::string, Tensor>& inputs) {
   for (int id : g.inputs) {
     const Value& v = g.values[id];
     auto it = inputs.find(v.name);
     WXE_CHECK(it != inputs.end(), "no tensor given for input '", v.name, "'");
-    WXE_CHECK(it->second.dtype == v.dtype && it->second.shape == v.shape, "input '", v.name,
-              "' expects ", dtype_name(v.dtype), " ", shape_str(v.shape), ", got ",
-              dtype_name(it->second.dtype), " ", shape_str(it->second.shape));
-    vals[id] = dev_->upload(it->second);
+    WXE_CHECK(it->second.dtype == v.dtype && it->second.shape == v.shape, "input '", v.name, "' expects ",
+              dtype_name(v.dtype), " ", shape_str(v.shape), ", got ", dtype_name(it->second.dtype), " ",
+              shape_str(it->second.shape));
   }
-  if (!arena_ && arena_bytes_) arena_ = dev_->allocate(arena_bytes_);
+}
+
+std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
+  // one loop for the CPU and for a device backend (dev_): on a device, constants and inputs
+  // live in device memory, kernels that read an input on the host get a downloaded copy
+  set_threads(opt_.threads);
+  const Graph& g = *g_;
+  std::vector<Tensor> vals(g.values.size());
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (g.values[v].is_const()) vals[v] = dev_ && dev_const_[v].defined() ? dev_const_[v] : *g.values[v].constant;
+  check_inputs(g, inputs);
+  for (int id : g.inputs) {
+    const Tensor& t = inputs.at(g.values[id].name);
+    vals[id] = dev_ ? dev_->upload(t) : t;
+  }
+  auto allocate = [&](size_t nbytes) { return dev_ ? dev_->allocate(nbytes) : std::make_shared<Storage>(nbytes); };
+  if (!arena_ && arena_bytes_) arena_ = allocate(arena_bytes_);
   peak_bytes_ = arena_bytes_;
   std::vector<const Tensor*> in;
   std::vector<Tensor*> out;
-  std::vector<Tensor> host_in;  // inputs a kernel reads on the host, for the current node
+  std::vector<Tensor> host_in;  // inputs a device kernel reads on the host, for the current node
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     const Node& n = g.nodes[k];
     in.clear();
@@ -212,7 +158,7 @@ std::vector<Tensor> Executor::run_device(const std::map<std::string, Tensor>& in
       const int v = n.inputs[i];
       if (v < 0) {
         in.push_back(nullptr);
-      } else if (i < 32 && (host_inputs_[k] >> i & 1)) {
+      } else if (dev_ && i < 32 && (host_inputs_[k] >> i & 1)) {
         host_in[i] = g.values[v].is_const() ? *g.values[v].constant : dev_->download(vals[v]);
         in.push_back(&host_in[i]);
       } else {
@@ -231,8 +177,8 @@ std::vector<Tensor> Executor::run_device(const std::map<std::string, Tensor>& in
         if (offset_[o] >= 0) {
           t.storage = arena_;
           t.offset = (size_t)offset_[o];
-        } else {
-          t.storage = dev_->allocate(t.nbytes());
+        } else {  // a graph output: the caller keeps it
+          t.storage = allocate(t.nbytes());
           peak_bytes_ += t.nbytes();
         }
         vals[o] = std::move(t);
@@ -240,7 +186,7 @@ std::vector<Tensor> Executor::run_device(const std::map<std::string, Tensor>& in
       }
       try {
         kernels_[k](n, in, out);
-        if (opt_.profile) dev_->synchronize();
+        if (opt_.profile && dev_) dev_->synchronize();
       } catch (const Error& e) {
         throw Error(g.source + ": node " + n.name + " (" + n.op + "): " + e.what());
       }
@@ -255,8 +201,8 @@ std::vector<Tensor> Executor::run_device(const std::map<std::string, Tensor>& in
     }
   }
   std::vector<Tensor> result;
-  for (int o : g.outputs) result.push_back(dev_->download(vals[o]));
-  dev_->synchronize();
+  for (int o : g.outputs) result.push_back(dev_ ? dev_->download(vals[o]) : vals[o]);
+  if (dev_) dev_->synchronize();
   return result;
 }
 

@@ -65,12 +65,14 @@ class Executor {
   size_t arena_bytes_ = 0;
   std::shared_ptr<Storage> arena_;    // allocated at the first run, kept
   void plan_memory();
-  // device backends (nullptr: the CPU path above)
+  // device backends (nullptr: the CPU)
   Backend* dev_ = nullptr;
   std::vector<uint32_t> host_inputs_;  // per node: inputs its kernel reads on the host
   std::vector<Tensor> dev_const_;      // per value: the constant in device memory, if used there
-  std::vector<Tensor> run_device(const std::map<std::string, Tensor>& inputs);
 };
+
+// Every graph input given, with its dtype and shape; errors name the input.
+void check_inputs(const Graph& g, const std::map<std::string, Tensor>& inputs);
 
 // Reshape, Squeeze, Unsqueeze, Flatten, Identity: the executors run them as aliases of input 0.
 bool is_view_op(const std::string& op);

@@ -1,6 +1,7 @@
 #include "engine/json.h"
 
 #include <cstdio>
+#include <cstring>
 #include <set>
 
 #include "engine/error.h"
@@ -50,7 +51,15 @@ class JsonParser {
       return j;
     }
     if (c == '-' || (c >= '0' && c <= '9')) return number();
-    bad(p_ >= t_.size() ? "unexpected end" : "unexpected character (only objects, arrays, strings and numbers are allowed)");
+    for (const char* lit : {"true", "false", "null"})
+      if (t_.compare(p_, std::strlen(lit), lit) == 0) {
+        p_ += std::strlen(lit);
+        Json j;
+        j.type = Json::Lit;
+        j.s = lit;
+        return j;
+      }
+    bad(p_ >= t_.size() ? "unexpected end" : "unexpected character");
   }
   Json object(int depth) {
     Json j;
@@ -230,6 +239,33 @@ bool valid_utf8(const std::string& s) {
 
 
 
+
+std::string base64_decode(const std::string& text, const std::string& what) {
+  auto sextet = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  size_t n = text.size();
+  while (n > 0 && text[n - 1] == '=') --n;
+  if (text.size() - n > 2 || n % 4 == 1) fail(what, ": malformed base64 (length ", text.size(), ")");
+  std::string out;
+  out.reserve(n * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < n; ++i) {
+    int v = sextet(text[i]);
+    if (v < 0) fail(what, ": malformed base64 (byte ", i, ")");
+    acc = (acc << 6) | (uint32_t)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += (char)((acc >> bits) & 0xff);
+    }
+  }
+  return out;
+}
 
 int64_t checked_index(const Json& j) {
   if (j.type != Json::Num || j.s.empty() || j.s.size() > 19) return -1;

@@ -8,8 +8,8 @@
 namespace wxe {
 
 struct Json {
-  enum Type { Str, Num, Arr, Obj } type = Str;
-  std::string s;                  // Str: content (UTF-8); Num: the number's text
+  enum Type { Str, Num, Arr, Obj, Lit } type = Str;
+  std::string s;                  // Str: content (UTF-8); Num: the number's text; Lit: true, false or null
   std::vector<Json> items;        // Arr elements; Obj values
   std::vector<std::string> keys;  // Obj keys (unique), parallel to items
   const Json* get(const std::string& k) const {
@@ -21,6 +21,8 @@ struct Json {
 
 // Parses `text`; errors name `path` and say "malformed <what>". Depth is capped at 16.
 Json parse_json(const std::string& text, const std::string& path, const std::string& what = "JSON");
+// RFC 4648 base64 (padding optional, no whitespace); errors name `what`.
+std::string base64_decode(const std::string& text, const std::string& what);
 // A JSON number that is a non-negative integer fitting int64; -1 otherwise.
 int64_t checked_index(const Json& j);
 // Appends s as a JSON string literal.

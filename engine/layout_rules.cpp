@@ -5,17 +5,11 @@
 #include <map>
 #include <set>
 
+#include "engine/module_roles.h"
+
 namespace wxe::layout {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-bool module_is(const std::string& module, const std::string& last) {
-  return module == last || ends_with(module, "." + last);
-}
 
 // W_mat v with W_mat = w moved so `dim` is first, reshaped (rows, -1); in double.
 std::vector<double> wmat_times(const Tensor& w, const std::vector<double>& v, int dim) {
@@ -47,15 +41,15 @@ std::string module_of(const std::string& name) {
   return p == std::string::npos ? "" : name.substr(0, p);
 }
 
-bool is_qkv_module(const std::string& module) { return module_is(module, "to_qkv"); }
+bool is_qkv_module(const std::string& module) { return module_role(module) == Role::Qkv; }
 
 bool is_linear_module(const std::string& module) {
-  return module_is(module, "to_out") || ends_with(module, ".layers.1") || ends_with(module, ".layers.4");
+  const Role r = module_role(module);
+  return r == Role::Out || r == Role::FfnUp || r == Role::FfnDown;
 }
 
 std::array<std::string, 3> qkv_modules(const std::string& m) {
-  std::string stem = m.substr(0, m.size() - std::string("to_qkv").size());
-  return {stem + "to_q", stem + "to_k", stem + "to_v"};
+  return {sibling_module(m, Role::Q), sibling_module(m, Role::K), sibling_module(m, Role::V)};
 }
 
 Tensor fold_spectral_norm(const Tensor& w_orig, const Tensor& u, const Tensor& v,
@@ -211,19 +205,21 @@ NamedTensors to_legacy_state_dict(const NamedTensors& in) {
   std::set<std::string> done;
   for (auto& [name, t] : in) {
     const std::string module = module_of(name), leaf = name.substr(module.empty() ? 0 : module.size() + 1);
-    const std::string tail = module.size() >= 5 ? module.substr(module.size() - 5) : "";
-    if ((tail == ".to_q" || tail == ".to_k" || tail == ".to_v") && (leaf == "weight" || leaf == "bias")) {
-      const std::string block = module.substr(0, module.size() - 5), fused = block + ".to_qkv." + leaf;
+    const Role role = module_role(module);
+    if ((role == Role::Q || role == Role::K || role == Role::V) && (leaf == "weight" || leaf == "bias")) {
+      const std::string fused_module = sibling_module(module, Role::Qkv), fused = fused_module + "." + leaf;
       if (done.count(fused)) continue;
       std::array<const Tensor*, 3> parts{};
-      const char* names[3] = {".to_q.", ".to_k.", ".to_v."};
+      const std::string names[3] = {sibling_module(module, Role::Q) + "." + leaf,
+                                    sibling_module(module, Role::K) + "." + leaf,
+                                    sibling_module(module, Role::V) + "." + leaf};
       for (int k = 0; k < 3; ++k) {
-        auto it = by_name.find(block + names[k] + leaf);
-        WXE_CHECK(it != by_name.end(), "'", name, "' without '", block, names[k], leaf, "': cannot fuse to_qkv");
+        auto it = by_name.find(names[k]);
+        WXE_CHECK(it != by_name.end(), "'", name, "' without '", names[k], "': cannot fuse ", fused_module);
         parts[k] = it->second;
-        WXE_CHECK(parts[k]->shape == parts[0]->shape && parts[k]->dtype == parts[0]->dtype, "'", block, names[k],
-                  leaf, "' is ", shape_str(parts[k]->shape), ", '", block, names[0], leaf, "' ",
-                  shape_str(parts[0]->shape), ": cannot fuse to_qkv");
+        WXE_CHECK(parts[k]->shape == parts[0]->shape && parts[k]->dtype == parts[0]->dtype, "'", names[k], "' is ",
+                  shape_str(parts[k]->shape), ", '", names[0], "' ", shape_str(parts[0]->shape), ": cannot fuse ",
+                  fused_module);
       }
       Shape s = parts[0]->shape;
       s[0] *= 3;

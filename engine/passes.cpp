@@ -7,6 +7,7 @@
 #include <set>
 
 #include "engine/layout_rules.h"
+#include "engine/module_roles.h"
 #include "engine/ops.h"
 
 namespace wxe {
@@ -324,11 +325,8 @@ std::string collapse_repeated_calls(const std::string& name) {
 
 std::string node_name_of(const std::string& module) { return "/" + module + "/Linear"; }
 
-bool ends_with_any(const std::string& m, std::initializer_list<const char*> tails) {
-  for (const char* t : tails)
-    if (ends_with(m, t)) return true;
-  return false;
-}
+// The projections that are nn.Linear in the Linear layout (all but the legacy fused qkv).
+bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
 
 // nn.Linear as torch.onnx.export writes it: MatMul(x, W^T) with W^T an exporter-made
 // constant, in the scope of a projection module M (nextgen_wxformer's to_q/k/v/out and
@@ -342,7 +340,7 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   // constant (nn.Linear without bias, nn.MultiheadAttention's in_proj/out_proj)
   const bool anonymous = anonymous_name(c.name) && !module.empty();
   if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
-      (!anonymous && !ends_with_any(module, {".to_q", ".to_k", ".to_v", ".to_out", ".layers.1", ".layers.4"})))
+      (!anonymous && !is_linear_projection(module_role(module))))
     return false;
   const Tensor& ct = *c.constant;  // (K, N)
   Tensor w(ct.dtype, {ct.shape[1], ct.shape[0]});
@@ -437,28 +435,23 @@ void remove_slices_of_concat(Graph& g) {
   std::vector<int> alias(g.values.size());
   for (size_t i = 0; i < alias.size(); ++i) alias[i] = (int)i;
   for (const Node& n : g.nodes) {
-    // Split into exactly the Concat's parts (the dynamo exporter's qkv.chunk(3)): each output
-    // is the matching input
     if (n.op == "Split" && !n.inputs.empty() && n.inputs[0] >= 0 && prod[n.inputs[0]] >= 0 &&
-        g.nodes[prod[n.inputs[0]]].op == "Concat" && g.values[n.inputs[0]].shape_known) {
+        g.nodes[prod[n.inputs[0]]].op == "Concat") {
+      // torch 2 (dynamo) exports take q, k and v apart with a Split: output k is part k when
+      // every output's extent along the concat axis is that part's
       const Node& cat = g.nodes[prod[n.inputs[0]]];
       const int64_t rank = (int64_t)g.values[n.inputs[0]].shape.size();
-      int64_t axis = n.i("axis", 0), caxis = cat.i("axis", 0);
+      int64_t axis = cat.i("axis", 0), split_axis = n.i("axis", 0);
       if (axis < 0) axis += rank;
-      if (caxis < 0) caxis += rank;
-      std::vector<int64_t> sizes;
-      if (n.inputs.size() > 1 && n.inputs[1] >= 0) {
-        if (g.values[n.inputs[1]].is_const()) sizes = g.values[n.inputs[1]].constant->to_i64();
-      } else if (n.has("split")) {
-        sizes = n.ints("split");
-      } else if (!n.outputs.empty() && g.values[n.inputs[0]].shape[axis] % (int64_t)n.outputs.size() == 0) {
-        sizes.assign(n.outputs.size(), g.values[n.inputs[0]].shape[axis] / (int64_t)n.outputs.size());
+      if (split_axis < 0) split_axis += rank;
+      if (split_axis != axis || n.outputs.size() != cat.inputs.size()) continue;
+      bool same = true;
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        const Value &o = g.values[n.outputs[k]], &part = g.values[cat.inputs[k]];
+        same = same && n.outputs[k] >= 0 && o.shape_known && part.shape_known && o.shape == part.shape;
       }
-      bool same = axis == caxis && sizes.size() == cat.inputs.size() && sizes.size() == n.outputs.size();
-      for (size_t k = 0; same && k < sizes.size(); ++k)
-        same = g.values[cat.inputs[k]].shape_known && g.values[cat.inputs[k]].shape[axis] == sizes[k];
       if (same)
-        for (size_t k = 0; k < sizes.size(); ++k) alias[n.outputs[k]] = cat.inputs[k];
+        for (size_t k = 0; k < n.outputs.size(); ++k) alias[n.outputs[k]] = cat.inputs[k];
       continue;
     }
     if (n.op != "Slice" || n.inputs.size() < 3 || n.inputs[0] < 0 || prod[n.inputs[0]] < 0) continue;
@@ -800,7 +793,7 @@ void name_params_by_scope(Graph& g) {
         // a submodule's parameter read in its parent's scope (nn.MultiheadAttention calls
         // out_proj functionally) keeps its name
         bool descendant = name.rfind(module + ".", 0) == 0;
-        if (!descendant && (leaf == "weight" || leaf == "bias" || leaf == "g" || leaf == "b")) want = module + "." + leaf;
+        if (!descendant && is_param_leaf(leaf)) want = module + "." + leaf;
       }
       if (want.empty() || want == name) want = name;
       uses[v][want].push_back({(int)k, (int)s2});
@@ -865,15 +858,71 @@ void fold_if(Graph& g) {
     }
     propagate(pre, false, [&](size_t m, const Node&) { return (bool)needed[m]; }, true);
     const Value& c = pre.values[n.inputs[0]];
-    WXE_CHECK(c.is_const() && c.constant->numel() == 1, g.source, ": node ", n.name, " (If): its condition '",
-              c.name, "' depends on the input's values, not only on its shape; wxe runs a static graph "
-              "(memory planned ahead) and folds only an If whose condition is known once the input shapes are");
-    WXE_CHECK(c.constant->dtype == DType::Bool, g.source, ": node ", n.name, " (If): condition '", c.name,
-              "' is ", dtype_name(c.constant->dtype), ", not bool");
-    const bool taken = c.constant->data<uint8_t>()[0] != 0;
+    WXE_CHECK(c.dtype == DType::Bool && numel(c.shape) == 1, g.source, ": node ", n.name, " (If): condition '", c.name,
+              "' is ", dtype_name(c.dtype), " ", shape_str(c.shape), ", not one bool");
     const std::string id = n.s("if_id", "");
-    const std::string keep = "|" + id + (taken ? ".then" : ".else"), drop = "|" + id + (taken ? ".else" : ".then");
+    // the branches' nodes lose this If's tag: "|<id>.then" / "|<id>.else" (`drop`: removed)
+    auto retag = [&](std::vector<Node>& out, Node& x, const std::string& drop) {
+      if (x.has("if_branch")) {
+        std::string tag = x.s("if_branch", "");
+        if (!drop.empty() && tag.find(drop) != std::string::npos) return;
+        for (const char* b : {".then", ".else"}) {
+          size_t at = tag.find("|" + id + b);
+          if (at != std::string::npos) tag.erase(at, id.size() + 1 + std::strlen(b));
+        }
+        if (tag.empty())
+          x.attrs.erase("if_branch");
+        else
+          x.attrs["if_branch"] = attr_s(tag);
+      }
+      out.push_back(std::move(x));
+    };
     std::vector<Node> nodes;
+    if (!c.is_const()) {
+      // known only at run time: both branches run and Where picks, output by output, which
+      // needs branches of the same type and shape (the memory plan is static)
+      Graph shaped = g;
+      shaped.nodes.resize(k);
+      propagate(shaped, false, [](size_t, const Node&) { return true; });
+      for (size_t o = 0; o < nout; ++o) {
+        const Value &t = shaped.values[n.inputs[1 + o]], &e = shaped.values[n.inputs[1 + nout + o]];
+        WXE_CHECK(t.dtype == e.dtype && t.shape_known && e.shape_known && t.shape == e.shape, g.source, ": node ",
+                  n.name, " (If): its condition '", c.name, "' is known only at run time and its branches give ",
+                  dtype_name(t.dtype), " ", shape_str(t.shape), " and ", dtype_name(e.dtype), " ", shape_str(e.shape),
+                  " for output ", o, "; wxe runs such an If as a Where over both branches, which needs one type and shape");
+      }
+      for (size_t m = 0; m < g.nodes.size(); ++m) {
+        if (m != k) {
+          retag(nodes, g.nodes[m], "");
+          continue;
+        }
+        int cond = n.inputs[0];
+        if (!c.shape.empty()) {  // a scalar condition keeps Where's output at the branches' shape
+          Node r;
+          r.op = "Reshape";
+          r.name = n.name + "/cond";
+          Value cv;
+          cv.name = r.name + ":0";
+          cv.dtype = DType::Bool;
+          r.inputs = {cond, g.add_constant(r.name + "/shape", Tensor(DType::I64, {0}))};
+          cond = g.add_value(cv);
+          r.outputs = {cond};
+          nodes.push_back(std::move(r));
+        }
+        for (size_t o = 0; o < nout; ++o) {
+          Node w;
+          w.op = "Where";
+          w.name = n.name + "/out" + std::to_string(o);
+          w.inputs = {cond, n.inputs[1 + o], n.inputs[1 + nout + o]};
+          w.outputs = {n.outputs[o]};
+          if (n.has("if_branch")) w.attrs["if_branch"] = n.attrs.at("if_branch");
+          nodes.push_back(std::move(w));
+        }
+      }
+      g.nodes = std::move(nodes);
+      continue;
+    }
+    const bool taken = c.constant->data<uint8_t>()[0] != 0;
     for (size_t m = 0; m < g.nodes.size(); ++m) {
       Node& x = g.nodes[m];
       if (m == k) {  // the If's outputs keep their names, read from the taken branch
@@ -888,17 +937,7 @@ void fold_if(Graph& g) {
         }
         continue;
       }
-      if (x.has("if_branch")) {
-        std::string tag = x.s("if_branch", "");
-        if (tag.find(drop) != std::string::npos) continue;
-        size_t at = tag.find(keep);
-        if (at != std::string::npos) tag.erase(at, keep.size());
-        if (tag.empty())
-          x.attrs.erase("if_branch");
-        else
-          x.attrs["if_branch"] = attr_s(tag);
-      }
-      nodes.push_back(std::move(x));
+      retag(nodes, x, "|" + id + (taken ? ".else" : ".then"));
     }
     g.nodes = std::move(nodes);
   }

@@ -27,9 +27,11 @@ bool op_updates_inputs(const std::string& op);
 
 // Inlines every If whose condition is known once the input shapes are bound (a shape test, as
 // torch.onnx.export writes for `squeeze(dim)` on a dim it cannot see): the taken branch's nodes
-// replace the If. An If whose condition depends on input values is refused, naming the node:
-// the executor runs one static graph with its memory planned ahead, so it does not run a
-// general If. Run after bind_inputs (prepare_graph does).
+// replace the If. An If whose condition depends on input values becomes Where(cond, then
+// output, else output) per output: both branches run and the condition picks at run time
+// (the executor runs one static graph with its memory planned ahead). That needs branches of
+// one type and shape; others are refused, naming the node. Run after bind_inputs
+// (prepare_graph does).
 void fold_if(Graph& g);
 
 // Runs every node's shape rule in order; all value shapes become known. Nodes whose inputs
@@ -65,8 +67,8 @@ void eliminate_dead_nodes(Graph& g);
 // slices of that concatenation that take exactly one part read the part directly.
 void rewrite_linear_layout(Graph& g);
 
-// Slice nodes that take exactly one input of a Concat, and Split nodes that split a Concat back
-// into its inputs, are read from those inputs instead.
+// Slice nodes that take exactly one input of a Concat, and Split nodes that take it apart into
+// its inputs, are read through: their readers read the Concat's inputs instead.
 void remove_slices_of_concat(Graph& g);
 
 // Which checkpoint tensor each parameter the graph uses takes: the one of its name, else the
@@ -94,8 +96,8 @@ std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, con
 std::string scope_module(const std::string& node_name);
 
 // Gives every parameter the name of the module that reads it, from the reader's scope
-// (TorchScript node names; the dynamo exporter's name_scopes metadata, which the importer puts
-// in front of its node names): the exporter shares one initializer between modules whose
+// (TorchScript node names; the dynamo exporter's namespace / name_scopes metadata, which the
+// importer puts in front of its node names): the exporter shares one initializer between modules whose
 // values are equal (LayerNorm gains at initialization, say) and names its own copies
 // "onnx::Mul_123" (GroupNorm's affine parameters); the dynamo exporter folds the spectral norm
 // of small layers into anonymous constants ("div_12"). An anonymous constant read where a

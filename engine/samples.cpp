@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "engine/error.h"
 #include "engine/npy.h"
 
 namespace wxe {
@@ -139,6 +140,46 @@ NpyDirInfo read_npy_dir_info(const std::string& dir) {
   if (fs::exists(dir + "/lat.npy")) info.lat = read_doubles(dir + "/lat.npy");
   if (fs::exists(dir + "/channel_weights.npy")) info.channel_weights = read_doubles(dir + "/channel_weights.npy");
   return info;
+}
+
+void feed_back(Tensor& x, const Tensor& pred, int64_t c) {
+  auto bad = [&](const std::string& why) {
+    fail("rollout: prediction ", shape_str(pred.shape), " cannot be fed back into input ", shape_str(x.shape), why);
+  };
+  if (x.rank() != pred.rank() || x.shape[0] != pred.shape[0] || c > x.shape[1] || c > pred.shape[1]) bad("");
+  // (B, C, T, ...) inputs take a one-step prediction into their newest step
+  const bool last_step = x.rank() == 5 && pred.shape[2] == 1;
+  const int64_t T = last_step ? x.shape[2] : 1;
+  int64_t inner = 1;
+  for (int d = last_step ? 3 : 2; d < x.rank(); ++d) {
+    if (x.shape[d] != pred.shape[d]) bad(str(" (dim ", d, " differs)"));
+    inner *= x.shape[d];
+  }
+  for (int64_t b = 0; b < x.shape[0]; ++b)
+    for (int64_t ch = 0; ch < c; ++ch)
+      std::memcpy(x.data<float>() + ((b * x.shape[1] + ch) * T + T - 1) * inner,
+                  pred.data<float>() + (b * pred.shape[1] + ch) * inner, inner * sizeof(float));
+}
+
+Tensor slide_window(const Tensor& x, const Tensor& newest) {
+  WXE_CHECK(x.rank() == newest.rank() && x.shape[0] == newest.shape[0] && x.shape[1] == newest.shape[1],
+            "rollout: step input ", shape_str(newest.shape), " does not fit the input window ", shape_str(x.shape));
+  if (x.rank() < 3) return newest.clone();
+  const int64_t T = x.shape[2], Tn = newest.shape[2];
+  int64_t inner = 1;
+  for (int d = 3; d < x.rank(); ++d) {
+    WXE_CHECK(x.shape[d] == newest.shape[d], "rollout: step input ", shape_str(newest.shape),
+              " does not fit the input window ", shape_str(x.shape), " (dim ", d, " differs)");
+    inner *= x.shape[d];
+  }
+  Tensor out(DType::F32, x.shape);
+  const float *px = x.data<float>(), *pn = newest.data<float>();
+  float* po = out.data<float>();
+  for (int64_t bc = 0; bc < x.shape[0] * x.shape[1]; ++bc) {
+    std::copy_n(px + (bc * T + 1) * inner, (T - 1) * inner, po + bc * T * inner);
+    std::copy_n(pn + (bc * Tn + Tn - 1) * inner, inner, po + (bc * T + T - 1) * inner);
+  }
+  return out;
 }
 
 Tensor stack_batch(const std::vector<Tensor>& items) {

@@ -15,7 +15,8 @@ namespace wxe {
 // all float32 with a leading batch dim of 1: input (1, C, ...), targets[k] (1, C_out, ...).
 // forcing[k] (k >= 1) is the input of step k as read from the data; during a rollout the
 // first `prognostic` channels of it are replaced by the model's prediction of step k-1 (the
-// rest, forcing and static channels, are kept). forcing[0] == input (same storage).
+// rest, forcing and static channels, are kept) and it is slid into the input window
+// (slide_window). forcing[0] == input (same storage).
 struct Sample {
   Tensor input;
   std::vector<Tensor> targets;
@@ -46,6 +47,14 @@ struct NpyDirInfo {
   std::vector<double> lat, channel_weights;
 };
 NpyDirInfo read_npy_dir_info(const std::string& dir);
+
+// Rollouts. feed_back: x[:, :c] = pred[:, :c] over the trailing dims, which must agree.
+// slide_window: the input of the next step: x (B, C, T, ...) without its oldest step, with
+// `newest` (B, C, 1, ...) appended on dim 2 (CREDIT's history window); with T == 1, or no
+// time dim, `newest` itself. `newest` may hold T steps (a whole window as read from .npy
+// files): its last one is taken.
+void feed_back(Tensor& x, const Tensor& pred, int64_t c);
+Tensor slide_window(const Tensor& x, const Tensor& newest);
 
 // Concatenates samples along dim 0: n items shaped (1, ...) make (n, ...). All items must
 // have the same dtype and shape.

@@ -3,14 +3,15 @@
 
 Two "years" of 6-hourly fields on a 32x64 grid: 2020 as netCDF-4 and 2021 as zarr (the
 pure-zarr layout with xarray's _ARRAY_DIMENSIONS, as xarray writes it), plus a forcing file
-per year, a static file, the scalers (bridgescaler-style JSON and gen1 mean/std netCDF) and
-a CREDIT gen2 config. Values follow a closed formula that tests/era5_test.cpp recomputes:
+per year, a static file, the scalers (bridgescaler JSON written by CREDIT's own converter,
+and gen1 mean/std netCDF) and a CREDIT gen2 config. Values follow a closed formula that tests/era5_test.cpp recomputes:
 
     f(var, h, lev, i, j) = A + B * sin(0.1 i + 0.07 j + 0.05 h) + C * lev / 1000
 
 h: hours since 2020-12-31T00, lev: the level's coordinate value (hPa), i: latitude row,
 j: longitude column. The files are written by ncgen (Debian netcdf-bin) from CDL text, so
-no Python netCDF package is needed. Usage: python models/make_era5_fixture.py [OUT_DIR]
+no Python netCDF package is needed; the scaler needs miles-credit (bridgescaler, torch,
+xarray). Usage: python models/make_era5_fixture.py [OUT_DIR]
 """
 import json
 import math
@@ -95,19 +96,19 @@ def ncgen(text, target, tmp):
     subprocess.run(["ncgen", "-k", "nc4", "-o", target, path], check=True)
 
 
-def gen1_stats(kind):
+def gen1_stats(kind, levels=LEVELS):
     # per level over the file's levels; 2D vars scalar
-    lines = ["netcdf stats {", "dimensions:", f"  level = {len(LEVELS)} ;", "variables:", "  int level(level) ;"]
+    lines = ["netcdf stats {", "dimensions:", f"  level = {len(levels)} ;", "variables:", "  int level(level) ;"]
     for v in ("T", "U"):
         lines.append(f"  double {v}(level) ;")
     for v in ("SP", "tp", "tsi"):
         lines.append(f"  double {v} ;")
-    lines += ["data:", f"  level = {nums(LEVELS)} ;"]
+    lines += ["data:", f"  level = {nums(levels)} ;"]
     for v, (a, b, c) in COEF.items():
         if v == "LSM":
             continue
         if v in ("T", "U"):
-            vals = [a + c * lev / 1000.0 if kind == "mean" else b * (1.0 + lev / 1000.0) for lev in LEVELS]
+            vals = [a + c * lev / 1000.0 if kind == "mean" else b * (1.0 + lev / 1000.0) for lev in levels]
             lines.append(f"  {v} = {nums(vals)} ;")
         else:
             lines.append(f"  {v} = {nums([a if kind == 'mean' else b])} ;")
@@ -134,21 +135,22 @@ def main():
     ncgen(cdl("static", [], [], ["LSM"], static=True), os.path.join(out, "static.nc"), tmp)
     ncgen(gen1_stats("mean"), os.path.join(out, "mean.nc"), tmp)
     ncgen(gen1_stats("std"), os.path.join(out, "std.nc"), tmp)
-    shutil.rmtree(tmp)
-    # bridgescaler-style: one standard scaler per variable, mean_x_/var_x_ per selected level
+    # The bridgescaler scaler as CREDIT writes one: `credit convert`'s converter
+    # (credit.cli._convert) run on mean/std files holding the config's levels, saved by
+    # bridgescaler's save_scaler_dict: {"input"|"target": {"era5": {"era5/prognostic/3d/T":
+    # "<scaler JSON>", ...}}} with numpy-encoded float32 mean_x_ / var_x_.
+    from credit.cli._convert import _build_bridgescaler_jsons
     cfg_levels = [500, 850]
-    scaler = {}
-    for v, (a, b, c) in COEF.items():
-        if v == "LSM":
-            continue
-        if v in ("T", "U"):
-            scaler[v] = {"type": "DStandardScaler", "x_columns_": [f"{v}_{l}" for l in cfg_levels],
-                         "mean_x_": [a + c * l / 1000.0 for l in cfg_levels],
-                         "var_x_": [(b * (1.0 + l / 1000.0)) ** 2 for l in cfg_levels]}
-        else:
-            scaler[v] = {"type": "DStandardScaler", "x_columns_": [v], "mean_x_": [a], "var_x_": [b * b]}
-    with open(os.path.join(out, "scaler.json"), "w") as fh:
-        json.dump(scaler, fh, indent=1)
+    for kind in ("mean", "std"):
+        ncgen(gen1_stats(kind, cfg_levels), os.path.join(tmp, f"{kind}_cfg.nc"), tmp)
+    groups = {("prognostic", "3d"): ["T", "U"], ("prognostic", "2d"): ["SP"], ("diagnostic", "2d"): ["tp"],
+              ("dynamic_forcing", "2d"): ["tsi"], ("static", "2d"): ["LSM"]}
+    keys, _ = _build_bridgescaler_jsons(os.path.join(tmp, "mean_cfg.nc"), os.path.join(tmp, "std_cfg.nc"), groups,
+                                        os.path.join(out, "scaler.json"), os.path.join(tmp, "post.json"),
+                                        source_name="era5")
+    if not keys:
+        sys.exit("make_era5_fixture.py: needs miles-credit with bridgescaler, torch and xarray")
+    shutil.rmtree(tmp)
     with open(os.path.join(out, "config.yml"), "w") as fh:
         fh.write(CONFIG)
 

@@ -45,3 +45,34 @@ print("params", sum(p.numel() for p in model.parameters()), "bytes", os.path.get
       "ORT vs PyTorch", float(np.abs(out - y.numpy()).max()))
 np.save(os.path.join(OUT, "crossformer_mirror_if_x.npy"), x.numpy())
 np.save(os.path.join(OUT, "crossformer_mirror_if_y.npy"), y.numpy())
+
+# A general If: the condition depends on the input's values, so it cannot be folded.
+#   y = If(ReduceSum(x) > 0, then: x * 2 + b, else: x - 1), b a (3,) initializer of the then
+#   branch. Writes tests/data/if_runtime.onnx; onnxruntime checks both ways.
+from onnx import TensorProto, helper  # noqa: E402
+
+two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+bias = helper.make_tensor("b", TensorProto.FLOAT, [3], [0.5, -0.25, 1.0])
+then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t0"], name="/then/Mul"),
+                            helper.make_node("Add", ["t0", "b"], ["t"], name="/then/Add")],
+                           "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])],
+                           initializer=[two, bias])
+else_g = helper.make_graph([helper.make_node("Sub", ["x", "one"], ["e"], name="/else/Sub")], "else", [],
+                           [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])], initializer=[one])
+zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+graph = helper.make_graph(
+    [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="/ReduceSum"),
+     helper.make_node("Greater", ["s", "zero"], ["c"], name="/Greater"),
+     helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g, name="/If")],
+    "if_runtime", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], initializer=[zero])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+onnx.checker.check_model(model)
+path = os.path.join(OUT, "if_runtime.onnx")
+onnx.save(model, path)
+sess = ort.InferenceSession(path)
+for xv in (np.arange(6, dtype=np.float32).reshape(2, 3), -np.arange(6, dtype=np.float32).reshape(2, 3)):
+    want = xv * 2 + np.array([0.5, -0.25, 1.0], np.float32) if xv.sum() > 0 else xv - 1
+    assert np.allclose(sess.run(None, {"x": xv})[0], want)
+print(path, "checked with onnxruntime")

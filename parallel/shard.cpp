@@ -8,6 +8,7 @@
 #include "engine/glob.h"
 #include "engine/json.h"
 #include "engine/layout_rules.h"
+#include "engine/module_roles.h"
 #include "engine/passes.h"
 #include "parallel/collective_ops.h"
 
@@ -22,10 +23,6 @@ const char* split_name(TpSplit s) {
 }
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string weight_of(const Graph& g, const Node& n) {
   return n.op == "Linear" && n.inputs.size() >= 2 && n.inputs[1] >= 0 ? g.values[n.inputs[1]].name : "";
@@ -179,12 +176,15 @@ TpPlan discover_plan(const Graph& g) {
   for (const Node& n : g.nodes) {
     std::string w = layer_weight(g, n, sn);
     if (w.empty()) continue;
-    std::string m = layout::module_of(w);
-    if (ends_with(m, ".to_q") || ends_with(m, ".to_k") || ends_with(m, ".to_v") || ends_with(m, ".layers.1") ||
-        ends_with(m, ".to_qkv"))
-      plan.by_weight[w] = TpSplit::Column;
-    else if (ends_with(m, ".to_out") || ends_with(m, ".layers.4"))
-      plan.by_weight[w] = TpSplit::Row;
+    switch (module_role(layout::module_of(w))) {
+      case Role::Q: case Role::K: case Role::V: case Role::Qkv: case Role::FfnUp:
+        plan.by_weight[w] = TpSplit::Column;
+        break;
+      case Role::Out: case Role::FfnDown:
+        plan.by_weight[w] = TpSplit::Row;
+        break;
+      case Role::None: break;
+    }
   }
   return plan;
 }

@@ -3,13 +3,14 @@
 // Plan: in every attention block to_q, to_k, to_v are column-parallel and to_out row-parallel,
 // each rank owning whole heads (heads / tp); in every feed-forward block the up projection
 // (layers.1) is column-parallel and the down projection (layers.4) row-parallel; everything
-// else is replicated. Found from the Linear nodes' parameter names (engine/layout_rules.h);
-// a plan file can override it. In a training graph that keeps spectral norm, the 1x1 Convs
-// whose weight is a SpectralNorm output are layers too, keyed by their `X.weight_orig`: the
-// fused to_qkv column-parallel by heads (rank r keeps head block r of each of q, k and v:
-// TensorSlice groups 3), to_out and layers.4 row-parallel, layers.1 column-parallel; their
-// SpectralNorm becomes SpectralNormTP (parallel/collective_ops.h) on the rank's block, and
-// the Slices that take q, k and v from the sharded qkv output take the rank's part of each.
+// else is replicated. Found from the Linear nodes' parameter names through the module table
+// (engine/module_roles.h); a plan file can override it. In a training graph that keeps
+// spectral norm, the 1x1 Convs whose weight is a SpectralNorm output are layers too, keyed by
+// their `X.weight_orig`: the fused to_qkv column-parallel by heads (rank r keeps head block r
+// of each of q, k and v: TensorSlice groups 3), to_out and layers.4 row-parallel, layers.1
+// column-parallel; their SpectralNorm becomes SpectralNormTP (parallel/collective_ops.h) on
+// the rank's block, and the Slices that take q, k and v from the sharded qkv output take the
+// rank's part of each.
 //
 // Sharding for tp rank r of T: column-parallel weights keep rows [r N/T, (r+1) N/T) (and
 // their bias), row-parallel weights keep the matching columns, and an all-reduce over tp
@@ -40,8 +41,10 @@ struct TpPlan {
   std::map<std::string, TpSplit> by_weight;  // Linear weight name -> split (absent: replicate)
 };
 
-// The discovered plan: Linear nodes whose weights are named <block>.to_q/to_k/to_v/to_out
-// .weight or <block>.layers.1/layers.4.weight (feed-forward).
+// The discovered plan: Linear nodes (and, in a training graph, spectral-norm 1x1 Convs) whose
+// weight's module has a projection role in the module table (engine/module_roles.h; CREDIT's is
+// models/credit_modules.h): q, k, v, fused qkv and ffn-up column-parallel, out and ffn-down
+// row-parallel.
 TpPlan discover_plan(const Graph& g);
 
 // A JSON object {"pattern": "colwise" | "rowwise" | "replicate", ...}; patterns (engine/glob.h) match Linear

@@ -6,13 +6,18 @@
 #include <netcdf.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <tuple>
 
 #include "data/credit_config.h"
 #include "data/era5.h"
 #include "data/netcdf.h"
 #include "engine/executor.h"
+#include "engine/loss.h"
+#include "engine/npy.h"
+#include "engine/samples.h"
 #include "importers/onnx/onnx_import.h"
 #include "test_util.h"
 #include "tools/forecast.h"
@@ -90,6 +95,40 @@ std::string write_config(const std::string& name, const std::vector<std::pair<st
   return path;
 }
 
+// (1, C, 1, H, W) steps stacked on dim 2, oldest first
+Tensor window(const std::vector<Tensor>& steps) {
+  const int64_t n = (int64_t)steps.size(), C = steps[0].shape[1], hw = 32 * 64;
+  Tensor x(DType::F32, {1, C, n, 32, 64});
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t k = 0; k < n; ++k)
+      std::memcpy(x.data<float>() + (c * n + k) * hw, steps[k].data<float>() + c * hw, hw * sizeof(float));
+  return x;
+}
+
+// The forecast file holds ys[k] (normalised model outputs) denormalised at time index k.
+void expect_forecast(NcFile& f, const std::vector<Tensor>& ys) {
+  for (size_t k = 0; k < ys.size(); ++k) {
+    for (size_t c = 0; c < kTargets.size(); ++c) {
+      const bool is3d = kTargets[c].var == "T" || kTargets[c].var == "U";
+      std::vector<size_t> start = {k}, count = {1};
+      if (is3d) {
+        start.push_back(kTargets[c].lev == 500 ? 0 : 1);
+        count.push_back(1);
+      }
+      start.insert(start.end(), {0, 0});
+      count.insert(count.end(), {32, 64});
+      std::vector<float> got = f.read_f32(kTargets[c].var, start, count);
+      auto [m, s] = stats(kTargets[c].var, kTargets[c].lev);
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double want = ys[k].data<float>()[c * 2048 + i] * s + m;
+        worst = std::max(worst, std::fabs(got[i] - want) / (std::fabs(want) + s));
+      }
+      EXPECT_LT(worst, 1e-5) << "step " << k << " channel " << c;
+    }
+  }
+}
+
 }  // namespace
 
 TEST(CreditConfig, ReadsGen2Keys) {
@@ -116,7 +155,7 @@ TEST(CreditConfig, UnknownKeyWarnsUnimplementedKeyFails) {
   CreditConfig c = read_credit_config(write_config("unknown", {}, "trainer_extra: 3\n"));
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_NE(c.warnings[0].find("trainer_extra"), std::string::npos) << c.warnings[0];
-  std::string e = error_of([&] { read_credit_config(write_config("hist", {{"history_len: 1", "history_len: 2"}})); });
+  std::string e = error_of([&] { read_credit_config(write_config("hist", {{"history_len: 1", "history_len: 0"}})); });
   EXPECT_NE(e.find("data.history_len"), std::string::npos) << e;
   e = error_of([&] { read_credit_config(write_config("loss", {{"training_loss: \"mse\"", "training_loss: \"KCRPS\""}})); });
   EXPECT_NE(e.find("loss.training_loss"), std::string::npos) << e;
@@ -214,27 +253,108 @@ TEST(Forecast, TwoStepRolloutMatchesStepByStepAndNetcdfReadsBack) {
   EXPECT_EQ(f.attr("tp", "long_name"), "Total precipitation");
   EXPECT_EQ(f.dims("T"), (std::vector<std::string>{"time", "level", "latitude", "longitude"}));
   EXPECT_EQ(f.dims("SP"), (std::vector<std::string>{"time", "latitude", "longitude"}));
-  for (int k = 0; k < 2; ++k) {
-    const Tensor& y = k ? y1 : y0;
-    for (size_t c = 0; c < kTargets.size(); ++c) {
-      const bool is3d = kTargets[c].var == "T" || kTargets[c].var == "U";
-      std::vector<size_t> start = {(size_t)k}, count = {1};
-      if (is3d) {
-        start.push_back(kTargets[c].lev == 500 ? 0 : 1);
-        count.push_back(1);
-      }
-      start.insert(start.end(), {0, 0});
-      count.insert(count.end(), {32, 64});
-      std::vector<float> got = f.read_f32(kTargets[c].var, start, count);
-      auto [m, s] = stats(kTargets[c].var, kTargets[c].lev);
-      double worst = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const double want = y.data<float>()[c * 2048 + i] * s + m;
-        worst = std::max(worst, std::fabs(got[i] - want) / (std::fabs(want) + s));
-      }
-      EXPECT_LT(worst, 1e-5) << "step " << k << " channel " << c;
-    }
-  }
+  expect_forecast(f, {y0, y1});
+}
+
+// history_len 2: the input is the window of the two latest steps (oldest first, on dim 2);
+// training samples start one step later.
+TEST(Era5Data, HistoryWindowAndSamples) {
+  auto d = std::make_shared<Era5Data>(read_credit_config(write_config("hist2", {{"history_len: 1", "history_len: 2"}})));
+  expect_close(d->input_window(kT0 + 12 * 3600), window({expected(kInputs, 6), expected(kInputs, 12)}), 2e-4, 0);
+  auto src = open_era5_samples(d, kT0, kT0 + 36 * 3600, 2);  // windows end at 6 h .. 36 h, 2 steps: 4 samples
+  ASSERT_EQ(src->size(), 4);
+  Sample s = src->get(1);
+  expect_close(s.input, window({expected(kInputs, 6), expected(kInputs, 12)}), 2e-4, 0);
+  ASSERT_EQ(s.targets.size(), 2u);
+  expect_close(s.targets[1], expected(kTargets, 24), 2e-4, 0);
+  ASSERT_EQ(s.forcing.size(), 2u);
+  expect_close(s.forcing[1], expected(kInputs, 18), 2e-4, 0);
+  std::string e = error_of([&] {
+    read_credit_config(write_config("hist_bad", {{"history_len: 1", "history_len: 2\n  valid_history_len: 1"}}));
+  });
+  EXPECT_NE(e.find("data.valid_history_len"), std::string::npos) << e;
+}
+
+// A CREDIT WXFormer with two input frames (models/make_history_model.py): its export matches
+// PyTorch, and a 3-step forecast with history_len 2 equals the model run step by step on
+// windows built here: each new step the previous prediction's prognostic channels, the
+// forcing of its time and the static field, slid in after the previous newest step.
+TEST(Forecast, HistoryTwoRolloutMatchesStepByStep) {
+  const std::string model = kDir + "/model_history2.onnx";
+  Graph g = import_onnx(model);
+  const std::string in = g.values[g.inputs[0]].name;
+  Tensor x = read_npy(kDir + "/model_history2_x.npy");
+  prepare_model(g, {{in, {DType::F32, x.shape}}}, {});
+  ExecOptions opt;
+  opt.threads = 1;
+  Executor ex(g, opt);
+  EXPECT_LT(max_abs_diff(ex.run({{in, x}}).at(0), read_npy(kDir + "/model_history2_y.npy")), 1e-4);
+
+  ForecastArgs a;
+  a.config = write_config("hist2_forecast", {{"history_len: 1", "history_len: 2"}});
+  a.model = model;
+  a.init = "2020-12-31T18";
+  a.steps = 3;
+  a.output = tmp_path("forecast_hist2.nc");
+  a.threads = 1;
+  a.progress = false;
+  ASSERT_EQ(run_forecast(a), 0);
+  // the steps' inputs as the data reader gives them (checked against the formula above), so
+  // that the comparison is as tight as the one-step forecast's
+  Era5Data d(read_credit_config(a.config));
+  auto at = [&](double h) { return d.input(kT0 + (int64_t)h * 3600); };
+  auto step_after = [&](const Tensor& y, double h) {  // the input of time h with y's prognostic channels
+    Tensor n = at(h);
+    std::copy(y.data<float>(), y.data<float>() + 5 * 32 * 64, n.data<float>());
+    return n;
+  };
+  Tensor y0 = ex.run({{in, window({at(12), at(18)})}}).at(0);
+  Tensor n1 = step_after(y0, 24);
+  Tensor y1 = ex.run({{in, window({at(18), n1})}}).at(0);
+  Tensor y2 = ex.run({{in, window({n1, step_after(y1, 30)})}}).at(0);
+  NcFile f(a.output);
+  EXPECT_EQ(f.read("time"), (std::vector<double>{6, 12, 18}));
+  expect_forecast(f, {y0, y1, y2});
+  // a one-frame model with this config: the error names the model and the key
+  a.model = data_path("models/wxformer_tiny/model.onnx");
+  std::string e = error_of([&] { run_forecast(a); });
+  EXPECT_NE(e.find("model.onnx"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.history_len 2"), std::string::npos) << e;
+}
+
+// Fine-tuning with history_len 2 and forecast_len 2: the first step's loss is the mean of the
+// two steps' latitude-weighted MSEs of the model run on the windows built here.
+TEST(FinetuneConfig, HistoryTwoRolloutLoss) {
+  FinetuneConfig fc;
+  fc.model = kDir + "/model_history2.onnx";
+  fc.steps = 1;
+  fc.threads = 1;
+  fc.progress = false;
+  fc.shuffle = false;
+  fc.save = tmp_path("ft_hist2");
+  auto given = [](const std::string& f) { return f == "--save" || f == "--steps" || f == "--shuffle"; };
+  finetune_from_config(write_config("hist2_train", {{"history_len: 1", "history_len: 2"}, {"forecast_len: 1", "forecast_len: 2"}}),
+                       fc, given, false);
+  ASSERT_EQ(fc.forecast_len, 2);
+  fc.accum = 1;
+  Trainer t(fc, fc.open_data());
+  const double loss = t.step().loss;
+
+  Graph g = import_onnx(fc.model);
+  const std::string in = g.values[g.inputs[0]].name;
+  Tensor x0 = window({expected(kInputs, 0), expected(kInputs, 6)});
+  prepare_model(g, {{in, {DType::F32, x0.shape}}}, {});
+  ExecOptions opt;
+  opt.threads = 1;
+  Executor ex(g, opt);
+  Tensor y0 = ex.run({{in, x0}}).at(0);
+  Tensor n1 = expected(kInputs, 12);
+  std::copy(y0.data<float>(), y0.data<float>() + 5 * 32 * 64, n1.data<float>());
+  Tensor y1 = ex.run({{in, window({expected(kInputs, 6), n1})}}).at(0);
+  LossWeights w;
+  w.lat_weights = latitude_weights(fc.lat);
+  const double want = 0.5 * (weighted_mse(y0, expected(kTargets, 12), w) + weighted_mse(y1, expected(kTargets, 18), w));
+  EXPECT_NEAR(loss, want, 1e-4 * want);
 }
 
 TEST(Era5Data, ErrorsNameFileAndVariable) {
@@ -268,6 +388,24 @@ TEST(Era5Data, ErrorsNameFileAndVariable) {
   e = err(write_config("dims", {{kDir + "/era5_%Y.*", tmpl}}), kT0);
   EXPECT_NE(e.find("bad_2020.nc"), std::string::npos) << e;
   EXPECT_NE(e.find("variable 'T' has dimensions (time, latitude, level, longitude)"), std::string::npos) << e;
+  // a scaler whose numpy array is not float, and one whose base64 is broken: file and key named
+  const std::string good = slurp(kDir + "/scaler.json");
+  const std::string key = "era5/prognostic/2d/SP";
+  for (auto [what, from, to] : {std::tuple<const char*, const char*, const char*>{"dtype <i8", "<f4", "<i8"},
+                                {"malformed base64", "==", "=*"}}) {
+    std::string text = good;
+    const size_t at = text.find(key), p = text.find(from, at);
+    ASSERT_NE(p, std::string::npos);
+    text.replace(p, std::strlen(from), to);
+    const std::string path = tmp_path(std::string("scaler_") + (from[0] == '<' ? "dtype" : "b64") + ".json");
+    spit(path, text);
+    CreditConfig c = read_credit_config(kDir + "/config.yml");
+    c.scaler_json = path;
+    e = error_of([&] { Era5Data d(c); });
+    EXPECT_NE(e.find(path), std::string::npos) << e;
+    EXPECT_NE(e.find(key), std::string::npos) << e;
+    EXPECT_NE(e.find(what), std::string::npos) << e;
+  }
 }
 
 TEST(FinetuneConfig, ValidationRmseAndBiasOfAKnownPredictor) {

@@ -54,7 +54,9 @@ TEST(Passes, FoldConstantsResolvesShapeChains) {
   EXPECT_EQ(c["Reshape"], 1);
   // the Reshape target is now the constant (2, -1)
   for (auto& n : g.nodes) {
-    if (n.op == "Reshape") EXPECT_EQ(g.values[n.inputs[1]].constant->to_i64(), (std::vector<int64_t>{2, -1}));
+    if (n.op == "Reshape") {
+      EXPECT_EQ(g.values[n.inputs[1]].constant->to_i64(), (std::vector<int64_t>{2, -1}));
+    }
   }
   expect_close(run_graph(g, x), before, 0, 0);
 }
@@ -139,4 +141,36 @@ TEST(Passes, BindInputsNamesExpectedShape) {
     EXPECT_NE(std::string(e.what()).find("expects shape (?, 3, 4)"), std::string::npos) << e.what();
   }
   EXPECT_THROW(bind_inputs(b.g, {{"nope", {DType::F32, {2, 3, 4}}}}), Error);
+}
+
+// torch 2 (dynamo) takes q, k and v apart with a Split of their Concat: the readers read the
+// parts, and the Concat and Split go.
+TEST(Passes, SplitOfConcatReadsTheParts) {
+  Builder b;
+  register_cpu_kernels();
+  int x = b.input("x", {2, 4});
+  int p[3];
+  for (int k = 0; k < 3; ++k) p[k] = b.node("Mul", {x, b.scalar(1.f + k)});
+  int cat = b.node("Concat", {p[0], p[1], p[2]}, {{"axis", attr_i(1)}});
+  Node split;
+  split.op = "Split";
+  split.name = "/Split";
+  split.inputs = {cat, b.constant("sizes", Tensor::from_i64({4, 4, 4}))};
+  split.attrs["axis"] = attr_i(-1);
+  int out[3];
+  for (int k = 0; k < 3; ++k) {
+    Value v;
+    v.name = "part" + std::to_string(k);
+    out[k] = b.g.add_value(v);
+    split.outputs.push_back(out[k]);
+  }
+  b.g.nodes.push_back(split);
+  b.g.outputs.push_back(b.node("Sub", {b.node("Add", {out[0], out[2]}), out[1]}));
+  Tensor xin = randn({2, 4}, 7);
+  Tensor before = run_graph(b.g, xin);
+  Graph g = b.g;
+  simplify(g, {{"x", {DType::F32, {2, 4}}}});
+  EXPECT_EQ(op_counts(g)["Split"], 0);
+  EXPECT_EQ(op_counts(g)["Concat"], 0);
+  expect_close(run_graph(g, xin), before, 0, 0);
 }

@@ -104,7 +104,8 @@ TEST(TorchSave, CreditExportMatchesTheOriginal) {
     EXPECT_EQ(back.tensors[k].second.shape, sd.tensors[k].second.shape) << sd.tensors[k].first;
     EXPECT_TRUE(same_bytes(back.tensors[k].second, sd.tensors[k].second)) << sd.tensors[k].first;
   }
-  const std::string bad = tmp_path("bad.pt");
+  const std::string bad = tmp_path("credit_export_refused.pt");
+  std::filesystem::remove(bad);
   std::string err = error_of([&] {
     export_credit_checkpoint(st, bad, data_path("tests/data/wxformer_tiny_checkpoint.pt"));
   });

@@ -301,8 +301,9 @@ TEST(TpTrainingGraph, ShardedStructure) {
     bool feed_forward = m.size() > 9 && m.compare(m.size() - 9, 9, ".layers.1") == 0;
     if (!feed_forward) {
       std::string block = m.substr(0, m.rfind('.'));
-      if (block_input.count(block))
+      if (block_input.count(block)) {
         EXPECT_EQ(block_input[block], n.inputs[0]) << block << ": q, k, v read different copies";
+      }
       block_input[block] = n.inputs[0];
     }
   }

@@ -180,6 +180,38 @@ TEST(Finetune, RolloutFeedsPredictionBack) {
   EXPECT_NEAR(loss, 0.5 * (l0 + l1), 1e-5 * std::fabs(loss));
 }
 
+// Trainer::predict (validation) is PyTorch's eval forward: on the spectral-norm export with
+// its checkpoint it reproduces the stored eval-mode output, runs no power iteration (u and v
+// do not move, so a second call gives the same bits) and leaves training to run as before.
+TEST(Finetune, PredictIsEvalMode) {
+  std::string data = make_series("predict_series", 1, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 41);
+  FinetuneConfig c = tiny_config(data, "");
+  c.model = data_path("tests/data/" + kCross + "_opset17.onnx");
+  c.weights = data_path("tests/data/" + kCross + "_checkpoint.pt");
+  c.accum = 1;
+  Trainer t(c, open_npy_dir(data, 1));
+  std::map<std::string, Tensor> before;
+  for (auto& [n, x] : t.parameters()) before[n] = x.clone();
+  const Tensor x = read_npy(data_path("tests/data/" + kCross + "_x.npy"));
+  Tensor y = t.predict(x);
+  EXPECT_LT(max_abs_diff(y, read_npy(data_path("tests/data/" + kCross + "_y.npy"))), 2e-5);
+  Tensor again = t.predict(x);
+  EXPECT_EQ(std::memcmp(y.raw(), again.raw(), y.nbytes()), 0);
+  int buffers = 0;
+  for (auto& [n, v] : t.parameters())
+    if (ends_with(n, "weight_u") || ends_with(n, "weight_v")) {
+      EXPECT_EQ(std::memcmp(before[n].raw(), v.raw(), v.nbytes()), 0) << n;
+      ++buffers;
+    }
+  EXPECT_GT(buffers, 0) << "parameters() lists no spectral-norm buffers";
+  // training still runs its power iteration: a step moves u
+  t.step();
+  bool moved = false;
+  for (auto& [n, v] : t.parameters())
+    if (ends_with(n, "weight_u")) moved |= std::memcmp(before[n].raw(), v.raw(), v.nbytes()) != 0;
+  EXPECT_TRUE(moved);
+}
+
 TEST(Finetune, FrozenParametersDoNotMove) {
   std::string data = make_series("freeze_series", 2, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 31);
   FinetuneConfig c = tiny_config(data, "");

@@ -1,6 +1,6 @@
 // CREDIT's model zoo beyond the tiny CrossFormer / WXFormer (models/EXPORTS.md, models/audit_zoo.py):
 // ONNX If (a gen1 CrossFormer with mirror padding exports one; folded once input shapes are
-// bound, a general If refused naming the node) and a whole nextgen_wxformer with column
+// bound; a general If run as a Where over both branches) and a whole nextgen_wxformer with column
 // attention on a pooled grid (AveragePool), each against PyTorch's output, and its
 // tensor-parallel plan.
 #include <algorithm>
@@ -29,7 +29,8 @@ Tensor run_model(const std::string& model, const std::string& x, Graph* out_grap
 }
 
 // y = If(c, then: Neg(x), else: Relu(x)) + x; the cond is the bool input c or a constant.
-Graph if_graph(const Tensor* const_cond) {
+// `else_op` replaces Relu (ReduceSum: a branch of another shape).
+Graph if_graph(const Tensor* const_cond, const std::string& else_op = "Relu") {
   Graph g;
   g.source = "if_graph";
   Value x;
@@ -63,7 +64,7 @@ Graph if_graph(const Tensor* const_cond) {
     g.nodes.push_back(n);
     return oi;
   };
-  int t = branch("Neg", "|if0.then"), e = branch("Relu", "|if0.else");
+  int t = branch("Neg", "|if0.then"), e = branch(else_op, "|if0.else");
   Value r;
   r.name = "r";
   int ri = g.add_value(r);
@@ -120,13 +121,43 @@ TEST(Zoo, FoldIfInlinesTheTakenBranch) {
   }
 }
 
-// A condition that depends on input values is refused, naming the node.
-TEST(Zoo, GeneralIfIsRefusedNamingTheNode) {
+// A condition that depends on input values: both branches run and Where picks, each way
+// against the elementwise oracle; branches of different shapes are refused, naming the node.
+TEST(Zoo, GeneralIfRunsBothBranchesAndPicks) {
   register_cpu_kernels();
-  Graph g = if_graph(nullptr);
+  Tensor x = Tensor::from_f32({4}, {-2, -1, 1, 3});
+  for (bool c : {true, false}) {
+    Graph g = if_graph(nullptr);
+    simplify(g, {});
+    EXPECT_EQ(op_counts(g).count("If"), 0u);
+    EXPECT_EQ(op_counts(g)["Where"], 1);
+    Tensor cond(DType::Bool, {});
+    cond.data<uint8_t>()[0] = c;
+    Tensor y = Executor(g, {0, KernelKind::Reference}).run({{"x", x}, {"c", cond}})[0];
+    Tensor ref = c ? Tensor::from_f32({4}, {0, 0, 0, 0}) : Tensor::from_f32({4}, {-2, -1, 2, 6});
+    expect_close(y, ref, 0);
+  }
+  Graph g = if_graph(nullptr, "ReduceSum");
   std::string e = error_of([&] { simplify(g, {}); });
   EXPECT_NE(e.find("/If"), std::string::npos) << e;
-  EXPECT_NE(e.find("depends on the input's values"), std::string::npos) << e;
+  EXPECT_NE(e.find("known only at run time"), std::string::npos) << e;
+}
+
+// The same from an ONNX file (models/make_if_fixture.py): y = If(sum(x) > 0, then: x * 2 + b
+// with b an initializer of the branch, else: x - 1), one input of each sign.
+TEST(Zoo, GeneralIfFromOnnx) {
+  register_cpu_kernels();
+  Graph g = import_onnx(data_path("tests/data/if_runtime.onnx"));
+  simplify(g, {});
+  Executor ex(g, {0, KernelKind::Fast});
+  const float b[3] = {0.5f, -0.25f, 1.0f};
+  for (float sign : {1.0f, -1.0f}) {
+    Tensor x(DType::F32, {2, 3});
+    for (int i = 0; i < 6; ++i) x.data<float>()[i] = sign * (float)i;
+    Tensor want(DType::F32, {2, 3});
+    for (int i = 0; i < 6; ++i) want.data<float>()[i] = sign > 0 ? x.data<float>()[i] * 2 + b[i % 3] : x.data<float>()[i] - 1;
+    expect_close(ex.run({{"x", x}})[0], want, 0);
+  }
 }
 
 // A whole nextgen_wxformer (models/make_nextgen_model_fixture.py): level embedding, column

@@ -50,10 +50,9 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
   if (dir) {  // a fine-tuning checkpoint, one process's or sharded: every tensor whole
     TrainCheckpoint ck = open_train_checkpoint(input);
     meta = ck.meta;
-    for (const std::string& n : ck.names) {
-      if (n.rfind("ema.", 0) == 0) continue;
-      (n.rfind("exp_avg", 0) == 0 ? opt : params).push_back({n, ck.get(n, {})});
-    }
+    for (const std::string& n : ck.parameter_names()) params.push_back({n, ck.get(n, {})});
+    for (const std::string& n : ck.names)
+      if (TrainCheckpoint::is_moment(n)) opt.push_back({n, ck.get(n, {})});
   } else {
     params = read_safetensors(input);
   }

@@ -45,21 +45,6 @@ std::string step_dir_name(int64_t step) {
   return b;
 }
 
-// x[:, :c] = pred[:, :c] over the trailing dims, which must agree
-void feed_back(Tensor& x, const Tensor& pred, int64_t c) {
-  WXE_CHECK(x.rank() == pred.rank() && x.shape[0] == pred.shape[0], "rollout: prediction ", shape_str(pred.shape),
-            " cannot be fed back into input ", shape_str(x.shape));
-  int64_t inner = 1;
-  for (int d = 2; d < x.rank(); ++d) {
-    WXE_CHECK(x.shape[d] == pred.shape[d], "rollout: prediction ", shape_str(pred.shape),
-              " cannot be fed back into input ", shape_str(x.shape), " (dim ", d, " differs)");
-    inner *= x.shape[d];
-  }
-  for (int64_t b = 0; b < x.shape[0]; ++b)
-    std::memcpy(x.data<float>() + b * x.shape[1] * inner, pred.data<float>() + b * pred.shape[1] * inner,
-                c * inner * sizeof(float));
-}
-
 std::string fmt_time(double s) {
   char b[32];
   int64_t t = (int64_t)std::llround(std::max(0.0, s));
@@ -254,13 +239,17 @@ int64_t Trainer::sample_index(int64_t micro) {
 }
 
 Tensor Trainer::predict(const Tensor& x) {
-  // a training forward runs one power iteration on the spectral-norm buffers, in place
-  std::vector<std::pair<Tensor*, Tensor>> saved;
-  for (Value& v : graph_.values)
-    if (v.is_param && v.is_const() && (ends_with(v.name, "weight_u") || ends_with(v.name, "weight_v")))
-      saved.push_back({v.constant.get(), v.constant->clone()});
+  // PyTorch's eval forward: spectral norm divides by u . (W_mat v) with the stored u and v, no
+  // power iteration (which would also move u and v, the training state)
+  std::vector<std::pair<Attr*, int64_t>> saved;
+  for (Node& n : graph_.nodes)
+    if (n.op == "SpectralNorm" || n.op == "SpectralNormTP") {
+      Attr& a = n.attrs["power_iterations"];
+      saved.push_back({&a, a.i});
+      a = attr_i(0);
+    }
   Tensor y = exec_->forward({{input_name_, x}}).at(0).clone();
-  for (auto& [dst, src] : saved) std::memcpy(dst->raw(), src.raw(), src.nbytes());
+  for (auto& [a, iters] : saved) *a = attr_i(iters);
   return y;
 }
 
@@ -279,8 +268,8 @@ StepLog Trainer::step() {
     Sample s = data_->get(sample_index(step_ * cfg_.accum + j));
     Tensor x = s.input, pred;
     for (int k = 0; k < cfg_.forecast_len; ++k) {
-      if (k > 0) {  // the prediction, detached, replaces the prognostic channels
-        x = s.forcing[k].clone();
+      if (k > 0) {  // step k's input slid into the window, its prognostic channels the prediction (detached)
+        x = slide_window(x, s.forcing[k]);
         feed_back(x, pred, prognostic);
       }
       std::vector<Tensor> outs = exec_->forward({{input_name_, x}});
@@ -462,6 +451,13 @@ std::string Trainer::save_checkpoint() {
 
 bool is_train_checkpoint(const std::string& dir) {
   return is_sharded_checkpoint(dir) || fs::exists(fs::path(dir) / "model.safetensors");
+}
+
+std::vector<std::string> TrainCheckpoint::parameter_names() const {
+  std::vector<std::string> r;
+  for (const std::string& n : names)
+    if (!is_moment(n) && n.rfind("ema.", 0) != 0) r.push_back(n);
+  return r;
 }
 
 TrainCheckpoint open_train_checkpoint(const std::string& dir) {

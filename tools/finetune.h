@@ -97,8 +97,9 @@ class Trainer {
   // One optimizer step. Fails with a message (and leaves parameters as they were before the
   // step's update) if the loss or the gradient norm is not finite.
   StepLog step();
-  // The model being trained, forward on one input (validation): outputs[0]. Spectral-norm
-  // buffers (u, v) are left as they were; gradients are untouched.
+  // The model being trained, forward on one input (validation): outputs[0], as PyTorch's eval
+  // mode computes it (spectral norm from the stored u and v, which stay as they were; no power
+  // iteration). Gradients are untouched.
   Tensor predict(const Tensor& x);
   // Writes SAVE/step_NNNNNN atomically and points SAVE/latest at it; returns its path.
   // One process: model/optimizer/ema.safetensors. Under a mesh of more than one rank: a
@@ -159,6 +160,9 @@ struct TrainCheckpoint {
   std::map<std::string, std::string> meta;  // step, adam_step, hyper-parameters
   std::function<Tensor(const std::string&, const TensorSlice&)> get;
   bool has(const std::string& name) const { return std::find(names.begin(), names.end(), name) != names.end(); }
+  // The model's own tensors: names without the optimizer's and the EMA's prefixes.
+  std::vector<std::string> parameter_names() const;
+  static bool is_moment(const std::string& name) { return name.rfind("exp_avg", 0) == 0; }
 };
 TrainCheckpoint open_train_checkpoint(const std::string& dir);
 bool is_train_checkpoint(const std::string& dir);

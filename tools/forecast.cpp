@@ -13,8 +13,6 @@
 #include "engine/file_util.h"
 #include "engine/loss.h"
 #include "importers/onnx/onnx_import.h"
-#include "parallel/collective_ops.h"
-#include "parallel/shard.h"
 #include "tools/model.h"
 
 namespace fs = std::filesystem;
@@ -25,20 +23,22 @@ void rollout(const Era5Data& data, int64_t init, int steps, const std::function<
              const std::function<void(int, const Tensor&)>& emit) {
   const int64_t dt = data.config().timestep;
   const int np = data.prognostic_channels();
-  Tensor x = data.input(init);  // (1, C_in, 1, H, W)
-  const int64_t hw = x.numel() / x.shape[1];
+  Tensor x = data.input_window(init);  // (1, C_in, history_len, H, W)
+  Tensor step = data.input(init);      // its newest step
+  const int64_t hw = step.numel() / step.shape[1];
   for (int k = 0; k < steps; ++k) {
     Tensor y = model(x);  // (1, C_out, 1, H, W)
     WXE_CHECK(y.dtype == DType::F32 && y.shape.size() == x.shape.size() && y.numel() / y.shape[1] == hw &&
                   y.shape[1] == (int64_t)data.target_channels().size(),
               "the model's output ", shape_str(y.shape), " does not match the config's ", data.target_channels().size(),
-              " target channels on the input's grid ", shape_str(x.shape));
+              " target channels on the input's grid ", shape_str(step.shape));
     emit(k, y);
     if (k + 1 == steps) break;
-    Tensor next = x.clone();
-    std::copy(y.data<float>(), y.data<float>() + np * hw, next.data<float>());
-    data.set_forcing(next, init + (k + 1) * dt);
-    x = std::move(next);
+    // the next step: the prediction's prognostic channels, the statics kept, the forcing read
+    step = step.clone();
+    feed_back(step, y, np);
+    data.set_forcing(step, init + (k + 1) * dt);
+    x = slide_window(x, step);
   }
 }
 
@@ -56,7 +56,7 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
     const fs::path dir = fs::path(a.output).parent_path();
     WXE_CHECK(dir.empty() || fs::is_directory(dir), a.output, ": no folder ", dir.string());
   }
-  Tensor x0 = data->input(init);
+  Tensor x0 = data->input_window(init);
   data->read_metadata(init);
   note("wxe: %s: %zu input channels, %zu target channels (%d prognostic), grid %zux%zu, init %s\n", a.config.c_str(),
        data->input_channels().size(), data->target_channels().size(), data->prognostic_channels(), data->lat().size(),
@@ -65,28 +65,20 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
   Graph g = import_onnx(a.model);
   WXE_CHECK(g.inputs.size() == 1, a.model, ": forecast needs a model with one input, it has ", g.inputs.size());
   const std::string in_name = g.values[g.inputs[0]].name;
+  const Shape& declared = g.values[g.inputs[0]].shape;
+  WXE_CHECK(declared.size() != 5 || declared[2] < 0 || declared[2] == cfg.history_len, a.model, ": input '", in_name,
+            "' takes ", declared[2], " time steps (dim 2 of ", shape_str(declared), "); ", a.config,
+            " has data.history_len ", cfg.history_len);
   const int tp = mesh ? mesh->tp : 1;
   WXE_CHECK(!mesh || mesh->dp == 1, "forecast runs one model copy: the world must equal --tp (", mesh ? mesh->world : 1,
             " ranks, --tp ", tp, ")");
-  TpPlan plan;
-  bool have_plan = false;
-  auto tp_plan = [&](const Graph& pg) -> const TpPlan& {
-    if (!have_plan) plan = plan_for(pg, a.plan, tp);
-    have_plan = true;
-    return plan;
-  };
+  TpSharding sharding(mesh, a.plan);
   LoadOptions lo;
   lo.weights = a.weights;
-  if (tp > 1 && ends_with(a.weights, ".safetensors"))
-    lo.slices_of = [&](const Graph& pg) { return parameter_slices(tp_plan(pg), pg, tp, mesh->tp_rank); };
+  lo.slices_of = sharding.slices_of(a.weights);
   prepare_model(g, {{in_name, {DType::F32, x0.shape}}}, lo);
   if (tp > 1) {
-    const TpPlan& p = tp_plan(g);
-    std::string text = str("forecast tp", tp);
-    for (auto& [w, split] : p.by_weight) text += w + split_name(split) + ";";
-    check_same_on_all_ranks(*mesh, fingerprint(text), "tensor-parallel plan");
-    ShardStats st = shard_graph(g, p, tp, mesh->tp_rank);
-    set_tp_communicator(mesh->tp_comm.get());
+    ShardStats st = sharding.shard(g);
     note("wxe: tp %d: %d column- and %d row-parallel layers\n", tp, st.column, st.row);
   }
   ExecOptions opt;
@@ -163,9 +155,8 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
       Tensor x = s.input, y;
       for (int k = 0; k < L; ++k) {
         if (k > 0) {
-          x = s.forcing[k].clone();
-          const int64_t hw = x.numel() / x.shape[1];
-          std::copy(y.data<float>(), y.data<float>() + np * hw, x.data<float>());
+          x = slide_window(x, s.forcing[k]);
+          feed_back(x, y, np);
         }
         y = predict(x);
         loss += weighted_mse(y, s.targets[k], w);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "importers/torch/torch_checkpoint.h"
+#include "parallel/collective_ops.h"
 #include "tools/finetune.h"
 
 namespace wxe {
@@ -30,8 +31,7 @@ NamedTensors read_weights(const std::string& path, layout::ConvertReport* report
   NamedTensors raw;
   if (is_train_checkpoint(path)) {  // a wxe finetune step directory: its parameters
     TrainCheckpoint ck = open_train_checkpoint(path);
-    for (const std::string& n : ck.names) {
-      if (n.rfind("exp_avg", 0) == 0 || n.rfind("ema.", 0) == 0) continue;
+    for (const std::string& n : ck.parameter_names()) {
       auto it = slices ? slices->find(n) : std::map<std::string, TensorSlice>::const_iterator();
       raw.push_back({n, ck.get(n, slices && it != slices->end() ? it->second : TensorSlice{})});
     }
@@ -112,6 +112,30 @@ TpPlan plan_for(const Graph& g, const std::string& plan_file, int tp, bool train
             "can be split over ", tp, " ranks (fewer heads than ", tp, ", or widths it does not divide); run with a "
             "smaller --tp or without it, or give a --plan file that replicates on purpose");
   return plan;
+}
+
+SlicesOf TpSharding::slices_of(const std::string& weights) {
+  if (tp() == 1 || !ends_with(weights, ".safetensors")) return nullptr;
+  return [this](const Graph& g) { return parameter_slices(plan(g), g, mesh_->tp, mesh_->tp_rank); };
+}
+
+const TpPlan& TpSharding::plan(const Graph& g) {
+  if (!have_plan_) plan_ = plan_for(g, plan_file_, tp());
+  have_plan_ = true;
+  return plan_;
+}
+
+ShardStats TpSharding::shard(Graph& g) {
+  if (tp() == 1) return {};
+  const TpPlan& p = plan(g);
+  // all ranks must agree on the plan before the first all-reduce (parallel/mesh.h)
+  std::string text = str("tp", mesh_->tp, "dp", mesh_->dp);
+  for (auto& [w, split] : p.by_weight) text += w + split_name(split) + ";";
+  for (auto& [name, t] : graph_parameters(g)) text += name + shape_str(t.shape) + ";";
+  check_same_on_all_ranks(*mesh_, fingerprint(text), "tensor-parallel plan");
+  ShardStats st = shard_graph(g, p, mesh_->tp, mesh_->tp_rank);
+  set_tp_communicator(mesh_->tp_comm.get());
+  return st;
 }
 
 int64_t traced_batch(const Graph& g, const std::map<std::string, Tensor>& inputs) {

@@ -11,6 +11,7 @@
 #include "engine/layout_rules.h"
 #include "engine/passes.h"
 #include "engine/safetensors.h"
+#include "parallel/mesh.h"
 #include "parallel/shard.h"
 
 namespace wxe {
@@ -56,5 +57,31 @@ std::vector<Tensor> run_any_batch(Executor& ex, const std::map<std::string, Tens
 // than tp) replicated, listed once in a note. With tp > 1, a plan that shards nothing is an
 // error unless a plan file asked for it.
 TpPlan plan_for(const Graph& g, const std::string& plan_file, int tp, bool training = false);
+
+// Loading a model for inference over the tp ranks of a mesh, shared by infer and forecast: the
+// plan (plan_for, found once on the prepared graph), what this rank reads of each weight, and
+// the sharding. Use: LoadOptions::slices_of = s.slices_of(weights); prepare_model; s.shard(g).
+// With no mesh or tp 1 nothing is sharded.
+class TpSharding {
+ public:
+  TpSharding(const Mesh* mesh, std::string plan_file) : mesh_(mesh), plan_file_(std::move(plan_file)) {}
+  // For LoadOptions::slices_of: from a .safetensors checkpoint a rank reads only the parts it
+  // keeps (parameter_slices); other checkpoints are read whole and cut by shard(). Null for tp 1.
+  // Keeps a pointer to this object.
+  SlicesOf slices_of(const std::string& weights);
+  // The plan of the prepared graph, found on the first call.
+  const TpPlan& plan(const Graph& g);
+  // Every rank checks that it built the same plan and parameter shapes as rank 0
+  // (check_same_on_all_ranks, collective over the world), then g becomes this rank's shard
+  // (shard_graph) and the thread's tp communicator the mesh's. tp 1: nothing, stats zero.
+  ShardStats shard(Graph& g);
+
+ private:
+  int tp() const { return mesh_ ? mesh_->tp : 1; }
+  const Mesh* mesh_;
+  std::string plan_file_;
+  TpPlan plan_;
+  bool have_plan_ = false;
+};
 
 }  // namespace wxe

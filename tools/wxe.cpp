@@ -21,6 +21,7 @@
 #include "engine/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
+#include "models/credit_modules.h"
 #include "parallel/collective_ops.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
@@ -278,26 +279,10 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   }
   std::map<std::string, Tensor> all_inputs = read_inputs(g, a.inputs);
   std::map<std::string, Tensor> inputs = mesh.dp > 1 ? batch_slice(all_inputs, mesh.dp, mesh.dp_rank) : all_inputs;
-  TpPlan plan;  // found once, on the prepared graph
-  bool have_plan = false;
-  auto tp_plan = [&](const Graph& pg) -> const TpPlan& {
-    if (!have_plan) plan = plan_for(pg, a.plan, mesh.tp);
-    have_plan = true;
-    return plan;
-  };
-  SlicesOf slices_of;  // what this rank reads of each sharded weight
-  if (mesh.tp > 1 && ends_with(a.weights, ".safetensors"))
-    slices_of = [&](const Graph& pg) { return parameter_slices(tp_plan(pg), pg, mesh.tp, mesh.tp_rank); };
-  const int64_t batch = simplify_model(g, inputs, a.weights, slices_of);
+  TpSharding sharding(&mesh, a.plan);
+  const int64_t batch = simplify_model(g, inputs, a.weights, sharding.slices_of(a.weights));
   if (mesh.tp > 1) {
-    const TpPlan& plan = tp_plan(g);
-    // all ranks must agree on the plan before the first all-reduce (parallel/mesh.h)
-    std::string text = str("tp", mesh.tp, "dp", mesh.dp);
-    for (auto& [w, split] : plan.by_weight) text += w + split_name(split) + ";";
-    for (auto& [name, t] : graph_parameters(g)) text += name + shape_str(t.shape) + ";";
-    check_same_on_all_ranks(mesh, fingerprint(text), "tensor-parallel plan");
-    ShardStats st = shard_graph(g, plan, mesh.tp, mesh.tp_rank);
-    set_tp_communicator(mesh.tp_comm.get());
+    ShardStats st = sharding.shard(g);
     note("wxe: tp %d: %d column- and %d row-parallel layers, %d all-reduces per forward\n", mesh.tp, st.column,
          st.row, st.all_reduces);
     // per-rank memory: parameters held and peak RSS, gathered to rank 0
@@ -693,6 +678,7 @@ int main(int argc, char** argv) {
     }
   }
   register_collective_ops();
+  register_credit_modules();
   Mesh mesh;
   if (*infer || *finetune || *forecast) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
     try {

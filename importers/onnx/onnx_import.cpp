@@ -26,6 +26,44 @@ namespace {
 
 constexpr int kMinOpset = 13, kMaxOpset = 21;
 
+// The module a torch 2 (dynamo) export put a node in: its metadata_props entry "namespace",
+// e.g. ": CrossFormer/layers.2.1: Transformer/layers.2.1.layers.0.0.to_out: Conv2d/conv2d_25:
+// aten.conv2d.default", gives the module path before the last '/'. NodeProto.metadata_props
+// (field 9) is newer than the ONNX release this builds against, so it is read from the unknown
+// fields. "" when there is none.
+std::string dynamo_module(const onnx::NodeProto& np) {
+  const auto& unknown = np.GetReflection()->GetUnknownFields(np);
+  std::string from_scopes;
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    const auto& f = unknown.field(i);
+    if (f.number() != 9 || f.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) continue;
+    onnx::StringStringEntryProto e;
+    if (!e.ParseFromString(f.length_delimited())) continue;
+    if (e.key() == "pkg.torch.onnx.name_scopes") {
+      // "['', 'layers.0', 'layers.0.to_out', 'conv2d_5']": the module paths, then the node; a file
+      // stripped of the other metadata (tests/data/structw_*) has only this
+      std::vector<std::string> scopes;
+      const std::string& v = e.value();
+      for (size_t a = v.find('\''); a != std::string::npos; a = v.find('\'', a + 1)) {
+        const size_t b = v.find('\'', a + 1);
+        if (b == std::string::npos) break;
+        scopes.push_back(v.substr(a + 1, b - a - 1));
+        a = b;
+      }
+      if (scopes.size() >= 2) from_scopes = scopes[scopes.size() - 2];
+      continue;
+    }
+    if (e.key() != "namespace") continue;
+    const std::string& ns = e.value();
+    const size_t last = ns.rfind('/');
+    if (last == std::string::npos || last == 0) return "";
+    const size_t first = ns.rfind('/', last - 1);
+    const std::string scope = ns.substr(first == std::string::npos ? 0 : first + 1, last - (first + 1));
+    return scope.substr(0, scope.find(':'));  // "layers.2.1.layers.0.0.to_out: ...Conv2d" -> the path
+  }
+  return from_scopes;
+}
+
 DType from_onnx_type(int t, const std::string& what) {
   switch (t) {
     case onnx::TensorProto::FLOAT: return DType::F32;
@@ -343,24 +381,11 @@ Graph import_onnx(const std::string& path) {
     n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
     if (!n.domain.empty()) n.op = n.domain + "." + n.op;
     n.name = np.name();
-    // the dynamo exporter names nodes "node_conv2d_5" and keeps the module that made each in
-    // metadata (pkg.torch.onnx.name_scopes = "['', 'layers.0', 'layers.0.to_out', 'conv2d_5']");
-    // prefix it as the TorchScript exporter's "/layers.0/to_out/Conv" does (passes.h scope_module)
-    // (NodeProto field 9, newer than the onnx.proto wxe builds with: read from the unknown fields)
-    const google::protobuf::UnknownFieldSet& unknown = np.GetReflection()->GetUnknownFields(np);
-    for (int f = 0; f < unknown.field_count() && !n.name.empty() && n.name[0] != '/'; ++f) {
-      onnx::StringStringEntryProto p;
-      if (unknown.field(f).number() != 9 || unknown.field(f).type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED ||
-          !p.ParseFromString(unknown.field(f).length_delimited()) || p.key() != "pkg.torch.onnx.name_scopes")
-        continue;
-      std::vector<std::string> scopes;
-      for (size_t a = p.value().find('\''); a != std::string::npos; a = p.value().find('\'', a + 1)) {
-        size_t b = p.value().find('\'', a + 1);
-        if (b == std::string::npos) break;
-        scopes.push_back(p.value().substr(a + 1, b - a - 1));
-        a = b;
-      }
-      if (scopes.size() >= 2 && !scopes[scopes.size() - 2].empty()) n.name = "/" + scopes[scopes.size() - 2] + "/" + n.name;
+    // a dynamo export's node in a module gets the TorchScript exporter's form "/module/name"
+    // (passes.h scope_module), so the passes find its module the same way
+    if (!n.name.empty() && n.name[0] != '/') {
+      const std::string module = dynamo_module(np);
+      if (!module.empty()) n.name = "/" + module + "/" + n.name;
     }
     std::string where = path + ": node " + (n.name.empty() ? n.op : n.name);
     if (n.domain.empty()) check_arity(np, n.op, where);

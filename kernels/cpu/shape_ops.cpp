@@ -263,11 +263,10 @@ void copy_kernel(const Node& n, const std::vector<const Tensor*>& in,
     std::memcpy(out[0]->raw(), in[0]->raw(), in[0]->nbytes());
 }
 
-// If: passes::fold_if inlines every If whose condition is known from shapes before any shape
-// rule runs; one that reaches a shape rule or a kernel is a general If, which wxe does not run.
+// If: passes::fold_if replaces every If before any shape rule runs (the taken branch inlined,
+// or a Where over both); one that reaches a shape rule or a kernel skipped that pass.
 static std::vector<TypeShape> if_shape(const Node& n, const std::vector<const Value*>&) {
-  fail("node ", n.name, " (If): not folded; wxe runs only an If whose condition is known once the input "
-       "shapes are bound");
+  fail("node ", n.name, " (If): not lowered by fold_if (run the passes first)");
 }
 static void if_kernel(const Node& n, const std::vector<const Tensor*>&, const std::vector<Tensor*>&) { if_shape(n, {}); }
 

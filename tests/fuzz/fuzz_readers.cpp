@@ -34,6 +34,7 @@
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/pickle.h"
 #include "importers/torch/zip.h"
+#include "models/credit_modules.h"
 #include "parallel/shard.h"
 
 using namespace wxe;
@@ -444,6 +445,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     g_dir = fs::temp_directory_path() / ("wxe_fuzz_" + std::to_string(::getpid()));
     fs::create_directories(g_dir);
     set_max_alloc_bytes(64 << 20);
+    register_credit_modules();
     return targets();
   }();
   for (const Target& t : ts)
@@ -456,6 +458,7 @@ int main(int argc, char** argv) {
   fs::create_directories(g_dir);
   set_max_alloc_bytes(64 << 20);  // a hostile shape fails fast instead of paging
   register_cpu_kernels();
+  register_credit_modules();
   std::vector<Target> ts = targets();
   if (argc == 3 && !std::isdigit((unsigned char)argv[1][0])) {  // TARGET FILE
     for (const Target& t : ts)

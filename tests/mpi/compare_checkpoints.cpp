@@ -22,15 +22,10 @@ int main(int argc, char** argv) {
   try {
     const double tol = std::stod(argv[3]);
     TrainCheckpoint a = open_train_checkpoint(argv[1]), b = open_train_checkpoint(argv[2]);
-    auto params = [](const TrainCheckpoint& c) {
-      std::vector<std::string> r;
-      for (const std::string& n : c.names)
-        if (n.rfind("exp_avg", 0) != 0 && n.rfind("ema.", 0) != 0) r.push_back(n);
-      return r;
-    };
-    std::vector<std::string> names = params(b);
-    if (params(a).size() != names.size()) {
-      std::fprintf(stderr, "%s has %zu parameters, %s %zu\n", argv[1], params(a).size(), argv[2], names.size());
+    std::vector<std::string> names = b.parameter_names();
+    if (a.parameter_names().size() != names.size()) {
+      std::fprintf(stderr, "%s has %zu parameters, %s %zu\n", argv[1], a.parameter_names().size(), argv[2],
+                   names.size());
       return 1;
     }
     double d2 = 0, n2 = 0, largest = 0;

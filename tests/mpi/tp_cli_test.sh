@@ -41,6 +41,18 @@ else
   echo "FAIL nextgen-np4-tp4"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
 
+# the torch 2 (dynamo) exporter's graphs: every attention and feed-forward layer sharded
+# (40 column-, 20 row-parallel, as the TorchScript export), PyTorch's outputs
+for m in crossformer wxformer; do
+  if run -n 2 "$wxe" infer "$d/torch2_${m}_tiny_dynamo.onnx" -i "$d/torch2_${m}_tiny_x.npy" --tp 2 --threads 1 \
+       --compare "$d/torch2_${m}_tiny_y.npy" --tolerance 1e-4 >"$tmp/out" 2>"$tmp/err" \
+     && grep -q "tp 2: 40 column- and 20 row-parallel layers" "$tmp/err"; then
+    echo "ok   torch2-${m}-dynamo-np2-tp2"
+  else
+    echo "FAIL torch2-${m}-dynamo-np2-tp2"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+  fi
+done
+
 # a dynamo export (qkv chunked by Split; small layers' spectral norm baked into anonymous
 # constants) with a checkpoint of other weights, matched by graph structure, sharded
 sw=$d/structw_crossformer_dynamo

@@ -1,0 +1,19 @@
+#include "models/credit_modules.h"
+
+namespace wxe {
+
+ModuleTable credit_module_table() {
+  ModuleTable t;
+  t.roles = {
+      {"to_q", Role::Q},          {"to_k", Role::K},     {"to_v", Role::V},
+      {"to_qkv", Role::Qkv},      {"to_out", Role::Out},
+      {"layers.1", Role::FfnUp},  // FeedForward: Sequential(LayerNorm, Conv/Linear, GELU, Dropout, Conv/Linear)
+      {"layers.4", Role::FfnDown},
+  };
+  t.param_leaves = {"weight", "bias", "g", "b"};
+  return t;
+}
+
+void register_credit_modules() { set_module_table(credit_module_table()); }
+
+}  // namespace wxe
