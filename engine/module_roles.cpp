@@ -80,6 +80,14 @@ std::string sibling_module(const std::string& module, Role r) {
   fail("module table: no module name for role ", role_name(r));
 }
 
+bool is_position_bias_mlp(const std::string& module) {
+  for (const std::string& t : module_table().position_bias_mlps)
+    if (module == t || (module.size() > t.size() && module.compare(module.size() - t.size(), t.size(), t) == 0 &&
+                        module[module.size() - t.size() - 1] == '.'))
+      return true;
+  return false;
+}
+
 bool is_param_leaf(const std::string& leaf) {
   const auto& l = module_table().param_leaves;
   return std::find(l.begin(), l.end(), leaf) != l.end();

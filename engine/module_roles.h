@@ -22,6 +22,9 @@ struct ModuleTable {
   std::vector<std::pair<std::string, Role>> roles;
   // the leaf names a module's parameters have in the state dict ("weight", "bias", ...)
   std::vector<std::string> param_leaves;
+  // module-name tails of position-bias MLPs run on the relative-position grid of a window
+  // (layout::position_bias_grid), whose first Linear a dynamo export folds with that grid
+  std::vector<std::string> position_bias_mlps;
 };
 
 // Replaces the registered table.
@@ -38,5 +41,7 @@ Role module_role(const std::string& module);
 std::string sibling_module(const std::string& module, Role r);
 // Whether `leaf` is a name a module's parameter has ("weight", CREDIT LayerNorm's "g").
 bool is_param_leaf(const std::string& leaf);
+// Whether `module` is a position-bias MLP ("a.dpb" with tail "dpb").
+bool is_position_bias_mlp(const std::string& module);
 
 }  // namespace wxe

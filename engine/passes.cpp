@@ -682,9 +682,10 @@ std::string param_slot(const Graph& g, const std::vector<int>& prod, const Node&
   return "";
 }
 
-// CREDIT's DynamicPositionBias runs an MLP on the relative-position grid of a window
-// (layout::position_bias_grid). The dynamo exporter folds its first Linear, run on that
-// constant grid, into one constant `(n, D)` read by the LayerNorm `<P>.layers.1`: the Linear
+// CREDIT's DynamicPositionBias runs an MLP (`<P>`, a position-bias module of the module table)
+// on the relative-position grid of a window (layout::position_bias_grid). The dynamo exporter
+// folds its first Linear, run on that constant grid, into one constant `(n, D)` read by the
+// LayerNorm `<P>.layers.1`: the Linear
 // is put back (Gemm(grid, P.layers.0.weight, P.layers.0.bias)), its parameters fitted to the
 // constant so that the graph computes the same without a checkpoint and a checkpoint's
 // P.layers.0 takes effect.
@@ -701,6 +702,10 @@ void restore_position_bias_linear(Graph& g) {
       continue;
     }
     const std::string p = module.substr(0, module.size() - tail.size());
+    if (!is_position_bias_mlp(p)) {
+      out.push_back(std::move(n));
+      continue;
+    }
     const Value x = g.values[xi];  // a copy: adding values below may move g.values
     Tensor grid = layout::position_bias_grid(x.shape[0]);
     WXE_CHECK(grid.numel() > 0, g.source, ": initializer '", x.name, "' read by node ", n.name,

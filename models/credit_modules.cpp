@@ -11,6 +11,8 @@ ModuleTable credit_module_table() {
       {"layers.4", Role::FfnDown},
   };
   t.param_leaves = {"weight", "bias", "g", "b"};
+  // DynamicPositionBias: Sequential(Linear(2, D), LayerNorm, ReLU, ..., Linear(D, 1))
+  t.position_bias_mlps = {"dpb"};
   return t;
 }
 
