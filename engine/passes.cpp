@@ -824,11 +824,17 @@ void name_params_by_scope(Graph& g) {
       for (auto [k, slot] : slots) g.nodes[k].inputs[slot] = target;
     }
   }
-  // anonymous initializers read only where literals go (eps, scales, shapes) are constants, not
-  // parameters a checkpoint sets; one read where a parameter goes keeps its name, and loading a
-  // checkpoint names it and its node when it does not find it
-  for (size_t v = 0; v < nvalues; ++v)
-    if (g.values[v].is_param && anonymous_name(g.values[v].name) && !param_use[v]) g.values[v].is_param = false;
+  // anonymous initializers read only where literals go (eps, scales, shapes, index tensors) are
+  // constants, not parameters a checkpoint sets: integer ones, scalars, and the exporters' own
+  // names ("val_7", "onnx::Sqrt_12"). Others (a top-level parameter "pos_embed" has no '.'
+  // either) stay parameters: loading a checkpoint names one it does not find, and its node.
+  for (size_t v = 0; v < nvalues; ++v) {
+    Value& x = g.values[v];
+    if (!x.is_param || !x.is_const() || !anonymous_name(x.name) || param_use[v]) continue;
+    bool literal = x.dtype != DType::F32 && x.dtype != DType::F16 && x.dtype != DType::BF16 && x.dtype != DType::F64;
+    literal = literal || x.constant->numel() <= 1 || x.name.rfind("val_", 0) == 0 || x.name.rfind("onnx::", 0) == 0;
+    if (literal) x.is_param = false;
+  }
   for (Value& x : g.values) {
     std::string c = collapse_repeated_calls(x.name);
     if (x.is_param && c != x.name && std::find(x.alt_names.begin(), x.alt_names.end(), c) == x.alt_names.end())
