@@ -688,7 +688,8 @@ std::string param_slot(const Graph& g, const std::vector<int>& prod, const Node&
 // LayerNorm `<P>.layers.1`: the Linear
 // is put back (Gemm(grid, P.layers.0.weight, P.layers.0.bias)), its parameters fitted to the
 // constant so that the graph computes the same without a checkpoint and a checkpoint's
-// P.layers.0 takes effect.
+// P.layers.0 takes effect. A constant that is not an affine function of the grid stays as it
+// is: the graph runs, and loading a checkpoint names it as a parameter it cannot find.
 void restore_position_bias_linear(Graph& g) {
   std::vector<Node> out;
   for (Node& n : g.nodes) {
@@ -708,10 +709,10 @@ void restore_position_bias_linear(Graph& g) {
     }
     const Value x = g.values[xi];  // a copy: adding values below may move g.values
     Tensor grid = layout::position_bias_grid(x.shape[0]);
-    WXE_CHECK(grid.numel() > 0, g.source, ": initializer '", x.name, "' read by node ", n.name,
-              " is a folded computation ", shape_str(x.shape), ", not a parameter, and its rows are not a "
-              "(2w+1)^2 relative-position grid: which parameters made it is not known, so a checkpoint cannot "
-              "be loaded into this export (export it without constant folding)");
+    if (grid.numel() == 0) {  // not the grid: left as it is (loading a checkpoint names it)
+      out.push_back(std::move(n));
+      continue;
+    }
     const int64_t rows = x.shape[0], d = x.shape[1];
     const float* y = x.constant->data<float>();
     const float* gr = grid.data<float>();
@@ -738,9 +739,10 @@ void restore_position_bias_linear(Graph& g) {
         worst = std::max(worst, std::fabs(fit - y[r * d + j]));
       }
     }
-    WXE_CHECK(worst <= 1e-4 * (1 + scale), g.source, ": initializer '", x.name, "' read by node ", n.name,
-              " (the position-bias MLP of ", p, ") is not a Linear of the relative-position grid (off by ", worst,
-              "): which parameters made it is not known, so a checkpoint cannot be loaded into this export");
+    if (!(worst <= 1e-4 * (1 + scale))) {  // not a Linear of the grid: left as it is, as above
+      out.push_back(std::move(n));
+      continue;
+    }
     Node gemm;
     gemm.op = "Gemm";
     gemm.name = "/" + p + ".layers.0/Gemm";

@@ -137,3 +137,84 @@ TEST(StructureWeights, TrainingGraphOfAMixedSpectralNormExport) {
   EXPECT_EQ(checked, 2);
   EXPECT_GE(g.find_value("layers.3.1.layers.0.0.to_qkv.weight_orig"), 0);  // traced: kept
 }
+
+namespace {
+
+// y = LayerNormalization(c) + x, as a dynamo export writes a position-bias MLP whose first
+// Linear ran on the constant grid: c is the anonymous constant "linear_3" (rows, 4), read in the
+// scope of "blk.dpb.layers.1".
+Graph folded_position_bias(const Tensor& c) {
+  Graph g;
+  g.source = "pb.onnx";
+  Value x;
+  x.name = "x";
+  x.shape = c.shape;
+  x.shape_known = true;
+  int xi = g.add_value(x);
+  g.inputs = {xi};
+  int ci = g.add_constant("linear_3", c, true);
+  int si = g.add_constant("blk.dpb.layers.1.weight", Tensor::from_f32({4}, {1, 1, 1, 1}), true);
+  int bi = g.add_constant("blk.dpb.layers.1.bias", Tensor::from_f32({4}, {0, 0, 0, 0}), true);
+  Value ln, y;
+  ln.name = "ln";
+  y.name = "y";
+  int li = g.add_value(ln), yi = g.add_value(y);
+  Node n = make_node("LayerNormalization", 0);
+  n.name = "/blk.dpb.layers.1/node_layer_norm";
+  n.inputs = {ci, si, bi};
+  n.outputs = {li};
+  g.nodes.push_back(n);
+  Node add = make_node("Add", 0);
+  add.name = "/add";
+  add.inputs = {li, xi};
+  add.outputs = {yi};
+  g.nodes.push_back(add);
+  g.outputs = {yi};
+  return g;
+}
+
+}  // namespace
+
+// The folded first Linear of a position-bias MLP is put back on the grid: without weights the
+// graph computes what it did, with a checkpoint its blk.dpb.layers.0 takes effect. A constant
+// that is no Linear of the grid is left alone: the graph runs, and loading names it.
+TEST(StructureWeights, PositionBiasLinearPutBack) {
+  register_cpu_kernels();
+  Tensor grid = layout::position_bias_grid(25), w = randn({4, 2}, 5), b = randn({4}, 6);
+  auto linear = [&](const Tensor& wt, const Tensor& bt) {  // grid @ W^T + b
+    Tensor r(DType::F32, {25, 4});
+    for (int i = 0; i < 25; ++i)
+      for (int j = 0; j < 4; ++j)
+        r.data<float>()[i * 4 + j] = grid.data<float>()[i * 2] * wt.data<float>()[j * 2] +
+                                     grid.data<float>()[i * 2 + 1] * wt.data<float>()[j * 2 + 1] + bt.data<float>()[j];
+    return r;
+  };
+  Tensor x = randn({25, 4}, 7);
+  auto run = [&](Graph g, const NamedTensors* weights) {
+    simplify(g, {{"x", {DType::F32, {25, 4}}}}, weights);
+    return Executor(g, {0, KernelKind::Reference}).run({{"x", x}})[0];
+  };
+  Graph plain = folded_position_bias(linear(w, b));
+  Tensor y0 = run(plain, nullptr);
+  Graph restored = folded_position_bias(linear(w, b));
+  prepare_graph(restored, {{"x", {DType::F32, {25, 4}}}});
+  EXPECT_EQ(op_counts(restored)["Gemm"], 1);
+  EXPECT_GE(restored.find_value("blk.dpb.layers.0.weight"), 0);
+  // another checkpoint: its Linear, not the export's
+  Tensor w2 = randn({4, 2}, 8), b2 = randn({4}, 9);
+  NamedTensors ck = {{"blk.dpb.layers.0.weight", w2}, {"blk.dpb.layers.0.bias", b2},
+                     {"blk.dpb.layers.1.weight", Tensor::from_f32({4}, {1, 1, 1, 1})},
+                     {"blk.dpb.layers.1.bias", Tensor::from_f32({4}, {0, 0, 0, 0})}};
+  Tensor y2 = run(folded_position_bias(linear(w, b)), &ck);
+  Tensor ref2 = run(folded_position_bias(linear(w2, b2)), nullptr);
+  expect_close(y2, ref2, 1e-5);
+  EXPECT_GT(max_abs_diff(y2, y0), 0.01);
+  // not a Linear of the grid: runs as exported; a checkpoint cannot say what it is
+  Tensor odd = randn({25, 4}, 10);
+  Graph g = folded_position_bias(odd);
+  prepare_graph(g, {{"x", {DType::F32, {25, 4}}}});
+  EXPECT_EQ(op_counts(g).count("Gemm"), 0u);
+  std::string e = error_of([&] { load_weights(g, ck, "ckpt.pt"); });
+  EXPECT_NE(e.find("linear_3 (initializer 'linear_3', read by node /blk.dpb.layers.1/node_layer_norm)"),
+            std::string::npos) << e;
+}
