@@ -17,6 +17,8 @@ int64_t floor_div(int64_t a, int64_t b) {  // b > 0
   return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
+}  // namespace
+
 std::vector<int64_t> ints_attr(const Node& n, const char* name, size_t len, int64_t def) {
   std::vector<int64_t> v = n.ints(name, std::vector<int64_t>(len, def));
   WXE_CHECK(v.size() == len, "node ", n.name, " (", n.op, "): attribute '", name, "' has ",
@@ -24,7 +26,19 @@ std::vector<int64_t> ints_attr(const Node& n, const char* name, size_t len, int6
   return v;
 }
 
-}  // namespace
+std::string auto_pad_of(const Node& n) {
+  std::string ap = n.s("auto_pad", "NOTSET");
+  if (ap.empty()) ap = "NOTSET";
+  WXE_CHECK(ap == "NOTSET" || ap == "VALID" || ap == "SAME_UPPER" || ap == "SAME_LOWER", "node ", n.name, " (",
+            n.op, "): unknown auto_pad '", ap, "'");
+  return ap;
+}
+
+void split_same_pads(int64_t total, bool upper, int64_t* begin, int64_t* end) {
+  const int64_t small = floor_div(total, 2);
+  *begin = upper ? small : total - small;
+  *end = total - *begin;
+}
 
 ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool transpose) {
   const char* op = transpose ? "ConvTranspose" : "Conv";
@@ -64,10 +78,7 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool trans
   auto strides = ints_attr(n, "strides", ns, 1);
   auto dil = ints_attr(n, "dilations", ns, 1);
   auto pads = ints_attr(n, "pads", 2 * ns, 0);
-  std::string ap = n.s("auto_pad", "NOTSET");
-  if (ap.empty()) ap = "NOTSET";
-  WXE_CHECK(ap == "NOTSET" || ap == "VALID" || ap == "SAME_UPPER" || ap == "SAME_LOWER", "node ",
-            n.name, " (", op, "): unknown auto_pad '", ap, "'");
+  const std::string ap = auto_pad_of(n);
   std::vector<int64_t> opad, oshape;
   if (transpose) {
     opad = ints_attr(n, "output_padding", ns, 0);
@@ -103,10 +114,7 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool trans
         WXE_CHECK(g.pb[a] >= 0 && g.pe[a] >= 0, "node ", n.name, " (Conv): negative pads");
       } else if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
         const int64_t o = (g.in[a] + g.s[a] - 1) / g.s[a];
-        const int64_t total = std::max<int64_t>(0, (o - 1) * g.s[a] + ext - g.in[a]);
-        const int64_t small = total / 2;
-        g.pb[a] = ap == "SAME_UPPER" ? small : total - small;
-        g.pe[a] = total - g.pb[a];
+        split_same_pads(std::max<int64_t>(0, (o - 1) * g.s[a] + ext - g.in[a]), ap == "SAME_UPPER", &g.pb[a], &g.pe[a]);
       }
       const int64_t span = g.in[a] + g.pb[a] + g.pe[a] - ext;
       WXE_CHECK(span >= 0, "node ", n.name, " (Conv): kernel extent ", ext,
@@ -121,10 +129,7 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool trans
         // ONNX spec: output = input * stride (or output_shape); odd total padding puts the
         // extra element at the end for SAME_UPPER and at the beginning for SAME_LOWER.
         g.out[a] = oshape.empty() ? mul(g.in[a], g.s[a]) : oshape[i];
-        const int64_t total = natural - g.out[a];
-        const int64_t small = floor_div(total, 2);
-        g.pb[a] = ap == "SAME_UPPER" ? small : total - small;
-        g.pe[a] = total - g.pb[a];
+        split_same_pads(natural - g.out[a], ap == "SAME_UPPER", &g.pb[a], &g.pe[a]);
       } else {
         if (ap == "NOTSET") {
           g.pb[a] = pads[i];

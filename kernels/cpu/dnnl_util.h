@@ -58,6 +58,14 @@ struct ConvGeom {
 // ConvTranspose (C_in, C_out/group, k...)) and resolves auto_pad / output_shape.
 ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool transpose);
 
+// Window attributes shared by Conv and the pools: the int list `name` of `len` values
+// (default `def` each); auto_pad (NOTSET when absent or empty), one of ONNX's four; the
+// SAME_UPPER / SAME_LOWER pads (begin, end) of one axis, `total` of them split with the odd
+// one at the end (upper) or the beginning (lower).
+std::vector<int64_t> ints_attr(const Node& n, const char* name, size_t len, int64_t def);
+std::string auto_pad_of(const Node& n);
+void split_same_pads(int64_t total, bool upper, int64_t* begin, int64_t* end);
+
 // ---- oneDNN (2.6) plumbing ----
 // One CPU engine and one in-order stream for the whole process (the CPU runtime is OpenMP,
 // so oneDNN uses omp_get_max_threads() threads); every execution waits on the stream.

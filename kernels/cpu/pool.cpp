@@ -15,6 +15,7 @@
 
 #include "engine/ops.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/dnnl_util.h"
 
 namespace wxe::cpu {
 
@@ -38,16 +39,9 @@ PoolGeom pool_geometry(const Node& n, const Shape& x) {
   g.C = x[1];
   const std::vector<int64_t> ks = n.ints("kernel_shape");
   WXE_CHECK(ks.size() == ns, "node ", n.name, " (", n.op, "): kernel_shape has ", ks.size(), " values, expected ", ns);
-  auto attr = [&](const char* name, size_t len, int64_t def) {
-    std::vector<int64_t> v = n.ints(name, std::vector<int64_t>(len, def));
-    WXE_CHECK(v.size() == len, "node ", n.name, " (", n.op, "): attribute '", name, "' has ", v.size(),
-              " values, expected ", len);
-    return v;
-  };
-  const std::vector<int64_t> strides = attr("strides", ns, 1), dil = attr("dilations", ns, 1), pads = attr("pads", 2 * ns, 0);
-  const std::string ap = n.s("auto_pad", "NOTSET");
-  WXE_CHECK(ap == "NOTSET" || ap == "VALID" || ap == "SAME_UPPER" || ap == "SAME_LOWER", "node ", n.name,
-            " (", n.op, "): unknown auto_pad '", ap, "'");
+  const std::vector<int64_t> strides = ints_attr(n, "strides", ns, 1), dil = ints_attr(n, "dilations", ns, 1),
+                             pads = ints_attr(n, "pads", 2 * ns, 0);
+  const std::string ap = auto_pad_of(n);
   const bool ceil_mode = n.i("ceil_mode", 0) != 0;
   g.include_pad = n.i("count_include_pad", 0) != 0;
   const int f = 3 - g.nsp;
@@ -67,9 +61,7 @@ PoolGeom pool_geometry(const Node& n, const Shape& x) {
       WXE_CHECK(g.pb[a] < ext && g.pe[a] < ext, "node ", n.name, " (", n.op, "): pads must be smaller than the kernel");
     } else if (ap != "VALID") {
       const int64_t o = (g.in[a] + g.s[a] - 1) / g.s[a];
-      const int64_t total = std::max<int64_t>(0, (o - 1) * g.s[a] + ext - g.in[a]);
-      g.pb[a] = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
-      g.pe[a] = total - g.pb[a];
+      split_same_pads(std::max<int64_t>(0, (o - 1) * g.s[a] + ext - g.in[a]), ap == "SAME_UPPER", &g.pb[a], &g.pe[a]);
     }
     const int64_t span = g.in[a] + g.pb[a] + g.pe[a] - ext;
     WXE_CHECK(span >= 0, "node ", n.name, " (", n.op, "): kernel extent ", ext, " larger than the padded input ",
