@@ -136,7 +136,11 @@ TEST(Finetune, ResumeIsBitExact) {
   {
     Trainer first(c2, open_npy_dir(data, 1));
     run_steps(first, 3);
+    // what killed saves left (one process's step_N.tmpPID, a sharded save's step_N.tmp) goes
+    const std::vector<std::string> stale = {c2.save + "/step_000002.tmp999", c2.save + "/step_000001.tmp"};
+    for (const std::string& d : stale) fs::create_directories(d + "/part");
     first.save_checkpoint();
+    for (const std::string& d : stale) EXPECT_FALSE(fs::exists(d)) << d;
     run_steps(first, 1);  // progress after the checkpoint is lost, as in a killed run
   }
   c2.resume = true;

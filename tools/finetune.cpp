@@ -433,13 +433,18 @@ std::string Trainer::save_checkpoint() {
   }
   if (lead) {
     write_file_atomic((root / "latest").string(), step_dir_name(step_) + "\n");
-    // keep the newest `keep` checkpoints
+    // keep the newest `keep` checkpoints; remove what saves killed mid-write left (step_N.tmp*:
+    // this save's own is in place by now)
     std::vector<std::string> dirs;
     for (auto& e : fs::directory_iterator(root)) {
       std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos &&
-          n.find(".old") == std::string::npos)
+      if (!e.is_directory() || n.rfind("step_", 0) != 0) continue;
+      if (n.find(".tmp") != std::string::npos) {
+        note("wxe: removing %s, left by an interrupted save\n", (root / n).string().c_str());
+        fs::remove_all(root / n, ec);
+      } else if (n.find(".old") == std::string::npos) {
         dirs.push_back(n);
+      }
     }
     std::sort(dirs.begin(), dirs.end());
     for (size_t i = 0; i + std::max(cfg_.keep, 1) < dirs.size(); ++i)
