@@ -546,19 +546,9 @@ WeightMatch match_weights(const Graph& g, const NamedTensors& weights) {
   return m;
 }
 
-std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source,
-                                      int* by_structure) {
+int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m) {
   std::map<std::string, const Tensor*> by_name;
   for (auto& kv : weights) by_name[kv.first] = &kv.second;
-  WeightMatch m = match_weights(g, weights);
-  std::vector<std::string>& missing = m.missing;
-  std::vector<std::string>& mismatched = m.mismatched;
-  for (auto& [v, name] : m.matched) {
-    Value& x = g.values[v];
-    Tensor t(x.dtype, x.shape);  // a (C,) checkpoint tensor may feed a (C, 1, 1) graph one
-    convert(*by_name[name], t);
-    x.constant = std::make_shared<Tensor>(std::move(t));
-  }
   // a bias the export dropped: the exporter's optimizer removes the Add of a bias that was zero
   // when it ran, so the checkpoint's M.bias has no parameter; it goes back on M's only
   // convolution or linear node that lacks one, where its size is that node's output channels
@@ -593,7 +583,25 @@ std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, con
     g.nodes[at].inputs.push_back(bi);
     ++m.by_structure;
   }
+  const int restored = (int)(m.unused.size() - unused.size());
   m.unused = unused;
+  return restored;
+}
+
+std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source,
+                                      int* by_structure) {
+  std::map<std::string, const Tensor*> by_name;
+  for (auto& kv : weights) by_name[kv.first] = &kv.second;
+  WeightMatch m = match_weights(g, weights);
+  std::vector<std::string>& missing = m.missing;
+  std::vector<std::string>& mismatched = m.mismatched;
+  for (auto& [v, name] : m.matched) {
+    Value& x = g.values[v];
+    Tensor t(x.dtype, x.shape);  // a (C,) checkpoint tensor may feed a (C, 1, 1) graph one
+    convert(*by_name[name], t);
+    x.constant = std::make_shared<Tensor>(std::move(t));
+  }
+  restore_dropped_biases(g, weights, m);
   if (by_structure) *by_structure = m.by_structure;
   WXE_CHECK(m.ambiguous.empty(), source, ": weights do not fit the model: ", m.ambiguous.size(),
             " parameters match more than one checkpoint tensor: ", m.ambiguous[0]);

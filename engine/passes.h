@@ -83,6 +83,12 @@ struct WeightMatch {
 };
 WeightMatch match_weights(const Graph& g, const NamedTensors& weights);
 
+// A bias the export dropped (the exporter's optimizer removes the Add of a bias that was zero
+// when it ran): each of m.unused named M.bias goes back, as a new parameter, on M's only
+// Conv/ConvTranspose/Linear/Gemm node without one when its size is that node's output
+// channels; it leaves m.unused and counts in m.by_structure. Returns how many went back.
+int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m);
+
 // Replaces every parameter the graph uses by its tensor in `weights` (match_weights; converted
 // to the graph's dtype). Parameters missing from `weights`, shapes that differ and parameters
 // that fit more than one tensor are one error. Returns the names in `weights` the graph does
