@@ -214,6 +214,7 @@ std::vector<Tensor> Trainer::gather_moments(const Tensor& shard) {
   }
   Tensor all(DType::F32, {dp_ * zS_});
   mesh_->dp_comm->all_gather(shard, all);
+  if (dp_rank_ != 0) return {};  // dp rank 0 writes the moments (save_checkpoint)
   for (int d = 0; d < dp_; ++d) {
     Tensor part(DType::F32, {zS_});
     std::memcpy(part.raw(), all.data<float>() + d * zS_, zS_ * sizeof(float));
@@ -386,8 +387,10 @@ std::string Trainer::save_checkpoint() {
   NamedTensors opt, ema;
   for (size_t i = 0; i < trainable_.size(); ++i) {
     const std::string& name = graph_.values[trainable_[i]].name;
-    opt.push_back({"exp_avg." + name, m[i]});
-    opt.push_back({"exp_avg_sq." + name, v[i]});
+    if (!m.empty()) {
+      opt.push_back({"exp_avg." + name, m[i]});
+      opt.push_back({"exp_avg_sq." + name, v[i]});
+    }
     if (ema_) ema.push_back({"ema." + name, ema_->shadow()[i]});
   }
   if (sharded) {

@@ -145,7 +145,9 @@ class Trainer {
   int64_t zS_ = 0;
   Tensor pack_block(const std::vector<const Tensor*>& per_param, int block) const;    // (S)
   void unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const;
-  std::vector<Tensor> gather_moments(const Tensor& shard);  // per parameter, whole (dp all-gather)
+  // Per parameter, whole (dp all-gather), on dp rank 0; other dp ranks get none (they own
+  // no moment in a checkpoint) and keep no whole copies.
+  std::vector<Tensor> gather_moments(const Tensor& shard);
   void load_checkpoint(const std::string& dir);
   void check_same_plan();
   int64_t sample_index(int64_t micro);
