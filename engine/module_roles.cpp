@@ -81,11 +81,8 @@ std::string sibling_module(const std::string& module, Role r) {
 }
 
 bool is_position_bias_mlp(const std::string& module) {
-  for (const std::string& t : module_table().position_bias_mlps)
-    if (module == t || (module.size() > t.size() && module.compare(module.size() - t.size(), t.size(), t) == 0 &&
-                        module[module.size() - t.size() - 1] == '.'))
-      return true;
-  return false;
+  const auto& tails = module_table().position_bias_mlps;
+  return std::any_of(tails.begin(), tails.end(), [&](const std::string& t) { return has_tail(module, t); });
 }
 
 bool is_param_leaf(const std::string& leaf) {
