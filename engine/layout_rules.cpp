@@ -6,27 +6,16 @@
 #include <set>
 
 #include "engine/module_roles.h"
+#include "engine/spectral_norm_math.h"
 
 namespace wxe::layout {
 
 namespace {
 
-// W_mat v with W_mat = w moved so `dim` is first, reshaped (rows, -1); in double.
-std::vector<double> wmat_times(const Tensor& w, const std::vector<double>& v, int dim) {
-  const float* p = w.data<float>();
-  int64_t d0 = w.shape[0], d1 = w.rank() > 1 ? w.shape[1] : 1;
-  int64_t rest = w.numel() / std::max<int64_t>(d0 * d1, 1);
-  int64_t rows = dim == 0 ? d0 : d1;
-  std::vector<double> out(rows, 0.0);
-  // element w[a][b][r] sits at (a*d1 + b)*rest + r
-  for (int64_t a = 0; a < d0; ++a)
-    for (int64_t b = 0; b < d1; ++b)
-      for (int64_t r = 0; r < rest; ++r) {
-        double x = p[(a * d1 + b) * rest + r];
-        if (dim == 0) out[a] += x * v[b * rest + r];
-        else out[b] += x * v[a * rest + r];
-      }
-  return out;
+// W_mat v with W_mat = w moved so `dim` is first, reshaped (rows, -1); in double
+// (engine/spectral_norm_math.h, the math of the SpectralNorm op).
+std::vector<double> wmat_times(const Tensor& w, const Tensor& v, int dim) {
+  return sn::wmat_v(sn::geometry(dim, w.shape), w.data<float>(), v.data<float>(), sn::NoSum{});
 }
 
 std::vector<double> as_double(const Tensor& t) {
@@ -64,14 +53,15 @@ Tensor fold_spectral_norm(const Tensor& w_orig, const Tensor& u, const Tensor& v
     int64_t rows = d == 0 ? d0 : d1;
     return u.numel() == rows && rows > 0 && v.numel() == n / rows;
   };
-  std::vector<double> uu = as_double(u), vv = as_double(v);
+  std::vector<double> uu = as_double(u);
+  const Tensor vf = v.to_f32();
   if (dim < 0) {
     bool f0 = fits(0), f1 = w.rank() > 1 && fits(1);
     WXE_CHECK(f0 || f1, name, ": spectral norm u ", shape_str(u.shape), " / v ", shape_str(v.shape),
               " do not fit weight ", shape_str(w.shape));
     if (f0 && f1) {  // square in dims 0/1: take the dim where W_mat v is parallel to u
       auto cosine = [&](int d) {
-        std::vector<double> wv = wmat_times(w, vv, d);
+        std::vector<double> wv = wmat_times(w, vf, d);
         double dot = 0, a = 0, b = 0;
         for (size_t i = 0; i < wv.size(); ++i) {
           dot += wv[i] * uu[i];
@@ -86,7 +76,7 @@ Tensor fold_spectral_norm(const Tensor& w_orig, const Tensor& u, const Tensor& v
     }
   }
   WXE_CHECK(fits(dim), name, ": spectral norm u/v do not fit weight ", shape_str(w.shape), " at dim ", dim);
-  std::vector<double> wv = wmat_times(w, vv, dim);
+  std::vector<double> wv = wmat_times(w, vf, dim);
   double sigma = 0;
   for (size_t i = 0; i < wv.size(); ++i) sigma += uu[i] * wv[i];
   WXE_CHECK(std::isfinite(sigma) && sigma != 0, name, ": spectral norm sigma is ", sigma);
