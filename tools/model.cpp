@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <set>
 
+#include "engine/module_roles.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "parallel/collective_ops.h"
 #include "tools/finetune.h"
@@ -26,23 +27,36 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-NamedTensors read_weights(const std::string& path, layout::ConvertReport* report,
-                          const std::map<std::string, TensorSlice>* slices, bool keep_spectral_norm) {
-  NamedTensors raw;
-  if (is_train_checkpoint(path)) {  // a wxe finetune step directory: its parameters
-    TrainCheckpoint ck = open_train_checkpoint(path);
-    for (const std::string& n : ck.parameter_names()) {
-      auto it = slices ? slices->find(n) : std::map<std::string, TensorSlice>::const_iterator();
-      raw.push_back({n, ck.get(n, slices && it != slices->end() ? it->second : TensorSlice{})});
-    }
-  } else {
-    raw = ends_with(path, ".safetensors") ? read_safetensors(path, nullptr, slices) : read_torch_state_dict(path).tensors;
+namespace {
+
+// A checkpoint's tensors as stored (with `slices`, only those parts of a .safetensors).
+NamedTensors read_checkpoint(const std::string& path, const std::map<std::string, TensorSlice>* slices) {
+  if (!is_train_checkpoint(path))
+    return ends_with(path, ".safetensors") ? read_safetensors(path, nullptr, slices) : read_torch_state_dict(path).tensors;
+  NamedTensors raw;  // a wxe finetune step directory: its parameters
+  TrainCheckpoint ck = open_train_checkpoint(path);
+  for (const std::string& n : ck.parameter_names()) {
+    auto it = slices ? slices->find(n) : std::map<std::string, TensorSlice>::const_iterator();
+    raw.push_back({n, ck.get(n, slices && it != slices->end() ? it->second : TensorSlice{})});
   }
+  return raw;
+}
+
+// The rule table applied (layout::convert_state_dict); errors name the checkpoint.
+NamedTensors to_linear_layout(const NamedTensors& raw, const std::string& path, layout::ConvertReport* report,
+                              bool keep_spectral_norm) {
   try {
     return layout::convert_state_dict(raw, report, keep_spectral_norm);
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());
   }
+}
+
+}  // namespace
+
+NamedTensors read_weights(const std::string& path, layout::ConvertReport* report,
+                          const std::map<std::string, TensorSlice>* slices, bool keep_spectral_norm) {
+  return to_linear_layout(read_checkpoint(path, slices), path, report, keep_spectral_norm);
 }
 
 void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, const LoadOptions& opt) {
@@ -57,7 +71,8 @@ void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, con
     // (or inference) reads the folded weights
     bool keep_sn = opt.training && std::any_of(g.nodes.begin(), g.nodes.end(),
                                                [](const Node& n) { return n.op == "SpectralNorm"; });
-    NamedTensors w = read_weights(opt.weights, nullptr, slices.empty() ? nullptr : &slices, keep_sn);
+    const NamedTensors raw = read_checkpoint(opt.weights, slices.empty() ? nullptr : &slices);
+    NamedTensors w = to_linear_layout(raw, opt.weights, nullptr, keep_sn);
     if (keep_sn) {
       // layers whose spectral norm the exporter baked into a constant (dynamo folds small ones)
       // are plain weights in this graph: they read the checkpoint's folded weight, and train
@@ -68,12 +83,12 @@ void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, con
         if (!have.count(kv.first)) wanted.insert(kv.first);
       std::set<std::string> baked;  // their modules' weight_orig/u/v, which nothing reads
       if (!wanted.empty())
-        for (auto& kv : read_weights(opt.weights, nullptr, slices.empty() ? nullptr : &slices, false)) {
+        for (auto& kv : to_linear_layout(raw, opt.weights, nullptr, false)) {
           if (!wanted.count(kv.first)) continue;
           w.push_back(kv);
           std::string m = layout::module_of(kv.first);
-          for (const char* part : {".to_q", ".to_k", ".to_v"})
-            if (ends_with(m, part)) m = m.substr(0, m.size() - 5) + ".to_qkv";
+          const Role r = module_role(m);
+          if (r == Role::Q || r == Role::K || r == Role::V) m = sibling_module(m, Role::Qkv);  // the checkpoint's fused module
           baked.insert(m);
         }
       w.erase(std::remove_if(w.begin(), w.end(), [&](const auto& kv) {
