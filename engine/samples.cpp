@@ -182,6 +182,13 @@ Tensor slide_window(const Tensor& x, const Tensor& newest) {
   return out;
 }
 
+Tensor last_step(const Tensor& x) {
+  if (x.rank() < 3) return x.clone();
+  Shape s = x.shape;
+  s[2] = 1;
+  return slide_window(Tensor(DType::F32, s), x);  // a window of one step takes x's newest
+}
+
 Tensor stack_batch(const std::vector<Tensor>& items) {
   WXE_CHECK(!items.empty(), "stack_batch: no samples");
   const Tensor& first = items[0];

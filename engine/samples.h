@@ -53,8 +53,10 @@ NpyDirInfo read_npy_dir_info(const std::string& dir);
 // `newest` (B, C, 1, ...) appended on dim 2 (CREDIT's history window); with T == 1, or no
 // time dim, `newest` itself. `newest` may hold T steps (a whole window as read from .npy
 // files): its last one is taken.
+// last_step: the newest step of a window (B, C, 1, ...) (x itself without a time dim).
 void feed_back(Tensor& x, const Tensor& pred, int64_t c);
 Tensor slide_window(const Tensor& x, const Tensor& newest);
+Tensor last_step(const Tensor& x);
 
 // Concatenates samples along dim 0: n items shaped (1, ...) make (n, ...). All items must
 // have the same dtype and shape.

@@ -19,12 +19,11 @@ namespace fs = std::filesystem;
 
 namespace wxe {
 
-void rollout(const Era5Data& data, int64_t init, int steps, const std::function<Tensor(const Tensor&)>& model,
+void rollout(const Era5Data& data, Tensor x, int64_t init, int steps, const std::function<Tensor(const Tensor&)>& model,
              const std::function<void(int, const Tensor&)>& emit) {
   const int64_t dt = data.config().timestep;
   const int np = data.prognostic_channels();
-  Tensor x = data.input_window(init);  // (1, C_in, history_len, H, W)
-  Tensor step = data.input(init);      // its newest step
+  Tensor step = last_step(x);
   const int64_t hw = step.numel() / step.shape[1];
   for (int k = 0; k < steps; ++k) {
     Tensor y = model(x);  // (1, C_out, 1, H, W)
@@ -90,7 +89,7 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
   const bool tty = isatty(fileno(stderr));
   auto t1 = std::chrono::steady_clock::now();
   rollout(
-      *data, init, a.steps, [&](const Tensor& x) { return ex.run({{in_name, x}}).at(0); },
+      *data, x0, init, a.steps, [&](const Tensor& x) { return ex.run({{in_name, x}}).at(0); },
       [&](int k, const Tensor& y) {
         if (!lead) return;
         if (!out) out = std::make_unique<ForecastWriter>(a.output, *data, init, a.steps);

@@ -19,12 +19,12 @@ struct ForecastArgs {
   bool progress = true;
 };
 
-// The rollout: x0 = data.input_window(init) (history_len steps); step k (0-based) runs
+// The rollout from x0 = data.input_window(init) (history_len steps): step k (0-based) runs
 // y_k = model(x_k); x_{k+1} is x_k slid by one step (slide_window), the new step being x_k's
 // newest with its prognostic channels replaced by y_k's (still normalised) and its dynamic
 // forcing read at init + (k+1)*dt; static channels are kept. emit(k, y_k) gets the
 // normalised output.
-void rollout(const Era5Data& data, int64_t init, int steps, const std::function<Tensor(const Tensor&)>& model,
+void rollout(const Era5Data& data, Tensor x0, int64_t init, int steps, const std::function<Tensor(const Tensor&)>& model,
              const std::function<void(int, const Tensor&)>& emit);
 
 // Loads the model (sharded over mesh->tp when tp > 1), runs the rollout and, on rank 0,
