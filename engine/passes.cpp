@@ -878,7 +878,7 @@ void fold_if(Graph& g) {
         if (i >= 0 && prod[i] >= 0) stack.push_back(prod[i]);
     }
     propagate(pre, false, [&](size_t m, const Node&) { return (bool)needed[m]; }, true);
-    const Value& c = pre.values[n.inputs[0]];
+    const Value c = pre.values[n.inputs[0]];  // a copy: the propagation below may add values
     WXE_CHECK(c.dtype == DType::Bool && numel(c.shape) == 1, g.source, ": node ", n.name, " (If): condition '", c.name,
               "' is ", dtype_name(c.dtype), " ", shape_str(c.shape), ", not one bool");
     const std::string id = n.s("if_id", "");
@@ -902,11 +902,9 @@ void fold_if(Graph& g) {
     if (!c.is_const()) {
       // known only at run time: both branches run and Where picks, output by output, which
       // needs branches of the same type and shape (the memory plan is static)
-      Graph shaped = g;
-      shaped.nodes.resize(k);
-      propagate(shaped, false, [](size_t, const Node&) { return true; });
+      propagate(pre, false, [](size_t, const Node&) { return true; });  // the rest of the prefix: the branches
       for (size_t o = 0; o < nout; ++o) {
-        const Value &t = shaped.values[n.inputs[1 + o]], &e = shaped.values[n.inputs[1 + nout + o]];
+        const Value &t = pre.values[n.inputs[1 + o]], &e = pre.values[n.inputs[1 + nout + o]];
         WXE_CHECK(t.dtype == e.dtype && t.shape_known && e.shape_known && t.shape == e.shape, g.source, ": node ",
                   n.name, " (If): its condition '", c.name, "' is known only at run time and its branches give ",
                   dtype_name(t.dtype), " ", shape_str(t.shape), " and ", dtype_name(e.dtype), " ", shape_str(e.shape),
