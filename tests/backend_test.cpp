@@ -65,6 +65,22 @@ std::vector<GradCase> extra_cases() {
                         {{"blocksize", attr_i(2)}, {"mode", attr_s("CRD")}}));
   r.push_back(grad_case("Transpose window", "Transpose", {randn({1, 4, 2, 3, 2, 5}, 36)},
                         {{"perm", attr_ints({0, 2, 4, 1, 3, 5})}}));
+  // WindowAttention(x, Wq, Wk, Wv, Wo, bo?, bias, residual?): CREDIT's 10 x 10 windows,
+  // strided (long-range) windows without bo or residual, and one-token windows
+  auto attention = [&](const char* label, Shape x, int64_t I, int64_t heads, int64_t th, int64_t tw, bool strided,
+                       bool opt, uint64_t seed) {
+    const int64_t D = x[1], T = th * tw;
+    r.push_back(grad_case(label, "WindowAttention",
+                          {randn(x, seed), randn({I, D}, seed + 1, 0.5f), randn({I, D}, seed + 2, 0.5f),
+                           randn({I, D}, seed + 3, 0.5f), randn({D, I}, seed + 4, 0.5f),
+                           opt ? randn({D}, seed + 5) : Tensor(), randn({heads, T, T}, seed + 6),
+                           opt ? randn(x, seed + 7) : Tensor()},
+                          {{"heads", attr_i(heads)}, {"scale", attr_f(0.25f)}, {"window", attr_ints({th, tw})},
+                           {"strided", attr_i(strided)}}));
+  };
+  attention("WindowAttention 10x10 windows", {1, 16, 20, 30}, 32, 2, 10, 10, false, true, 37);
+  attention("WindowAttention strided", {2, 6, 8, 6}, 12, 3, 4, 3, true, false, 45);
+  attention("WindowAttention one-token windows", {1, 4, 3, 5}, 8, 2, 1, 1, true, true, 53);
   return r;
 }
 

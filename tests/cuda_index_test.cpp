@@ -298,3 +298,80 @@ TEST(CudaIndexMath, PadScatterMatchesCpuPadBackward) {
     expect_close(got, cpu_input_grad(n, {&x, &pads}, g), 1e-5, 1e-5);
   }
 }
+
+namespace {
+
+// The WindowAttention node and its inputs (x, Wq, Wk, Wv, Wo, bo?, bias, residual?).
+struct AttnCase {
+  Node n;
+  std::vector<Tensor> in;  // bo / residual undefined when absent
+};
+
+AttnCase attn_case(Shape x, int64_t I, int64_t heads, int64_t th, int64_t tw, bool strided, bool bo, bool res,
+                   uint64_t seed) {
+  const int64_t D = x[1], T = th * tw;
+  AttnCase c;
+  c.n = make_node("WindowAttention", 8, 1,
+                  {{"heads", attr_i(heads)}, {"scale", attr_f(0.35f)}, {"window", attr_ints({th, tw})},
+                   {"strided", attr_i(strided)}});
+  c.in = {randn(x, seed),          randn({I, D}, seed + 1, 0.5f), randn({I, D}, seed + 2, 0.5f),
+          randn({I, D}, seed + 3, 0.5f), randn({D, I}, seed + 4, 0.5f), bo ? randn({D}, seed + 5) : Tensor(),
+          randn({heads, T, T}, seed + 6), res ? randn(x, seed + 7) : Tensor()};
+  return c;
+}
+
+// rows (R, K) W^T for W (N, K), on the host (the CUDA kernel calls cuBLAS here).
+std::vector<float> project(const std::vector<float>& rows, int64_t R, int64_t K, const Tensor& w) {
+  const int64_t N = w.shape[0];
+  std::vector<float> y(R * N);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < N; ++j) {
+      double a = 0;
+      for (int64_t k = 0; k < K; ++k) a += (double)rows[r * K + k] * w.data<float>()[j * K + k];
+      y[r * N + j] = (float)a;
+    }
+  return y;
+}
+
+// The CUDA kernel's steps with its index math on the host.
+Tensor host_window_attention(const AttnCase& c) {
+  const Tensor& x = c.in[0];
+  const cpu::WindowGeom g = cpu::window_geometry(c.n, x.shape, c.in[1].shape);
+  const int64_t R = g.B * g.nW * g.T, D = g.D, I = g.I, dh = I / g.heads;
+  std::vector<float> rows(R * D);
+  for (int64_t i = 0; i < R * D; ++i) rows[i] = x.data<float>()[window_token_offset(g, i / D, i % D)];
+  std::vector<float> q = project(rows, R, D, c.in[1]), k = project(rows, R, D, c.in[2]), v = project(rows, R, D, c.in[3]);
+  std::vector<float> o(R * I);
+  for (int64_t bw = 0; bw < g.B * g.nW; ++bw)
+    for (int64_t h = 0; h < g.heads; ++h)
+      for (int64_t i = 0; i < g.T; ++i) {
+        const int64_t base = bw * g.T * I + h * dh;
+        attention_row(&q[base + i * I], &k[base], &v[base], I, c.in[6].data<float>() + (h * g.T + i) * g.T, g.T, dh,
+                      c.n.f("scale", 1.f), &o[base + i * I]);
+      }
+  rows = project(o, R, I, c.in[4]);
+  Tensor y = Tensor::zeros(DType::F32, x.shape);
+  for (int64_t i = 0; i < R * D; ++i) {
+    const int64_t ch = i % D, at = window_token_offset(g, i / D, ch);
+    const float a = rows[i] + (c.in[5].defined() ? c.in[5].data<float>()[ch] : 0.f);
+    y.data<float>()[at] = c.in[7].defined() ? a + c.in[7].data<float>()[at] : a;
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST(CudaIndexMath, WindowAttentionMatchesCpu) {
+  std::vector<AttnCase> cases = {
+      attn_case({2, 6, 4, 6}, 8, 2, 2, 3, false, true, true, 10),     // contiguous windows
+      attn_case({1, 5, 8, 6}, 12, 3, 4, 3, true, true, false, 20),    // strided (long-range)
+      attn_case({1, 4, 20, 10}, 8, 1, 10, 10, false, false, true, 30),  // 100 tokens, CREDIT's window
+      attn_case({2, 3, 3, 3}, 4, 2, 1, 1, true, false, false, 40),    // one-token windows
+  };
+  for (const AttnCase& c : cases) {
+    std::vector<const Tensor*> in;
+    for (const Tensor& t : c.in) in.push_back(t.defined() ? &t : nullptr);
+    Tensor ref = run_node(c.n, in)[0];
+    expect_close(host_window_attention(c), ref, 1e-5, 1e-5);
+  }
+}

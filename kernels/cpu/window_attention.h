@@ -15,6 +15,7 @@
 //   y = o Wo^T + bo (+ residual), written back to the tokens' pixels.
 #pragma once
 #include "engine/ops.h"
+#include "kernels/host_device.h"
 
 namespace wxe::cpu {
 
@@ -23,8 +24,8 @@ struct WindowGeom {
   int64_t th = 1, tw = 1, T = 1;  // tokens per window
   int64_t nwy = 1, nwx = 1, nW = 1;  // windows per image: H/th x W/tw
   bool strided = false;
-  // offset of token t of window (wy, wx) in an (H, W) plane
-  int64_t pixel(int64_t wy, int64_t wx, int64_t t) const {
+  // offset of token t of window (wy, wx) in an (H, W) plane (also in CUDA kernels)
+  WXE_HD int64_t pixel(int64_t wy, int64_t wx, int64_t t) const {
     const int64_t ty = t / tw, tx = t % tw;
     return strided ? (ty * nwy + wy) * W + tx * nwx + wx : (wy * th + ty) * W + wx * tw + tx;
   }

@@ -72,13 +72,14 @@ class CudaBackend : public TableBackend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(ctx().stream)); }
   // The CPU fusions whose products have CUDA kernels: fewer launches, same numbers up to
-  // float rounding. No layout passes (cuDNN runs NCHW) and no fused window attention yet.
+  // float rounding. No layout passes (cuDNN runs NCHW).
   void prepare(Graph& g, Precision precision) override {
     WXE_CHECK(precision == Precision::F32, "device 'cuda' runs float32 only (bf16 is not done yet)");
     remove_identity_ops(g);
     fuse_gelu(g);
     fuse_channel_layernorm(g);
     fuse_linear_gelu(g);
+    fuse_window_attention(g);
   }
 };
 

@@ -52,7 +52,13 @@ Context& ctx();
 // so consecutive users may share it).
 void* workspace(size_t bytes);
 
-inline unsigned blocks_for(int64_t n, int threads = 256) {
+constexpr int kThreads = 256;  // threads per block of the elementwise kernels
+
+// Grid-stride loop of a kernel over i < n (in .cu files).
+#define GRID_LOOP(i, n) \
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
+
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   int64_t b = (n + threads - 1) / threads;
   return (unsigned)(b < 1 ? 1 : (b > 65535LL * 512 ? 65535LL * 512 : b));
 }
@@ -87,11 +93,19 @@ void launch_sum_to(const Node& n, const float* full, const Shape& from, float* d
 // Zeros a device tensor (nullptr: nothing).
 void launch_zero(Tensor* t);
 
+// WindowAttention's pieces (attention.cu; index_math.h has their math): the windows' token
+// rows (B nW T, D) gathered from x (B, D, H, W); o (B nW T, I) = the attention of q, k, v
+// (same layout) per window and head; y[token pixels] = rows + bo (+ res), each optional.
+void launch_window_gather(const cpu::WindowGeom& g, const float* x, float* rows);
+void launch_window_attention(const cpu::WindowGeom& g, float scale, const float* q, const float* k, const float* v,
+                             const float* bias, float* o);
+void launch_window_scatter(const cpu::WindowGeom& g, const float* rows, const float* bo, const float* res, float* y);
+
 // Registration of each op group into the CUDA backend's table (kernels/cuda/*).
 void register_pointwise(TableBackend& b);  // pointwise.cu: elementwise, copies, Pad, Resize
 void register_norm(TableBackend& b);       // norm.cu: reductions, Softmax, norms, Einsum (generic)
 void register_linalg(TableBackend& b);     // linalg.cpp: Linear, MatMul, Gemm, Einsum, Conv, ConvTranspose
-                                           //   (forward and backward)
+                                           //   (forward and backward), WindowAttention (forward)
 void register_backward_kernels(TableBackend& b);  // backward.cu: the other ops' backward kernels
 
 }  // namespace wxe::cuda

@@ -12,11 +12,8 @@
 #include <string>
 #include <vector>
 
-#ifdef __CUDACC__
-#define WXE_HD __host__ __device__ inline
-#else
-#define WXE_HD inline
-#endif
+#include "kernels/cpu/window_attention.h"
+#include "kernels/host_device.h"
 
 namespace wxe::cuda {
 
@@ -365,5 +362,39 @@ WXE_HD float einsum_at(const EinsumIndex& e, const float* a, const float* b, con
 
 // ---- erf-form GELU, as the CPU Gelu op computes it ----
 WXE_HD float gelu_erf(float v) { return 0.5f * v * (1.f + erff(v * 0.70710678118654752f)); }
+
+// ---- WindowAttention (kernels/cpu/window_attention.h) ----
+// The CUDA kernel cuts the op into: gather the windows' tokens into rows (row r = window
+// (b nW + w) T + token t, D channels), q, k, v = rows W^T (cuBLAS), the attention rows below
+// (one per window, head and query token), out = o Wo^T (cuBLAS), scatter the rows back to the
+// image (+ bo, + residual).
+
+// Offset in x (B, D, H, W) of channel c of token row r.
+WXE_HD int64_t window_token_offset(const cpu::WindowGeom& g, int64_t r, int64_t c) {
+  const int64_t t = r % g.T, bw = r / g.T, b = bw / g.nW, w = bw % g.nW;
+  return (b * g.D + c) * g.H * g.W + g.pixel(w / g.nwx, w % g.nwx, t);
+}
+
+// One query row of one head: o[d] = sum_j p_j v_j[d], p = softmax_j(scale q.k_j + bias[j]),
+// for j < T keys; q, k_j = k + j ld, v_j = v + j ld and o hold dh floats each.
+WXE_HD void attention_row(const float* q, const float* k, const float* v, int64_t ld, const float* bias,
+                          int64_t T, int64_t dh, float scale, float* o) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < T; ++j) {
+    float a = 0;
+    for (int64_t d = 0; d < dh; ++d) a += q[d] * k[j * ld + d];
+    mx = fmaxf(mx, a * scale + bias[j]);
+  }
+  for (int64_t d = 0; d < dh; ++d) o[d] = 0;
+  float sum = 0;
+  for (int64_t j = 0; j < T; ++j) {
+    float a = 0;
+    for (int64_t d = 0; d < dh; ++d) a += q[d] * k[j * ld + d];
+    const float p = expf(a * scale + bias[j] - mx);
+    sum += p;
+    for (int64_t d = 0; d < dh; ++d) o[d] += p * v[j * ld + d];
+  }
+  for (int64_t d = 0; d < dh; ++d) o[d] /= sum;
+}
 
 }  // namespace wxe::cuda

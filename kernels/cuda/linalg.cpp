@@ -53,6 +53,26 @@ void linear_op(const Node& n, const Ins& in, const Outs& out) {
   launch_bias_act(y, bias ? bias->data<float>() : nullptr, P, N, Q, act == "gelu");
 }
 
+// ---------------------------------------------------------------- WindowAttention
+// The fused window attention (kernels/cpu/window_attention.h): tokens gathered into rows,
+// three cuBLAS projections, the attention rows (attention.cu), the output projection, and the
+// rows scattered back with bo and the residual.
+void window_attention_op(const Node& n, const Ins& in, const Outs& out) {
+  require_f32(n, in);
+  const cpu::WindowGeom g = cpu::window_geometry(n, in[0]->shape, in[1]->shape);
+  const int64_t R = g.B * g.nW * g.T, D = g.D, I = g.I;
+  if (R * D == 0) return;
+  Scratch rows(R * D * sizeof(float)), q(R * I * sizeof(float)), k(R * I * sizeof(float)), v(R * I * sizeof(float));
+  launch_window_gather(g, in[0]->data<float>(), rows.f());
+  float* qkv[3] = {q.f(), k.f(), v.f()};
+  for (int m = 0; m < 3; ++m) gemm_rowmajor(1, R, I, D, rows.f(), false, 0, in[1 + m]->data<float>(), true, 0, qkv[m], 0);
+  Scratch o(R * I * sizeof(float));
+  launch_window_attention(g, n.f("scale", 1.f), q.f(), k.f(), v.f(), in[6]->data<float>(), o.f());
+  gemm_rowmajor(1, R, D, I, o.f(), false, 0, in[4]->data<float>(), true, 0, rows.f(), 0);
+  launch_window_scatter(g, rows.f(), in[5] ? in[5]->data<float>() : nullptr, in[7] ? in[7]->data<float>() : nullptr,
+                        out[0]->data<float>());
+}
+
 // ---------------------------------------------------------------- MatMul
 // numpy matmul; batch dims must be equal or one side's batch a single matrix.
 void matmul_op(const Node& n, const Ins& in, const Outs& out) {
@@ -719,6 +739,7 @@ void register_linalg(TableBackend& b) {
   b.register_kernel("Einsum", einsum_op);
   b.register_kernel("Conv", conv_op);
   b.register_kernel("ConvTranspose", conv_transpose_op);
+  b.register_kernel("WindowAttention", window_attention_op);
   b.register_backward("Linear", linear_bw);
   b.register_backward("MatMul", matmul_bw);
   b.register_backward("Gemm", gemm_bw);

@@ -10,11 +10,6 @@ namespace wxe::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-#define GRID_LOOP(i, n) \
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
-
 // ---------------------------------------------------------------- Reduce*
 enum class Red : int { Sum, Mean, Max, Min, Prod, L1, L2, SumSquare, LogSum, LogSumExp };
 

@@ -12,11 +12,6 @@ namespace wxe::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-#define GRID_LOOP(i, n) \
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
-
 // ---------------------------------------------------------------- copies
 template <class T>
 __global__ void copy_kernel(Walk w, const T* src, T* dst) {
