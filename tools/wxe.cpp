@@ -543,7 +543,7 @@ int main(int argc, char** argv) {
   infer->add_option("--weights,-w", ia.weights, "load parameters by name: .safetensors, or a legacy CREDIT .pt (converted on the fly)");
   infer->add_option("--device", ia.device, "cpu (default) or cuda: run on the first GPU (float32)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  infer->add_option("--precision", ia.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation")
+  infer->add_option("--precision", ia.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation (cuda: convolutions on TF32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
   BenchArgs ba;
@@ -558,7 +558,7 @@ int main(int argc, char** argv) {
   bench->add_flag("--train", bench_train, "time a training step (forward, backward, clipping, AdamW) instead of the forward pass");
   bench->add_option("--device", ba.device, "cpu (default) or cuda: run on the first GPU (float32)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  bench->add_option("--precision", ba.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation")
+  bench->add_option("--precision", ba.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation (cuda: convolutions on TF32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
   ConvertArgs ca;

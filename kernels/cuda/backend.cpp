@@ -74,12 +74,12 @@ class CudaBackend : public TableBackend {
   // The CPU fusions whose products have CUDA kernels: fewer launches, same numbers up to
   // float rounding. No layout passes (cuDNN runs NCHW).
   void prepare(Graph& g, Precision precision) override {
-    WXE_CHECK(precision == Precision::F32, "device 'cuda' runs float32 only (bf16 is not done yet)");
     remove_identity_ops(g);
     fuse_gelu(g);
     fuse_channel_layernorm(g);
     fuse_linear_gelu(g);
     fuse_window_attention(g);
+    if (precision == Precision::BF16) use_bf16(g);  // Linear: bf16 products; Conv: TF32 (linalg.cpp)
   }
 };
 

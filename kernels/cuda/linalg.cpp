@@ -1,6 +1,9 @@
 // Linear algebra on the CUDA backend: Linear, MatMul, Gemm and matmul-shaped Einsum on cuBLAS
 // (float32, no TF32: the default math mode), Conv and ConvTranspose on cuDNN (FMA math only,
-// no TF32). Host code only; the small kernels it needs (bias, copies, padding, the generic
+// no TF32). With precision = "bf16" (engine/fuse.h use_bf16, --precision bf16) a Linear
+// multiplies bfloat16-rounded inputs with float32 accumulation (cuBLAS compute type
+// 32F_FAST_16BF), as the CPU's oneDNN bf16 kernel does, and a Conv may use TF32 tensor cores
+// (cuDNN default math; a 10-bit mantissa, finer than bf16's 7). Host code only; the small kernels it needs (bias, copies, padding, the generic
 // Einsum) are launched through cuda_util.h. Attributes are read by the CPU helpers
 // (kernels/cpu/dnnl_util.h: parse_einsum, conv_geometry), so both backends agree on them.
 #include <algorithm>
@@ -16,11 +19,26 @@ namespace {
 
 // C (row-major, per batch M x N) = A (M x K, or K x M if ta) * B (K x N, or N x K if tb),
 // batched with element strides (0: shared by every batch).
+// bf16: products of bfloat16-rounded A and B, accumulated in float32.
 void gemm_rowmajor(int64_t batch, int64_t M, int64_t N, int64_t K, const float* A, bool ta, int64_t sa,
-                   const float* B, bool tb, int64_t sb, float* C, int64_t sc, float alpha = 1.f, float beta = 0.f) {
+                   const float* B, bool tb, int64_t sb, float* C, int64_t sc, float alpha = 1.f, float beta = 0.f,
+                   bool bf16 = false) {
   // row-major C = A B  <=>  column-major C^T = B^T A^T
   const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int ldb = (int)(tb ? K : N), lda = (int)(ta ? M : K), ldc = (int)N;
+  if (bf16) {  // the handle's pedantic math mode would hold the products to float32
+    const cublasComputeType_t ct = CUBLAS_COMPUTE_32F_FAST_16BF;
+    CUBLAS_CHECK(cublasSetMathMode(ctx().blas, CUBLAS_DEFAULT_MATH));
+    if (batch == 1)
+      CUBLAS_CHECK(cublasGemmEx(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, ldb, A,
+                                CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT));
+    else
+      CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F,
+                                              ldb, sb, A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc,
+                                              (int)batch, ct, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasSetMathMode(ctx().blas, CUBLAS_PEDANTIC_MATH));
+    return;
+  }
   if (batch == 1)
     CUBLAS_CHECK(cublasSgemm(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, ldb, A, lda, &beta, C, ldc));
   else
@@ -46,10 +64,11 @@ void linear_op(const Node& n, const Ins& in, const Outs& out) {
   for (int64_t d = axis + 1; d < x.rank(); ++d) Q *= x.shape[d];
   float* y = out[0]->data<float>();
   if (P * N * Q == 0) return;
+  const bool bf16 = n.s("precision", "") == "bf16";
   if (Q == 1)  // Y (P, N) = X (P, K) W^T
-    gemm_rowmajor(1, P, N, K, x.data<float>(), false, 0, w.data<float>(), true, 0, y, 0);
+    gemm_rowmajor(1, P, N, K, x.data<float>(), false, 0, w.data<float>(), true, 0, y, 0, 1.f, 0.f, bf16);
   else  // per p: Y_p (N, Q) = W (N, K) X_p (K, Q)
-    gemm_rowmajor(P, N, Q, K, w.data<float>(), false, 0, x.data<float>(), false, K * Q, y, N * Q);
+    gemm_rowmajor(P, N, Q, K, w.data<float>(), false, 0, x.data<float>(), false, K * Q, y, N * Q, 1.f, 0.f, bf16);
   launch_bias_act(y, bias ? bias->data<float>() : nullptr, P, N, Q, act == "gelu");
 }
 
@@ -246,6 +265,7 @@ struct ConvPlan {
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   int algo = 0;  // cudnnConvolutionFwdAlgo_t or cudnnConvolutionBwdDataAlgo_t
+  cudnnMathType_t math = CUDNN_FMA_MATH;  // the algorithm's
   size_t ws = 0;
 };
 
@@ -274,7 +294,9 @@ void set_tensor(cudnnTensorDescriptor_t d, const Shape& s) {
 // Conv: x (N, C_in, sp...) -> y (N, C_out, sp...), w (C_out, C_in/g, k...).
 // ConvTranspose as cuDNN's backward data: "x" is the transposed conv's output, "y" its input.
 const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs, const Shape& ws, const Shape& ys) {
-  const std::string key = std::string(g.transpose ? "T" : "F") + shape_str(xs) + shape_str(ws) + shape_str(ys) +
+  const bool tf32 = n.s("precision", "") == "bf16";
+  const cudnnMathType_t math = tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  const std::string key = std::string(g.transpose ? "T" : "F") + (tf32 ? "tf32" : "") + shape_str(xs) + shape_str(ws) + shape_str(ys) +
                           str(g.group, "|", g.s[0], ",", g.s[1], ",", g.s[2], "|", g.d[0], ",", g.d[1], ",", g.d[2],
                               "|", g.pb[0], ",", g.pb[1], ",", g.pb[2]);
   std::lock_guard<std::mutex> lk(plan_mu);
@@ -299,7 +321,7 @@ const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs
   CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(p.conv, nsp, pad.data(), stride.data(), dil.data(),
                                               CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   CUDNN_CHECK(cudnnSetConvolutionGroupCount(p.conv, (int)g.group));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, CUDNN_FMA_MATH));  // no TF32
+  CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, math));  // FMA: no TF32
   constexpr size_t kMaxWs = size_t(1) << 30;
   int found = 0;
   bool ok = false;
@@ -308,9 +330,10 @@ const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
     for (int i = 0; i < found && !ok; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH &&
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && (tf32 || perf[i].mathType == CUDNN_FMA_MATH) &&
           perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
         p.algo = perf[i].algo;
+        p.math = perf[i].mathType;
         ok = true;
       }
     if (ok)
@@ -321,16 +344,19 @@ const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
                                                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
     for (int i = 0; i < found && !ok; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH &&
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && (tf32 || perf[i].mathType == CUDNN_FMA_MATH) &&
           perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
         p.algo = perf[i].algo;
+        p.math = perf[i].mathType;
         ok = true;
       }
     if (ok)
       CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx().dnn, p.w, p.y, p.conv, p.x,
                                                                (cudnnConvolutionBwdDataAlgo_t)p.algo, &p.ws));
   }
-  NCHECK(ok, "cuDNN has no deterministic float32 (FMA) algorithm for this convolution");
+  NCHECK(ok, "cuDNN has no deterministic float32 algorithm for this convolution");
+  // the algorithm runs with the math type it was timed with
+  CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.math));
   return plans().emplace(key, p).first->second;
 }
 
