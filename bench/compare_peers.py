@@ -7,6 +7,7 @@ Usage (the Python peers need the venv described in models/export_credit.py):
         [--threads N] [--runs R] [--wxe build/wxe] \\
         [--torch-model {crossformer_tiny,wxformer_tiny,wxformer_v2026}] \\
         [--torch-weights FILE] [--expected Y.npy] [--peers wxe,ort,torch] [--json OUT] [--device cpu|cuda]
+        [--wxe-arg=--precision --wxe-arg=bf16 --torch-bf16]   (bf16 on both sides)
 
     e.g. at 1 and 2 threads on the benchmark model:
     F=/work/shared/fixtures/credit
@@ -232,8 +233,10 @@ def child_torch(a):
         log(f"on {torch.cuda.get_device_name()}, TF32 off")
 
     def run():
-        with torch.inference_mode():
-            y = model(x)
+        # --torch-bf16: autocast, PyTorch's bf16 inference (matmuls and convs in bf16)
+        cast = torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.torch_bf16)
+        with torch.inference_mode(), cast:
+            y = model(x).float()
             if a.device == "cuda":
                 torch.cuda.synchronize()
                 y = y.cpu()
@@ -344,6 +347,8 @@ def peer_py(kind, a):
         cmd += ["--torch-model", a.torch_model]
         if a.torch_weights:
             cmd += ["--torch-weights", a.torch_weights]
+        if a.torch_bf16:
+            cmd += ["--torch-bf16"]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(a.threads))
     rc, out, err, rss = run_child(cmd, env=env)
@@ -372,6 +377,8 @@ def main(argv=None):
     p.add_argument("--peers", default="wxe,ort,torch")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: wxe --device cuda, ONNX Runtime's CUDA provider, PyTorch on the GPU (fp32, TF32 off)")
+    p.add_argument("--torch-bf16", action="store_true",
+                   help="PyTorch under torch.autocast(bfloat16), to compare with --wxe-arg=--precision --wxe-arg=bf16")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--_child", choices=["ort", "torch"], help=argparse.SUPPRESS)
     a = p.parse_args(argv)
