@@ -19,6 +19,14 @@ void accumulate(Tensor& dst, const Tensor& src) {
   for (int64_t i = 0; i < n; ++i) d[i] += s[i];
 }
 
+Tensor device_tensor(Backend& b, DType t, const Shape& s) {
+  Tensor r;
+  r.dtype = t;
+  r.shape = s;
+  r.storage = b.allocate(r.nbytes());
+  return r;
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -53,11 +61,48 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
     if (dev_ && !is_view_op(n.op) && !(dk_.back() && dk_.back()->backward))
       host_nodes_.push_back(n.name + " (" + n.op + ", backward)");
   }
-  for (int p : trainable_) grads_.push_back(Tensor::zeros(DType::F32, g.values[p].shape));
+  if (dev_) {
+    tk_ = dev_->train_kernels();
+    WXE_CHECK(tk_ && dev_->kernel("Add"), "device '", opt.device,
+              "' cannot train: it lacks the training kernels or Add (engine/backend.h)");
+    dconst_.assign(g.values.size(), Tensor());
+  }
+  for (int p : trainable_) {
+    if (!dev_) {
+      grads_.push_back(Tensor::zeros(DType::F32, g.values[p].shape));
+      continue;
+    }
+    grads_.push_back(device_tensor(*dev_, DType::F32, g.values[p].shape));
+    tk_->fill(grads_.back().data<float>(), grads_.back().numel(), 0.f);
+  }
 }
 
 void GradExecutor::zero_grad() {
-  for (Tensor& t : grads_) std::memset(t.raw(), 0, t.nbytes());
+  for (Tensor& t : grads_) {
+    if (dev_)
+      tk_->fill(t.data<float>(), t.numel(), 0.f);
+    else
+      std::memset(t.raw(), 0, t.nbytes());
+  }
+}
+
+Tensor& GradExecutor::device_param(size_t i) { return dev_param(trainable_.at(i)); }
+
+Tensor& GradExecutor::dev_param(int v) {
+  WXE_ASSERT(dev_);
+  if (!dconst_[v].defined()) dconst_[v] = dev_->upload(*g_.values[v].constant);
+  return dconst_[v];
+}
+
+void GradExecutor::params_to_host() {
+  if (!dev_) return;
+  for (int p : trainable_)
+    if (dconst_[p].defined() && dconst_[p].nbytes())
+      dev_->copy_to_host(g_.values[p].constant->raw(), dconst_[p].raw(), dconst_[p].nbytes());
+}
+
+void GradExecutor::reload_constants() {
+  if (dev_) dconst_.assign(g_.values.size(), Tensor());
 }
 
 void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
@@ -128,14 +173,6 @@ void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
 
 namespace {
 
-Tensor device_tensor(Backend& b, DType t, const Shape& s) {
-  Tensor r;
-  r.dtype = t;
-  r.shape = s;
-  r.storage = b.allocate(r.nbytes());
-  return r;
-}
-
 bool host_input(const BackendKernel* k, size_t i) { return i < 32 && (k->host_inputs >> i & 1); }
 
 }  // namespace
@@ -145,8 +182,7 @@ Tensor& GradExecutor::dev_value(int v) {
   if (!dvals_[v].defined()) {
     const Value& val = g_.values[v];
     if (val.is_const()) {
-      if (!dconst_[v].defined()) dconst_[v] = dev_->upload(*val.constant);
-      dvals_[v] = dconst_[v];
+      dvals_[v] = dev_param(v);
     } else {
       WXE_ASSERT(vals_[v].defined());
       dvals_[v] = dev_->upload(vals_[v]);
@@ -172,15 +208,14 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
   check_inputs(g_, inputs);
   const size_t nv = g_.values.size();
   vals_.assign(nv, Tensor());
+  if (dev_) dvals_.assign(nv, Tensor());
   for (size_t v = 0; v < nv; ++v)
-    if (g_.values[v].is_const()) vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
-  if (dev_) {
-    dvals_.assign(nv, Tensor());
-    if (dconst_.size() != nv) dconst_.assign(nv, Tensor());
-    for (int p : trainable_)  // the optimizer updated the host copy
-      if (dconst_[p].defined() && dconst_[p].nbytes())
-        dev_->copy_to_device(dconst_[p].raw(), g_.values[p].constant->raw(), dconst_[p].nbytes());
-  }
+    if (g_.values[v].is_const()) {
+      if (dev_ && needs_grad_[v])  // a constant that needs a gradient: a trainable parameter
+        dvals_[v] = dev_param((int)v);  // the device copy is the parameter; host nodes download it
+      else
+        vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
+    }
   for (int id : g_.inputs) vals_[id] = inputs.at(g_.values[id].name);
   std::vector<const Tensor*> in;
   std::vector<Tensor*> out;
@@ -342,7 +377,10 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
   }
   for (size_t p = 0; p < trainable_.size(); ++p) {
     const int v = trainable_[p];
-    if (hg[v].defined() || dg[v].defined()) accumulate(grads_[p], on_host(v));
+    if (!hg[v].defined() && !dg[v].defined()) continue;
+    Tensor s = device_tensor(*dev_, DType::F32, grads_[p].shape);
+    add->forward(add_node, {&grads_[p], &on_dev(v)}, {&s});
+    grads_[p] = std::move(s);
   }
   dev_->synchronize();
   vals_.clear();

@@ -13,10 +13,11 @@
 // from that backend's table and the values stay in device memory. A node whose op has no
 // kernel there (forward or backward) runs its CPU kernel on host copies of its tensors
 // ("host fallback", listed by host_nodes()); constants read on the host are the graph's own,
-// so ops that update buffers in place (SpectralNorm's u and v) keep updating them. Parameters
-// stay authoritative on the host (the optimizer and checkpoints work there): the trainable ones
-// are copied to the device at every forward, the others at the first forward after
-// construction or reload_constants(). grads() are host tensors.
+// so ops that update buffers in place (SpectralNorm's u and v) keep updating them. The
+// trainable parameters live on the device: copied there at the first forward (or after
+// reload_constants()), then updated there by the optimizer (device_param(), the backend's
+// train_kernels()); params_to_host() copies them back into the graph for checkpoints. Other
+// constants are the host's, copied to the device once. grads() are in the device's memory.
 #pragma once
 #include <map>
 #include <string>
@@ -39,8 +40,14 @@ class GradExecutor {
   // parameter gradients into grads(); releases the forward values.
   void backward(const std::vector<Tensor>& grad_outputs);
   void zero_grad();
-  // One per trainable value, in the order given; zeros until a backward adds to them.
+  // One per trainable value, in the order given; zeros until a backward adds to them. On a
+  // device they are in its memory (Backend::download to read them).
   std::vector<Tensor>& grads() { return grads_; }
+  // On a device: trainable parameter i's device copy, which the forward reads (an optimizer
+  // updates it in place); made from the graph's host copy on first use.
+  Tensor& device_param(size_t i);
+  // On a device: copies the trainable parameters' device copies into the graph's constants.
+  void params_to_host();
   const std::vector<int>& trainable() const { return trainable_; }
   const Graph& graph() const { return g_; }
   // With opt.profile: milliseconds per op type, forward and backward.
@@ -49,9 +56,9 @@ class GradExecutor {
   // the backend has none, or whose device backward refused the case at run time ("no <device>
   // backward for ..."; from then on that node's backward runs on the host). Empty on the CPU.
   const std::vector<std::string>& host_nodes() const { return host_nodes_; }
-  // On a device: copy every constant to the device again at the next forward (after a
-  // checkpoint load changed frozen parameters or buffers on the host).
-  void reload_constants() { dconst_.clear(); }
+  // On a device: copy every constant, trainable parameters included, to the device again at
+  // the next forward (after a checkpoint load changed the graph's host copies).
+  void reload_constants();
 
  private:
   const Graph& g_;
@@ -67,10 +74,12 @@ class GradExecutor {
   Backend* dev_ = nullptr;
   std::vector<const BackendKernel*> dk_;  // per node: the backend's kernels, nullptr if none
   std::vector<bool> bw_on_host_;          // per node: its device backward refused the case
+  const TrainKernels* tk_ = nullptr;      // the device's (zeroing gradients)
   std::vector<Tensor> dconst_;            // per value: the constant's device copy, once made
   std::vector<Tensor> dvals_;             // per value: device copy of the forward value, if any
   std::vector<std::string> host_nodes_;
   Tensor& dev_value(int v);
+  Tensor& dev_param(int v);  // a constant's device copy, made on first use
   Tensor& host_value(int v);
   void backward_device(const std::vector<Tensor>& grad_outputs);
 };

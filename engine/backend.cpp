@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 namespace wxe {
 
@@ -24,6 +25,12 @@ Tensor Backend::download(const Tensor& dev) {
       copy_to_host(t.raw(), dev.raw(), dev.nbytes());
   }
   return t;
+}
+
+void Backend::copy_on_device(void* dst, const void* src, size_t nbytes) {
+  std::vector<char> tmp(nbytes);
+  copy_to_host(tmp.data(), src, nbytes);
+  copy_to_device(dst, tmp.data(), nbytes);
 }
 
 void TableBackend::register_kernel(const std::string& op, KernelFn forward, uint32_t host_inputs) {
@@ -71,6 +78,7 @@ class CpuBackend : public Backend {
     return &it->second;
   }
   std::vector<std::string> ops() const override { return known_ops(); }
+  const TrainKernels* train_kernels() const override { return &cpu_train_kernels(); }
 
  private:
   mutable std::mutex mu_;

@@ -16,6 +16,7 @@
 
 #include "engine/fuse.h"
 #include "engine/ops.h"
+#include "engine/optim.h"
 #include "engine/tensor.h"
 
 namespace wxe {
@@ -41,6 +42,8 @@ class Backend {
   // Copies between host and device memory; they wait for queued work on the device.
   virtual void copy_to_device(void* dst, const void* src, size_t nbytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t nbytes) = 0;
+  // A copy within device memory, in stream order (this default goes through the host).
+  virtual void copy_on_device(void* dst, const void* src, size_t nbytes);
   // Waits until every queued kernel has finished; throws the device's error, if any.
   virtual void synchronize() = 0;
   // Backend-specific rewrites of a simplified graph (fusion); numbers stay the same up to
@@ -49,6 +52,10 @@ class Backend {
   // The op's kernels, or nullptr / {} when this backend has none.
   virtual const BackendKernel* kernel(const std::string& op) const = 0;
   virtual std::vector<std::string> ops() const = 0;  // ops with a forward kernel
+  // The optimizer's kernels on this device's memory (engine/optim.h), with which training
+  // keeps parameters, gradients and optimizer state on the device; nullptr: none (a device
+  // without them cannot train).
+  virtual const TrainKernels* train_kernels() const { return nullptr; }
 
   // A host tensor copied to this device / a device tensor copied to the host.
   Tensor upload(const Tensor& host);

@@ -18,7 +18,7 @@ void check_f32(const Tensor* t, const char* what, size_t i) {
   WXE_CHECK(t->dtype == DType::F32, what, " ", i, " is ", dtype_name(t->dtype), ", expected float32");
 }
 
-double sum_squares(const float* x, int64_t n) {
+double sum_squares_cpu(const float* x, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> part(blocks);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
@@ -32,7 +32,29 @@ double sum_squares(const float* x, int64_t n) {
   return s;
 }
 
+void adamw_cpu(const AdamWScalars& s, float* p, const float* g, float* m, float* v, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t j = 0; j < n; ++j) adamw_element(s, p[j], g[j], m[j], v[j]);
+}
+
+void scale_cpu(float* x, int64_t n, float factor) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t j = 0; j < n; ++j) x[j] *= factor;
+}
+
+void fill_cpu(float* x, int64_t n, float value) { std::fill(x, x + n, value); }
+
+void ema_cpu(float* s, const float* p, int64_t n, float d, float w) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t j = 0; j < n; ++j) s[j] = d * s[j] + w * p[j];
+}
+
 }  // namespace
+
+const TrainKernels& cpu_train_kernels() {
+  static const TrainKernels k{adamw_cpu, sum_squares_cpu, scale_cpu, fill_cpu, ema_cpu};
+  return k;
+}
 
 AdamW::AdamW(AdamWConfig c) : c_(c) {
   WXE_CHECK(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "AdamW: betas (", c.beta1, ", ", c.beta2,
@@ -59,36 +81,27 @@ void AdamW::step(const std::vector<Tensor*>& params, const std::vector<const Ten
       v_.push_back(Tensor::zeros(DType::F32, p->shape));
     }
   }
+  const AdamWScalars s = next_step(lr);
+  for (size_t i = 0; i < params.size(); ++i)
+    adamw_cpu(s, params[i]->data<float>(), grads[i]->data<float>(), m_[i].data<float>(), v_[i].data<float>(),
+              params[i]->numel());
+}
+
+AdamWScalars AdamW::next_step(double lr) {
   ++t_;
   // Scalars in double, as PyTorch computes them in Python, then rounded once to float32
   // where the tensor ops take them.
   const double bc1 = 1 - std::pow(c_.beta1, (double)t_);
   const double bc2 = 1 - std::pow(c_.beta2, (double)t_);
-  const float decay = (float)(1 - lr * c_.weight_decay);
-  const float w1 = (float)(1 - c_.beta1);
-  const float b2 = (float)c_.beta2;
-  const float w2 = (float)(1 - c_.beta2);
-  const float bc2_sqrt = (float)std::sqrt(bc2);
-  const float eps = (float)c_.eps;
-  const float neg_step = (float)(-(lr / bc1));
-  for (size_t i = 0; i < params.size(); ++i) {
-    float* p = params[i]->data<float>();
-    const float* g = grads[i]->data<float>();
-    float* m = m_[i].data<float>();
-    float* v = v_[i].data<float>();
-    const int64_t n = params[i]->numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t j = 0; j < n; ++j) {
-      const float pj = p[j] * decay;
-      // exp_avg.lerp_(grad, 1 - beta1): PyTorch's vectorized CPU lerp is fmadd(w, end - start, start).
-      const float mj = std::fma(w1, g[j] - m[j], m[j]);
-      const float vj = v[j] * b2 + w2 * g[j] * g[j];
-      const float denom = std::sqrt(vj) / bc2_sqrt + eps;
-      m[j] = mj;
-      v[j] = vj;
-      p[j] = pj + neg_step * mj / denom;  // addcdiv_: self + value * t1 / t2
-    }
-  }
+  AdamWScalars s;
+  s.decay = (float)(1 - lr * c_.weight_decay);
+  s.w1 = (float)(1 - c_.beta1);
+  s.b2 = (float)c_.beta2;
+  s.w2 = (float)(1 - c_.beta2);
+  s.bc2_sqrt = (float)std::sqrt(bc2);
+  s.eps = (float)c_.eps;
+  s.neg_step = (float)(-(lr / bc1));
+  return s;
 }
 
 void AdamW::set_state(int64_t t, std::vector<Tensor> m, std::vector<Tensor> v) {
@@ -117,18 +130,13 @@ double grad_norm_squared(const std::vector<const Tensor*>& grads) {
   double s = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
     check_f32(grads[i], "gradient", i);
-    s += sum_squares(grads[i]->data<float>(), grads[i]->numel());
+    s += sum_squares_cpu(grads[i]->data<float>(), grads[i]->numel());
   }
   return s;
 }
 
 void scale_grads(const std::vector<Tensor*>& grads, float factor) {
-  for (Tensor* t : grads) {
-    float* g = t->data<float>();
-    const int64_t n = t->numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t j = 0; j < n; ++j) g[j] *= factor;
-  }
+  for (Tensor* t : grads) scale_cpu(t->data<float>(), t->numel(), factor);
 }
 
 double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm) {
@@ -156,11 +164,7 @@ void Ema::update(const std::vector<const Tensor*>& params) {
     check_f32(params[i], "EMA: parameter", i);
     WXE_CHECK(params[i]->shape == shadow_[i].shape, "EMA: parameter ", i, " is ", shape_str(params[i]->shape),
               ", its shadow ", shape_str(shadow_[i].shape));
-    float* s = shadow_[i].data<float>();
-    const float* p = params[i]->data<float>();
-    const int64_t n = params[i]->numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t j = 0; j < n; ++j) s[j] = d * s[j] + w * p[j];
+    ema_cpu(shadow_[i].data<float>(), params[i]->data<float>(), params[i]->numel(), d, w);
   }
 }
 

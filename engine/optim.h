@@ -4,9 +4,11 @@
 // results do not depend on the thread count (a resumed run repeats an uninterrupted one bit
 // for bit).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "engine/host_device.h"
 #include "engine/tensor.h"
 
 namespace wxe {
@@ -14,6 +16,37 @@ namespace wxe {
 struct AdamWConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.01;
 };
+
+// The float32 scalars of one AdamW step (AdamW::next_step) and its element update, shared by
+// the CPU loop and the device kernels.
+struct AdamWScalars {
+  float decay = 1, w1 = 0, b2 = 0, w2 = 0, bc2_sqrt = 1, eps = 0, neg_step = 0;
+};
+
+WXE_HD void adamw_element(const AdamWScalars& s, float& p, float g, float& m, float& v) {
+  const float pj = p * s.decay;
+  // exp_avg.lerp_(grad, 1 - beta1): PyTorch's vectorized CPU lerp is fmadd(w, end - start, start).
+  const float mj = fmaf(s.w1, g - m, m);
+  const float vj = v * s.b2 + s.w2 * g * g;
+  const float denom = sqrtf(vj) / s.bc2_sqrt + s.eps;
+  m = mj;
+  v = vj;
+  p = pj + s.neg_step * mj / denom;  // addcdiv_: self + value * t1 / t2
+}
+
+// The training steps on flat float32 buffers of n elements in one backend's memory: the CPU
+// ones below (cpu_train_kernels) and a device's (engine/backend.h Backend::train_kernels), so
+// that parameters, gradients and optimizer state can stay on the device.
+struct TrainKernels {
+  void (*adamw)(const AdamWScalars& s, float* p, const float* g, float* m, float* v, int64_t n) = nullptr;
+  // sum of x^2 in double, in an order that depends on n only (deterministic)
+  double (*sum_squares)(const float* x, int64_t n) = nullptr;
+  void (*scale)(float* x, int64_t n, float factor) = nullptr;
+  void (*fill)(float* x, int64_t n, float value) = nullptr;
+  // shadow = decay * shadow + (1 - decay) * p, both coefficients float32
+  void (*ema)(float* shadow, const float* p, int64_t n, float decay, float one_minus_decay) = nullptr;
+};
+const TrainKernels& cpu_train_kernels();
 
 // PyTorch torch.optim.AdamW (no amsgrad), float32 element math in the order of PyTorch's CPU
 // single-tensor path, scalars computed in double and rounded to float32 as PyTorch does:
@@ -26,6 +59,9 @@ class AdamW {
   // params[i] and grads[i] pair up (same shape). The moments of all parameters are created
   // (zeros) on the first step; later steps must pass the same parameters in the same order.
   void step(const std::vector<Tensor*>& params, const std::vector<const Tensor*>& grads, double lr);
+  // Counts one step and returns its scalars, for a caller that updates state it holds itself
+  // (a device's buffers, through TrainKernels::adamw).
+  AdamWScalars next_step(double lr);
   int64_t steps() const { return t_; }  // t: optimizer steps done
   // State for checkpoints: exp_avg / exp_avg_sq per parameter index, plus t. A round trip
   // through set_state is bit-exact.

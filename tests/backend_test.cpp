@@ -17,6 +17,7 @@
 #include "engine/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "tests/grad_check.h"
+#include "tests/host_backend.h"
 #include "tests/test_util.h"
 
 using namespace wxe;
@@ -493,32 +494,13 @@ TEST(Backends, UnavailableDeviceIsAClearError) {
 
 namespace {
 
-// A backend on host memory whose table has only Add (the CPU reference kernel): runs the
-// executor's device path (uploads, device arena, host outputs, the missing-kernel error)
-// without a GPU.
-class HostTestBackend : public TableBackend {
- public:
-  const char* name() const override { return "hosttest"; }
-  DeviceKind device() const override { return DeviceKind::CPU; }
-  bool available(std::string*) const override { return true; }
-  std::shared_ptr<Storage> allocate(size_t nbytes) override {
-    ++allocations;
-    return std::make_shared<Storage>(nbytes);
-  }
-  void copy_to_device(void* dst, const void* src, size_t n) override {
-    ++uploads;
-    std::memcpy(dst, src, n);
-  }
-  void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void synchronize() override {}
-  void prepare(Graph&, Precision) override {}
-  int allocations = 0, uploads = 0;
-};
-
-HostTestBackend& host_test_backend() {
-  static HostTestBackend* b = [] {
+// A backend on host memory whose table has only Add (the CPU reference kernel) and Transpose:
+// runs the executor's device path (uploads, device arena, host outputs, the missing-kernel
+// error) without a GPU.
+HostMemoryBackend& host_test_backend() {
+  static HostMemoryBackend* b = [] {
     register_cpu_kernels();
-    auto p = std::make_unique<HostTestBackend>();
+    auto p = std::make_unique<HostMemoryBackend>("hosttest");
     p->register_kernel("Add", kernel_for("Add", KernelKind::Reference));
     p->register_backward("Add", backward_kernel("Add"));
     // Transpose: forward here, a backward that refuses every case (the GradExecutor then runs
@@ -527,7 +509,7 @@ HostTestBackend& host_test_backend() {
     p->register_backward("Transpose", [](const Node&, const std::vector<const Tensor*>&,
                                          const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
                                          const std::vector<Tensor*>&) { fail("no hosttest backward for this case"); });
-    HostTestBackend* raw = p.get();
+    HostMemoryBackend* raw = p.get();
     register_backend(std::move(p));
     return raw;
   }();
@@ -537,7 +519,7 @@ HostTestBackend& host_test_backend() {
 }  // namespace
 
 TEST(Backends, ExecutorDevicePathOnAHostBackend) {
-  HostTestBackend& dev = host_test_backend();
+  HostMemoryBackend& dev = host_test_backend();
   GraphBuilder b;
   int x = b.input("x", {2, 3});
   int c = b.constant("c", randn({3}, 40));
@@ -578,7 +560,7 @@ TEST(Backends, MissingDeviceKernelNamesTheNode) {
 // GradExecutor's over two steps with a parameter update in between, and the fallback nodes are
 // listed.
 TEST(Backends, GradExecutorDevicePathOnAHostBackend) {
-  host_test_backend();
+  HostMemoryBackend& hb = host_test_backend();
   auto build = [] {
     GraphBuilder b;
     int x = b.input("x", {2, 3});
@@ -619,14 +601,15 @@ TEST(Backends, GradExecutorDevicePathOnAHostBackend) {
     std::vector<Tensor> go = {randn({3, 2}, 70 + step), randn({2, 3}, 80 + step)};
     cpu.backward(go);
     dev.backward(go);
-    for (size_t p = 0; p < pc.size(); ++p) expect_close(dev.grads()[p], cpu.grads()[p], 1e-6, 1e-6);
-    for (size_t p = 0; p < pc.size(); ++p) {  // an optimizer step on the host copies
+    for (size_t p = 0; p < pc.size(); ++p) expect_close(hb.download(dev.grads()[p]), cpu.grads()[p], 1e-6, 1e-6);
+    for (size_t p = 0; p < pc.size(); ++p) {  // an optimizer step: the CPU's on its graph, the device's on its copy
       float* a = gc.values[pc[p]].constant->data<float>();
-      float* b = gd.values[pd[p]].constant->data<float>();
-      for (int64_t i = 0; i < gc.values[pc[p]].constant->numel(); ++i) {
+      Tensor gdev = hb.download(dev.grads()[p]), b = hb.download(dev.device_param(p));
+      for (int64_t i = 0; i < b.numel(); ++i) {
         a[i] -= 0.1f * cpu.grads()[p].data<float>()[i];
-        b[i] -= 0.1f * dev.grads()[p].data<float>()[i];
+        b.data<float>()[i] -= 0.1f * gdev.data<float>()[i];
       }
+      hb.copy_to_device(dev.device_param(p).raw(), b.raw(), b.nbytes());
     }
     cpu.zero_grad();
     dev.zero_grad();
@@ -651,18 +634,6 @@ void doubled_add_backward(const Node& n, const std::vector<const Tensor*>& in, c
       for (int64_t e = 0; e < g->numel(); ++e) g->data<float>()[e] *= 2;
 }
 
-class BadHostBackend : public TableBackend {
- public:
-  const char* name() const override { return "hostbad"; }
-  DeviceKind device() const override { return DeviceKind::CPU; }
-  bool available(std::string*) const override { return true; }
-  std::shared_ptr<Storage> allocate(size_t nbytes) override { return std::make_shared<Storage>(nbytes); }
-  void copy_to_device(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void synchronize() override {}
-  void prepare(Graph&, Precision) override {}
-};
-
 }  // namespace
 
 // The gradient harness on host backends: the right Add backward passes every Add case, a
@@ -670,7 +641,7 @@ class BadHostBackend : public TableBackend {
 TEST(Backends, GradientHarnessCanFail) {
   host_test_backend();
   static bool once = [] {
-    auto p = std::make_unique<BadHostBackend>();
+    auto p = std::make_unique<HostMemoryBackend>("hostbad");
     p->register_kernel("Add", kernel_for("Add", KernelKind::Reference));
     p->register_backward("Add", doubled_add_backward);
     register_backend(std::move(p));

@@ -15,6 +15,7 @@
 #include "engine/safetensors.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
+#include "tests/host_backend.h"
 #include "tests/test_util.h"
 #include "tools/finetune.h"
 #include "tools/model.h"
@@ -315,7 +316,7 @@ void expect_gradients_match_pytorch(const std::string& model, const std::string&
     ASSERT_TRUE(ref.count(name)) << name << " has no PyTorch gradient";
     Tensor r = ref[name];
     ASSERT_EQ(r.numel(), ex.grads()[p].numel()) << name;
-    const Tensor got = ex.grads()[p].reshaped(r.shape);
+    const Tensor got = backend_for(device).download(ex.grads()[p]).reshaped(r.shape);
     double d2 = 0, r2 = 0;
     for (int64_t i = 0; i < r.numel(); ++i) {
       const double a = got.data<float>()[i], b = r.data<float>()[i];
@@ -349,22 +350,10 @@ TEST(GoldenGradients, CrossformerTinyMatchesPyTorch) { expect_gradients_match_py
 // A backend on host memory with part of the CPU kernel table (forward and backward): the
 // GradExecutor's device path on a whole model without a GPU (values and gradients moving
 // between "device" and host, views, host fallback with SpectralNorm updating u and v).
-class HostGradBackend : public TableBackend {
- public:
-  const char* name() const override { return "hostgrad"; }
-  DeviceKind device() const override { return DeviceKind::CPU; }
-  bool available(std::string*) const override { return true; }
-  std::shared_ptr<Storage> allocate(size_t nbytes) override { return std::make_shared<Storage>(nbytes); }
-  void copy_to_device(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void synchronize() override {}
-  void prepare(Graph&, Precision) override {}
-};
-
 void ensure_hostgrad_backend() {
   static bool once = [] {
     register_cpu_kernels();
-    auto b = std::make_unique<HostGradBackend>();
+    auto b = std::make_unique<HostMemoryBackend>("hostgrad");
     for (const char* op : {"Add", "Mul", "Conv", "Transpose", "Softmax", "Einsum", "Concat", "Sub"}) {
       b->register_kernel(op, kernel_for(op, KernelKind::Fast));
       b->register_backward(op, backward_kernel(op));
@@ -419,6 +408,58 @@ void expect_finetune_matches_cpu(const std::string& device, double tol) {
 TEST(Finetune, HostBackendMatchesCpu) {
   ensure_hostgrad_backend();
   expect_finetune_matches_cpu("hostgrad", 1e-5);
+}
+
+// On a device the trainer keeps parameters, gradients, AdamW moments and the EMA in the
+// device's memory (the host backend here, with the CPU's training kernels): the graph's host
+// copies stay as they were until parameters() or a save copies them back; 2 steps, a save,
+// a resume in a new trainer and 2 more steps (clipping on, EMA on) give the CPU's losses,
+// parameters and EMA bit for bit.
+TEST(Finetune, DeviceResidentStateResumesLikeCpu) {
+  ensure_hostgrad_backend();
+  std::string data = make_series("device_state_series", 3, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 41);
+  FinetuneConfig c = tiny_config(data, tmp_path("device_state_cpu"));
+  c.steps = 4;
+  c.accum = 1;
+  c.schedule.total_steps = 4;
+  c.schedule.lr = 3e-3;
+  c.grad_max_norm = 0.05;  // clips
+  c.ema = true;
+  c.ema_decay = 0.9;
+  c.forecast_len = 2;
+  Trainer cpu(c, open_npy_dir(data, 2));
+  std::vector<double> ref = run_steps(cpu, 4);
+  std::map<std::string, Tensor> ref_params = by_name(cpu.parameters());
+  const std::string ref_dir = cpu.save_checkpoint();
+
+  c.device = "hostgrad";
+  c.save = tmp_path("device_state_dev");
+  std::vector<double> got;
+  {
+    Trainer dev(c, open_npy_dir(data, 2));
+    const int v = dev.executor().trainable()[0];
+    const Tensor before = dev.graph().values[v].constant->clone();
+    got = run_steps(dev, 2);
+    EXPECT_EQ(max_abs_diff(*dev.graph().values[v].constant, before), 0.0) << "parameters copied to the host every step";
+    dev.parameters();
+    EXPECT_GT(max_abs_diff(*dev.graph().values[v].constant, before), 0.0) << "parameters() did not copy them back";
+    dev.save_checkpoint();
+  }
+  c.resume = true;
+  Trainer resumed(c, open_npy_dir(data, 2));
+  EXPECT_EQ(resumed.steps_done(), 2);
+  for (double l : run_steps(resumed, 2)) got.push_back(l);
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_EQ(got[i], ref[i]) << "step " << i + 1;
+  for (auto& [name, t] : resumed.parameters()) EXPECT_EQ(max_abs_diff(t, ref_params.at(name)), 0.0) << name;
+  const std::string dir = resumed.save_checkpoint();
+  std::map<std::string, Tensor> ema = by_name(read_safetensors(dir + "/ema.safetensors")),
+                                ref_ema = by_name(read_safetensors(ref_dir + "/ema.safetensors"));
+  ASSERT_EQ(ema.size(), ref_ema.size());
+  for (auto& [name, t] : ema) EXPECT_EQ(max_abs_diff(t, ref_ema.at(name)), 0.0) << "ema " << name;
+  std::map<std::string, Tensor> opt = by_name(read_safetensors(dir + "/optimizer.safetensors")),
+                                ref_opt = by_name(read_safetensors(ref_dir + "/optimizer.safetensors"));
+  for (auto& [name, t] : opt) EXPECT_EQ(max_abs_diff(t, ref_opt.at(name)), 0.0) << name;
 }
 
 TEST(Finetune, DeviceMatchesCpu) {

@@ -93,8 +93,9 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   prepare_model(graph_, {{input_name_, {first.input.dtype, first.input.shape}}}, lo);
   WXE_CHECK(graph_.outputs.size() >= 1, cfg.model, ": the model has no output");
   const Shape out_shape = graph_.values[graph_.outputs[0]].shape;
-  WXE_CHECK(first.targets.size() == (size_t)cfg.forecast_len && first.targets[0].shape == out_shape,
-            cfg.data, ": targets are ", shape_str(first.targets.empty() ? Shape{} : first.targets[0].shape),
+  WXE_CHECK(first.targets.size() == (size_t)cfg.forecast_len, cfg.data, ": a sample has ", first.targets.size(),
+            " target steps, the rollout has forecast_len ", cfg.forecast_len);
+  WXE_CHECK(first.targets[0].shape == out_shape, cfg.data, ": targets are ", shape_str(first.targets[0].shape),
             ", the model's output is ", shape_str(out_shape));
   if (tp_ > 1) {  // Megatron: this rank's heads and feed-forward columns; CopyToTP / AllReduceTP at the seams
     TpPlan plan = plan_for(graph_, cfg.plan, tp_, true);
@@ -128,6 +129,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   opt.device = cfg.device;
   opt.profile = cfg.device == "cpu";  // on a device, timing per op would wait for every kernel
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
+  if (cfg.device != "cpu") dev_ = &backend_for(cfg.device);
   if (!exec_->host_nodes().empty()) {
     std::map<std::string, int> by_op;  // "Op, pass" -> nodes
     for (const std::string& s : exec_->host_nodes()) ++by_op[s.substr(s.rfind('(') + 1, s.size() - s.rfind('(') - 2)];
@@ -203,23 +205,39 @@ void Trainer::unpack_block(const Tensor& flat, int block, const std::vector<Tens
   }
 }
 
+Tensor Trainer::reduce_scatter_grads(const std::vector<const Tensor*>& grads) const {
+  if (dp_ == 1) return pack_block(grads, 0);
+  Tensor all(DType::F32, {dp_ * zS_}), shard(DType::F32, {zS_});
+  for (int d = 0; d < dp_; ++d) {
+    Tensor part = pack_block(grads, d);
+    std::memcpy(all.data<float>() + d * zS_, part.raw(), part.nbytes());
+  }
+  mesh_->dp_comm->reduce_scatter_sum(all, shard);
+  return shard;
+}
+
+bool Trainer::gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per_param, bool lead_only) const {
+  if (dp_ == 1) {
+    unpack_block(shard, 0, per_param);
+    return true;
+  }
+  Tensor all(DType::F32, {dp_ * zS_});
+  mesh_->dp_comm->all_gather(shard, all);
+  if (lead_only && dp_rank_ != 0) return false;
+  for (int d = 0; d < dp_; ++d) {
+    Tensor part(DType::F32, {zS_});
+    std::memcpy(part.raw(), all.data<float>() + d * zS_, zS_ * sizeof(float));
+    unpack_block(part, d, per_param);
+  }
+  return true;
+}
+
 std::vector<Tensor> Trainer::gather_moments(const Tensor& shard) {
   std::vector<Tensor> whole;
   std::vector<Tensor*> ptrs;
   for (int v : trainable_) whole.push_back(Tensor::zeros(DType::F32, graph_.values[v].shape));
   for (Tensor& t : whole) ptrs.push_back(&t);
-  if (dp_ == 1) {
-    unpack_block(shard, 0, ptrs);
-    return whole;
-  }
-  Tensor all(DType::F32, {dp_ * zS_});
-  mesh_->dp_comm->all_gather(shard, all);
-  if (dp_rank_ != 0) return {};  // dp rank 0 writes the moments (save_checkpoint)
-  for (int d = 0; d < dp_; ++d) {
-    Tensor part(DType::F32, {zS_});
-    std::memcpy(part.raw(), all.data<float>() + d * zS_, zS_ * sizeof(float));
-    unpack_block(part, d, ptrs);
-  }
+  if (!gather_blocks(shard, ptrs, true)) return {};  // dp rank 0 writes the moments (save_checkpoint)
   return whole;
 }
 
@@ -283,30 +301,23 @@ StepLog Trainer::step() {
     log.samples += (int)x.shape[0];
   }
   // ZeRO-1: the gradient summed over dp, each rank keeping its own block of every parameter
-  std::vector<const Tensor*> grads;
-  for (const Tensor& g : exec_->grads()) grads.push_back(&g);
   Tensor gshard;
-  Tensor sums = Tensor::from_f32({1}, {0.f});
-  if (dp_ == 1) {
-    gshard = pack_block(grads, 0);
+  if (dev_) {
+    if (!dev_state_.ready) to_device();
+    device_gradient_shard();
   } else {
-    Tensor all(DType::F32, {dp_ * zS_});
-    for (int d = 0; d < dp_; ++d) {
-      Tensor part = pack_block(grads, d);
-      std::memcpy(all.data<float>() + d * zS_, part.raw(), part.nbytes());
-    }
-    gshard = Tensor(DType::F32, {zS_});
-    mesh_->dp_comm->reduce_scatter_sum(all, gshard);
+    std::vector<const Tensor*> grads;
+    for (const Tensor& g : exec_->grads()) grads.push_back(&g);
+    gshard = reduce_scatter_grads(grads);
   }
+  const TrainKernels& k = dev_ ? *dev_->train_kernels() : cpu_train_kernels();
+  float* gflat = dev_ ? dev_state_.g.data<float>() : gshard.data<float>();
   // loss over every micro-batch and rollout step; global gradient norm with each parameter
   // counted once: tp-sharded ones summed over tp, replicated ones from tp rank 0
   double sq_sharded = 0, sq_replicated = 0;
-  for (size_t p = 0; p < trainable_.size(); ++p) {
-    double s = 0;
-    const float* g = gshard.data<float>() + zoff_[p];
-    for (int64_t i = 0; i < zc_[p]; ++i) s += (double)g[i] * g[i];
-    (slices_.count(graph_.values[trainable_[p]].name) ? sq_sharded : sq_replicated) += s;
-  }
+  for (size_t p = 0; p < trainable_.size(); ++p)
+    (slices_.count(graph_.values[trainable_[p]].name) ? sq_sharded : sq_replicated) +=
+        k.sum_squares(gflat + zoff_[p], zc_[p]);
   double total_sq = sq_sharded + sq_replicated;
   if (mesh_ && mesh_->world > 1) {
     Tensor v(DType::F64, {3});
@@ -326,28 +337,22 @@ StepLog Trainer::step() {
   }
   if (cfg_.grad_max_norm > 0) {  // torch.nn.utils.clip_grad_norm_
     const float factor = (float)cfg_.grad_max_norm / (float)(log.grad_norm + 1e-6);
-    if (factor < 1.f) scale_grads({&gshard}, factor);
+    if (factor < 1.f) k.scale(gflat, zS_, factor);
   }
-  std::vector<Tensor*> params;
-  std::vector<const Tensor*> cparams;
-  for (int v : trainable_) {
-    params.push_back(graph_.values[v].constant.get());
-    cparams.push_back(graph_.values[v].constant.get());
-  }
-  Tensor pshard = pack_block(cparams, dp_rank_);
-  adam_.step({&pshard}, {&gshard}, log.lr);
-  if (dp_ == 1) {
-    unpack_block(pshard, 0, params);
+  if (dev_) {
+    device_update(log.lr);
   } else {
-    Tensor all(DType::F32, {dp_ * zS_});
-    mesh_->dp_comm->all_gather(pshard, all);
-    for (int d = 0; d < dp_; ++d) {
-      Tensor part(DType::F32, {zS_});
-      std::memcpy(part.raw(), all.data<float>() + d * zS_, zS_ * sizeof(float));
-      unpack_block(part, d, params);
+    std::vector<Tensor*> params;
+    std::vector<const Tensor*> cparams;
+    for (int v : trainable_) {
+      params.push_back(graph_.values[v].constant.get());
+      cparams.push_back(graph_.values[v].constant.get());
     }
+    Tensor pshard = pack_block(cparams, dp_rank_);
+    adam_.step({&pshard}, {&gshard}, log.lr);
+    gather_blocks(pshard, params, false);
+    if (ema_) ema_->update(cparams);
   }
-  if (ema_) ema_->update(cparams);
   exec_->zero_grad();
   log.samples *= dp_;  // every dp group did as many
   log.step = ++step_;
@@ -355,7 +360,84 @@ StepLog Trainer::step() {
   return log;
 }
 
-NamedTensors Trainer::parameters() const {
+void Trainer::to_device() {
+  Backend& b = *dev_;
+  const TrainKernels& k = *b.train_kernels();
+  auto flat = [&] {
+    Tensor t;
+    t.dtype = DType::F32;
+    t.shape = {zS_};
+    t.storage = b.allocate(t.nbytes());
+    k.fill(t.data<float>(), zS_, 0.f);
+    return t;
+  };
+  DeviceState& d = dev_state_;
+  d.p = flat();
+  d.g = flat();
+  for (size_t p = 0; p < trainable_.size(); ++p) {  // this rank's block of each parameter
+    const int64_t a = std::min(zn_[p], dp_rank_ * zc_[p]), e = std::min(zn_[p], a + zc_[p]);
+    b.copy_on_device(d.p.data<float>() + zoff_[p], exec_->device_param(p).data<float>() + a, (e - a) * sizeof(float));
+  }
+  if (adam_.exp_avg().empty()) {
+    d.m = flat();
+    d.v = flat();
+  } else {
+    d.m = b.upload(adam_.exp_avg()[0]);
+    d.v = b.upload(adam_.exp_avg_sq()[0]);
+  }
+  d.ema.clear();
+  if (ema_)
+    for (const Tensor& s : ema_->shadow()) d.ema.push_back(b.upload(s));
+  d.ready = true;
+}
+
+void Trainer::sync_to_host() {
+  if (!dev_ || !dev_state_.ready) return;
+  exec_->params_to_host();
+  adam_.set_state(adam_.steps(), {dev_->download(dev_state_.m)}, {dev_->download(dev_state_.v)});
+  if (ema_)
+    for (size_t i = 0; i < dev_state_.ema.size(); ++i)
+      ema_->shadow()[i] = dev_->download(dev_state_.ema[i]).reshaped(ema_->shadow()[i].shape);
+}
+
+void Trainer::device_gradient_shard() {
+  float* g = dev_state_.g.data<float>();
+  if (dp_ == 1) {
+    for (size_t p = 0; p < trainable_.size(); ++p)
+      dev_->copy_on_device(g + zoff_[p], exec_->grads()[p].raw(), zn_[p] * sizeof(float));
+    return;
+  }
+  std::vector<Tensor> host;
+  std::vector<const Tensor*> grads;
+  for (const Tensor& t : exec_->grads()) host.push_back(dev_->download(t));
+  for (const Tensor& t : host) grads.push_back(&t);
+  Tensor shard = reduce_scatter_grads(grads);
+  dev_->copy_to_device(g, shard.raw(), shard.nbytes());
+}
+
+void Trainer::device_update(double lr) {
+  const TrainKernels& k = *dev_->train_kernels();
+  DeviceState& d = dev_state_;
+  k.adamw(adam_.next_step(lr), d.p.data<float>(), d.g.data<float>(), d.m.data<float>(), d.v.data<float>(), zS_);
+  if (dp_ == 1) {
+    for (size_t p = 0; p < trainable_.size(); ++p)
+      dev_->copy_on_device(exec_->device_param(p).raw(), d.p.data<float>() + zoff_[p], zn_[p] * sizeof(float));
+  } else {  // all-gather the blocks on the host, then each parameter to the device whole
+    std::vector<Tensor*> params;
+    for (int v : trainable_) params.push_back(graph_.values[v].constant.get());
+    gather_blocks(dev_->download(d.p), params, false);
+    for (size_t p = 0; p < trainable_.size(); ++p)
+      dev_->copy_to_device(exec_->device_param(p).raw(), params[p]->raw(), params[p]->nbytes());
+  }
+  if (ema_) {
+    const float decay = (float)ema_->decay(), w = (float)(1 - ema_->decay());
+    for (size_t p = 0; p < trainable_.size(); ++p)
+      k.ema(d.ema[p].data<float>(), exec_->device_param(p).data<float>(), zn_[p], decay, w);
+  }
+}
+
+NamedTensors Trainer::parameters() {
+  sync_to_host();
   NamedTensors r;
   std::vector<int> uses = graph_.use_counts();
   for (size_t v = 0; v < graph_.values.size(); ++v) {
@@ -376,6 +458,7 @@ std::string Trainer::save_checkpoint() {
     WXE_CHECK(!ec, cfg_.save, ": cannot create the directory: ", ec.message());
   }
   const std::string step = std::to_string(step_);
+  sync_to_host();
   std::vector<Tensor> m = gather_moments(adam_.exp_avg().empty() ? Tensor::zeros(DType::F32, {zS_}) : adam_.exp_avg()[0]);
   std::vector<Tensor> v = gather_moments(adam_.exp_avg_sq().empty() ? Tensor::zeros(DType::F32, {zS_}) : adam_.exp_avg_sq()[0]);
   const AdamWConfig& c = adam_.config();
@@ -539,6 +622,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
     }
   WXE_CHECK(meta.count("step"), dir, ": no step in the metadata");
   step_ = std::stoll(meta["step"]);
+  if (dev_) {  // the host's state is the newer now
+    exec_->reload_constants();
+    dev_state_.ready = false;
+  }
   note("wxe: resumed from %s (step %lld)\n", dir.c_str(), (long long)step_);
 }
 

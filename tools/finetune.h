@@ -109,8 +109,9 @@ class Trainer {
   std::string save_checkpoint();
   int64_t steps_done() const { return step_; }
   // Trained parameters by name (training names: SN layers legacy, others Linear layout), as
-  // this rank holds them (tensor-parallel shards).
-  NamedTensors parameters() const;
+  // this rank holds them (tensor-parallel shards). On a device, the device's values are copied
+  // into the graph first.
+  NamedTensors parameters();
   // Bytes of optimizer state (AdamW moments) this rank holds.
   size_t optimizer_bytes() const;
   const Graph& graph() const { return graph_; }
@@ -145,11 +146,31 @@ class Trainer {
   int64_t zS_ = 0;
   Tensor pack_block(const std::vector<const Tensor*>& per_param, int block) const;    // (S)
   void unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const;
+  // This rank's block (S) of the gradients summed over dp (a reduce-scatter).
+  Tensor reduce_scatter_grads(const std::vector<const Tensor*>& grads) const;
+  // Every dp rank's block (shard: this rank's) into the whole tensors per_param (a dp
+  // all-gather); with lead_only, only dp rank 0 unpacks (the others return false).
+  bool gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per_param, bool lead_only) const;
   // Per parameter, whole (dp all-gather), on dp rank 0; other dp ranks get none (they own
   // no moment in a checkpoint) and keep no whole copies.
   std::vector<Tensor> gather_moments(const Tensor& shard);
   void load_checkpoint(const std::string& dir);
   void check_same_plan();
+  // On a device (cfg.device other than "cpu"): this rank's flat blocks of parameters,
+  // gradient and AdamW moments, and the EMA shadows, live in the device's memory between
+  // steps and are updated there by its train_kernels(); the host copies (graph constants,
+  // adam_, ema_) are refreshed by sync_to_host() (checkpoints, parameters()). Under dp > 1 the
+  // gradient reduce-scatter and the parameter all-gather go through the host (MPI).
+  Backend* dev_ = nullptr;
+  struct DeviceState {
+    Tensor p, g, m, v;        // (S) each
+    std::vector<Tensor> ema;  // per trainable parameter
+    bool ready = false;       // false: the host's state is newer (start, checkpoint load)
+  } dev_state_;
+  void to_device();
+  void sync_to_host();
+  void device_gradient_shard();   // dev_state_.g = this rank's block of the dp-summed gradient
+  void device_update(double lr);  // AdamW, the parameters back into the executor, EMA
   int64_t sample_index(int64_t micro);
 };
 

@@ -15,7 +15,7 @@
 //   y = o Wo^T + bo (+ residual), written back to the tokens' pixels.
 #pragma once
 #include "engine/ops.h"
-#include "kernels/host_device.h"
+#include "engine/host_device.h"
 
 namespace wxe::cpu {
 

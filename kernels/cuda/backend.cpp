@@ -70,7 +70,11 @@ class CudaBackend : public TableBackend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, ctx().stream));
     CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
   }
+  void copy_on_device(void* dst, const void* src, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ctx().stream));
+  }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(ctx().stream)); }
+  const TrainKernels* train_kernels() const override { return &cuda::train_kernels(); }
   // The CPU fusions whose products have CUDA kernels: fewer launches, same numbers up to
   // float rounding. No layout passes (cuDNN runs NCHW).
   void prepare(Graph& g, Precision precision) override {

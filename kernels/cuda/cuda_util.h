@@ -101,6 +101,9 @@ void launch_window_attention(const cpu::WindowGeom& g, float scale, const float*
                              const float* bias, float* o);
 void launch_window_scatter(const cpu::WindowGeom& g, const float* rows, const float* bo, const float* res, float* y);
 
+// The optimizer's kernels on device buffers (optim.cu), the backend's train_kernels().
+const TrainKernels& train_kernels();
+
 // Registration of each op group into the CUDA backend's table (kernels/cuda/*).
 void register_pointwise(TableBackend& b);  // pointwise.cu: elementwise, copies, Pad, Resize
 void register_norm(TableBackend& b);       // norm.cu: reductions, Softmax, norms, Einsum (generic)
