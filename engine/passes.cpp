@@ -692,17 +692,20 @@ std::string param_slot(const Graph& g, const std::vector<int>& prod, const Node&
 
 // CREDIT's DynamicPositionBias runs an MLP (`<P>`, a position-bias module of the module table)
 // on the relative-position grid of a window (layout::position_bias_grid). The dynamo exporter
-// folds its first Linear, run on that constant grid, into one constant `(n, D)` read by the
-// LayerNorm `<P>.layers.1`: the Linear
-// is put back (Gemm(grid, P.layers.0.weight, P.layers.0.bias)), its parameters fitted to the
-// constant so that the graph computes the same without a checkpoint and a checkpoint's
-// P.layers.0 takes effect. A constant that is not an affine function of the grid stays as it
-// is: the graph runs, and loading a checkpoint names it as a parameter it cannot find.
+// folds its first Linear `<P>.<L>` (L: the table's position_bias_linear, CREDIT's "layers.0"),
+// run on that constant grid, into one constant `(n, D)` read by the LayerNorm `<P>.<N>` (the
+// table's position_bias_norm, "layers.1"): the Linear is put back (Gemm(grid, P.L.weight,
+// P.L.bias)), its parameters fitted to the constant so that the graph computes the same without
+// a checkpoint and a checkpoint's P.L takes effect. A constant that is not an affine function of
+// the grid stays as it is: the graph runs, and loading a checkpoint names it as a parameter it
+// cannot find.
 void restore_position_bias_linear(Graph& g) {
+  const ModuleTable& table = module_table();
+  if (table.position_bias_linear.empty() || table.position_bias_norm.empty()) return;
+  const std::string tail = "." + table.position_bias_norm;
   std::vector<Node> out;
   for (Node& n : g.nodes) {
     const std::string module = scope_module(n.name);
-    const std::string tail = ".layers.1";
     int xi = n.inputs.empty() ? -1 : n.inputs[0];
     if (n.op != "LayerNormalization" || xi < 0 || !ends_with(module, tail) || !g.values[xi].is_param ||
         !g.values[xi].is_const() || !anonymous_name(g.values[xi].name) || g.values[xi].shape.size() != 2 ||
@@ -751,12 +754,13 @@ void restore_position_bias_linear(Graph& g) {
       out.push_back(std::move(n));
       continue;
     }
+    const std::string linear = p + "." + table.position_bias_linear;
     Node gemm;
     gemm.op = "Gemm";
-    gemm.name = "/" + p + ".layers.0/Gemm";
+    gemm.name = "/" + linear + "/Gemm";
     gemm.attrs["transB"] = attr_i(1);
-    int wi = g.add_constant(p + ".layers.0.weight", std::move(w), true);
-    int bi = g.add_constant(p + ".layers.0.bias", std::move(b), true);
+    int wi = g.add_constant(linear + ".weight", std::move(w), true);
+    int bi = g.add_constant(linear + ".bias", std::move(b), true);
     g.values[wi].export_name = g.values[bi].export_name = x.name;
     gemm.inputs = {g.add_constant(p + ".grid", std::move(grid)), wi, bi};
     Value o;
