@@ -495,14 +495,14 @@ void remove_slices_of_concat(Graph& g) {
 }
 
 WeightMatch match_weights(const Graph& g, const NamedTensors& weights) {
-  std::map<std::string, const Tensor*> by_name;
+  WeightMatch m;
+  std::map<std::string, const Tensor*>& by_name = m.tensors;
   for (auto& kv : weights) by_name[kv.first] = &kv.second;
   std::vector<int> uses = g.use_counts();
   std::vector<int> reader(g.values.size(), -1);
   for (size_t k = g.nodes.size(); k-- > 0;)
     for (int i : g.nodes[k].inputs)
       if (i >= 0) reader[i] = (int)k;
-  WeightMatch m;
   for (size_t v = 0; v < g.values.size(); ++v) {
     const Value& x = g.values[v];
     if (!x.is_param || !x.is_const() || !uses[v]) continue;
@@ -546,9 +546,7 @@ WeightMatch match_weights(const Graph& g, const NamedTensors& weights) {
   return m;
 }
 
-int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m) {
-  std::map<std::string, const Tensor*> by_name;
-  for (auto& kv : weights) by_name[kv.first] = &kv.second;
+int restore_dropped_biases(Graph& g, WeightMatch& m) {
   // a bias the export dropped: the exporter's optimizer removes the Add of a bias that was zero
   // when it ran, so the checkpoint's M.bias has no parameter; it goes back on M's only
   // convolution or linear node that lacks one, where its size is that node's output channels
@@ -563,7 +561,7 @@ int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m
       ++count;
       if (n.inputs.size() == 2 && n.inputs[1] >= 0) at = (int)k;
     }
-    const Tensor& b = *by_name[name];
+    const Tensor& b = *m.tensors.at(name);
     int64_t channels = -1;
     if (at >= 0 && count == 1) {
       const Node& n = g.nodes[at];
@@ -590,18 +588,17 @@ int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m
 
 std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source,
                                       int* by_structure) {
-  std::map<std::string, const Tensor*> by_name;
-  for (auto& kv : weights) by_name[kv.first] = &kv.second;
   WeightMatch m = match_weights(g, weights);
+  const std::map<std::string, const Tensor*>& by_name = m.tensors;
   std::vector<std::string>& missing = m.missing;
   std::vector<std::string>& mismatched = m.mismatched;
   for (auto& [v, name] : m.matched) {
     Value& x = g.values[v];
     Tensor t(x.dtype, x.shape);  // a (C,) checkpoint tensor may feed a (C, 1, 1) graph one
-    convert(*by_name[name], t);
+    convert(*by_name.at(name), t);
     x.constant = std::make_shared<Tensor>(std::move(t));
   }
-  restore_dropped_biases(g, weights, m);
+  restore_dropped_biases(g, m);
   if (by_structure) *by_structure = m.by_structure;
   WXE_CHECK(m.ambiguous.empty(), source, ": weights do not fit the model: ", m.ambiguous.size(),
             " parameters match more than one checkpoint tensor: ", m.ambiguous[0]);

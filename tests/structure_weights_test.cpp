@@ -36,7 +36,7 @@ WeightMatch match(const std::string& model, const std::string& x_npy, const Name
   Tensor x = read_npy(data_path("tests/data/" + x_npy));
   prepare_graph(g, {{"x", {x.dtype, x.shape}}});
   WeightMatch m = match_weights(g, w);
-  restore_dropped_biases(g, w, m);
+  restore_dropped_biases(g, m);
   return m;
 }
 
