@@ -328,6 +328,16 @@ std::string node_name_of(const std::string& module) { return "/" + module + "/Li
 // The projections that are nn.Linear in the Linear layout (all but the legacy fused qkv).
 bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
 
+// t (R, C) -> t^T (C, R)
+Tensor transpose_2d(const Tensor& t) {
+  Tensor r(t.dtype, {t.shape[1], t.shape[0]});
+  size_t es = dtype_size(t.dtype);
+  for (int64_t k = 0; k < t.shape[0]; ++k)
+    for (int64_t j = 0; j < t.shape[1]; ++j)
+      std::memcpy((uint8_t*)r.raw() + (j * t.shape[0] + k) * es, (const uint8_t*)t.raw() + (k * t.shape[1] + j) * es, es);
+  return r;
+}
+
 // nn.Linear as torch.onnx.export writes it: MatMul(x, W^T) with W^T an exporter-made
 // constant, in the scope of a projection module M (nextgen_wxformer's to_q/k/v/out and
 // feed-forward). It becomes Linear(x, M.weight) over the last axis. Returns false if n is not
@@ -342,12 +352,7 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
       (!anonymous && !is_linear_projection(module_role(module))))
     return false;
-  const Tensor& ct = *c.constant;  // (K, N)
-  Tensor w(ct.dtype, {ct.shape[1], ct.shape[0]});
-  size_t es = dtype_size(ct.dtype);
-  for (int64_t k = 0; k < ct.shape[0]; ++k)
-    for (int64_t j = 0; j < ct.shape[1]; ++j)
-      std::memcpy((uint8_t*)w.raw() + (j * ct.shape[0] + k) * es, (const uint8_t*)ct.raw() + (k * ct.shape[1] + j) * es, es);
+  Tensor w = transpose_2d(*c.constant);  // (K, N) -> (N, K)
   Node l;
   l.op = "Linear";
   l.name = node_name_of(module);
@@ -770,9 +775,27 @@ void restore_position_bias_linear(Graph& g) {
   g.nodes = std::move(out);
 }
 
+// nn.Linear written as Gemm(x, W^T, b) with transB=0, W^T an exporter-made constant (K, N):
+// the constant is put back as W (N, K), as the checkpoint holds it, read with transB=1, so that
+// it is named and loaded as the module's weight. A constant read by other nodes too stays.
+void gemm_weight_to_trans_b(Graph& g) {
+  std::vector<int> uses = g.use_counts();
+  for (Node& n : g.nodes) {
+    if (n.op != "Gemm" || n.inputs.size() < 2 || n.inputs[1] < 0 || n.i("transA", 0) != 0 || n.i("transB", 0) != 0)
+      continue;
+    Value& w = g.values[n.inputs[1]];
+    if (!w.is_param || !w.is_const() || w.shape.size() != 2 || !anonymous_name(w.name) || uses[n.inputs[1]] != 1)
+      continue;
+    w.constant = std::make_shared<Tensor>(transpose_2d(*w.constant));
+    w.shape = w.constant->shape;
+    n.attrs["transB"] = attr_i(1);
+  }
+}
+
 }  // namespace
 
 void name_params_by_scope(Graph& g) {
+  gemm_weight_to_trans_b(g);
   restore_position_bias_linear(g);
   std::vector<int> prod = g.producers();
   size_t nvalues = g.values.size();

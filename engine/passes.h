@@ -115,7 +115,8 @@ std::string scope_module(const std::string& node_name);
 // takes the checkpoint's folded X.weight. Anonymous constants read only where literals go
 // (eps, scales, shapes) stop being parameters. The position-bias MLP's first Linear, which the
 // dynamo exporter folds with its constant grid, is put back (Gemm on the grid, parameters fitted
-// to the constant). A parameter read in a module called twice ("level_embedding_1", TorchScript's
+// to the constant). A Gemm's anonymous weight read with transB=0 (K, N) is transposed to the
+// (N, K) a checkpoint holds and read with transB=1. A parameter read in a module called twice ("level_embedding_1", TorchScript's
 // name for the second call) gets the first call's name as an alternative (Value::alt_names).
 void name_params_by_scope(Graph& g);
 
