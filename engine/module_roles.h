@@ -25,6 +25,10 @@ struct ModuleTable {
   // module-name tails of position-bias MLPs run on the relative-position grid of a window
   // (layout::position_bias_grid), whose first Linear a dynamo export folds with that grid
   std::vector<std::string> position_bias_mlps;
+  // the sub-modules of a position-bias MLP: its first Linear and the norm that reads its output
+  // ("layers.0", "layers.1": "<mlp>.layers.0.weight" is that Linear's weight); left empty, no
+  // folded Linear is put back (passes.h name_params_by_scope)
+  std::string position_bias_linear, position_bias_norm;
 };
 
 // Replaces the registered table.

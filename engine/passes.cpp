@@ -328,6 +328,16 @@ std::string node_name_of(const std::string& module) { return "/" + module + "/Li
 // The projections that are nn.Linear in the Linear layout (all but the legacy fused qkv).
 bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
 
+// t (R, C) -> t^T (C, R)
+Tensor transpose_2d(const Tensor& t) {
+  Tensor r(t.dtype, {t.shape[1], t.shape[0]});
+  size_t es = dtype_size(t.dtype);
+  for (int64_t k = 0; k < t.shape[0]; ++k)
+    for (int64_t j = 0; j < t.shape[1]; ++j)
+      std::memcpy((uint8_t*)r.raw() + (j * t.shape[0] + k) * es, (const uint8_t*)t.raw() + (k * t.shape[1] + j) * es, es);
+  return r;
+}
+
 // nn.Linear as torch.onnx.export writes it: MatMul(x, W^T) with W^T an exporter-made
 // constant, in the scope of a projection module M (nextgen_wxformer's to_q/k/v/out and
 // feed-forward). It becomes Linear(x, M.weight) over the last axis. Returns false if n is not
@@ -342,12 +352,7 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
       (!anonymous && !is_linear_projection(module_role(module))))
     return false;
-  const Tensor& ct = *c.constant;  // (K, N)
-  Tensor w(ct.dtype, {ct.shape[1], ct.shape[0]});
-  size_t es = dtype_size(ct.dtype);
-  for (int64_t k = 0; k < ct.shape[0]; ++k)
-    for (int64_t j = 0; j < ct.shape[1]; ++j)
-      std::memcpy((uint8_t*)w.raw() + (j * ct.shape[0] + k) * es, (const uint8_t*)ct.raw() + (k * ct.shape[1] + j) * es, es);
+  Tensor w = transpose_2d(*c.constant);  // (K, N) -> (N, K)
   Node l;
   l.op = "Linear";
   l.name = node_name_of(module);
@@ -495,14 +500,14 @@ void remove_slices_of_concat(Graph& g) {
 }
 
 WeightMatch match_weights(const Graph& g, const NamedTensors& weights) {
-  std::map<std::string, const Tensor*> by_name;
+  WeightMatch m;
+  std::map<std::string, const Tensor*>& by_name = m.tensors;
   for (auto& kv : weights) by_name[kv.first] = &kv.second;
   std::vector<int> uses = g.use_counts();
   std::vector<int> reader(g.values.size(), -1);
   for (size_t k = g.nodes.size(); k-- > 0;)
     for (int i : g.nodes[k].inputs)
       if (i >= 0) reader[i] = (int)k;
-  WeightMatch m;
   for (size_t v = 0; v < g.values.size(); ++v) {
     const Value& x = g.values[v];
     if (!x.is_param || !x.is_const() || !uses[v]) continue;
@@ -546,9 +551,7 @@ WeightMatch match_weights(const Graph& g, const NamedTensors& weights) {
   return m;
 }
 
-int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m) {
-  std::map<std::string, const Tensor*> by_name;
-  for (auto& kv : weights) by_name[kv.first] = &kv.second;
+int restore_dropped_biases(Graph& g, WeightMatch& m) {
   // a bias the export dropped: the exporter's optimizer removes the Add of a bias that was zero
   // when it ran, so the checkpoint's M.bias has no parameter; it goes back on M's only
   // convolution or linear node that lacks one, where its size is that node's output channels
@@ -563,7 +566,7 @@ int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m
       ++count;
       if (n.inputs.size() == 2 && n.inputs[1] >= 0) at = (int)k;
     }
-    const Tensor& b = *by_name[name];
+    const Tensor& b = *m.tensors.at(name);
     int64_t channels = -1;
     if (at >= 0 && count == 1) {
       const Node& n = g.nodes[at];
@@ -590,18 +593,17 @@ int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m
 
 std::vector<std::string> load_weights(Graph& g, const NamedTensors& weights, const std::string& source,
                                       int* by_structure) {
-  std::map<std::string, const Tensor*> by_name;
-  for (auto& kv : weights) by_name[kv.first] = &kv.second;
   WeightMatch m = match_weights(g, weights);
+  const std::map<std::string, const Tensor*>& by_name = m.tensors;
   std::vector<std::string>& missing = m.missing;
   std::vector<std::string>& mismatched = m.mismatched;
   for (auto& [v, name] : m.matched) {
     Value& x = g.values[v];
     Tensor t(x.dtype, x.shape);  // a (C,) checkpoint tensor may feed a (C, 1, 1) graph one
-    convert(*by_name[name], t);
+    convert(*by_name.at(name), t);
     x.constant = std::make_shared<Tensor>(std::move(t));
   }
-  restore_dropped_biases(g, weights, m);
+  restore_dropped_biases(g, m);
   if (by_structure) *by_structure = m.by_structure;
   WXE_CHECK(m.ambiguous.empty(), source, ": weights do not fit the model: ", m.ambiguous.size(),
             " parameters match more than one checkpoint tensor: ", m.ambiguous[0]);
@@ -692,17 +694,20 @@ std::string param_slot(const Graph& g, const std::vector<int>& prod, const Node&
 
 // CREDIT's DynamicPositionBias runs an MLP (`<P>`, a position-bias module of the module table)
 // on the relative-position grid of a window (layout::position_bias_grid). The dynamo exporter
-// folds its first Linear, run on that constant grid, into one constant `(n, D)` read by the
-// LayerNorm `<P>.layers.1`: the Linear
-// is put back (Gemm(grid, P.layers.0.weight, P.layers.0.bias)), its parameters fitted to the
-// constant so that the graph computes the same without a checkpoint and a checkpoint's
-// P.layers.0 takes effect. A constant that is not an affine function of the grid stays as it
-// is: the graph runs, and loading a checkpoint names it as a parameter it cannot find.
+// folds its first Linear `<P>.<L>` (L: the table's position_bias_linear, CREDIT's "layers.0"),
+// run on that constant grid, into one constant `(n, D)` read by the LayerNorm `<P>.<N>` (the
+// table's position_bias_norm, "layers.1"): the Linear is put back (Gemm(grid, P.L.weight,
+// P.L.bias)), its parameters fitted to the constant so that the graph computes the same without
+// a checkpoint and a checkpoint's P.L takes effect. A constant that is not an affine function of
+// the grid stays as it is: the graph runs, and loading a checkpoint names it as a parameter it
+// cannot find.
 void restore_position_bias_linear(Graph& g) {
+  const ModuleTable& table = module_table();
+  if (table.position_bias_linear.empty() || table.position_bias_norm.empty()) return;
+  const std::string tail = "." + table.position_bias_norm;
   std::vector<Node> out;
   for (Node& n : g.nodes) {
     const std::string module = scope_module(n.name);
-    const std::string tail = ".layers.1";
     int xi = n.inputs.empty() ? -1 : n.inputs[0];
     if (n.op != "LayerNormalization" || xi < 0 || !ends_with(module, tail) || !g.values[xi].is_param ||
         !g.values[xi].is_const() || !anonymous_name(g.values[xi].name) || g.values[xi].shape.size() != 2 ||
@@ -751,12 +756,13 @@ void restore_position_bias_linear(Graph& g) {
       out.push_back(std::move(n));
       continue;
     }
+    const std::string linear = p + "." + table.position_bias_linear;
     Node gemm;
     gemm.op = "Gemm";
-    gemm.name = "/" + p + ".layers.0/Gemm";
+    gemm.name = "/" + linear + "/Gemm";
     gemm.attrs["transB"] = attr_i(1);
-    int wi = g.add_constant(p + ".layers.0.weight", std::move(w), true);
-    int bi = g.add_constant(p + ".layers.0.bias", std::move(b), true);
+    int wi = g.add_constant(linear + ".weight", std::move(w), true);
+    int bi = g.add_constant(linear + ".bias", std::move(b), true);
     g.values[wi].export_name = g.values[bi].export_name = x.name;
     gemm.inputs = {g.add_constant(p + ".grid", std::move(grid)), wi, bi};
     Value o;
@@ -769,9 +775,27 @@ void restore_position_bias_linear(Graph& g) {
   g.nodes = std::move(out);
 }
 
+// nn.Linear written as Gemm(x, W^T, b) with transB=0, W^T an exporter-made constant (K, N):
+// the constant is put back as W (N, K), as the checkpoint holds it, read with transB=1, so that
+// it is named and loaded as the module's weight. A constant read by other nodes too stays.
+void gemm_weight_to_trans_b(Graph& g) {
+  std::vector<int> uses = g.use_counts();
+  for (Node& n : g.nodes) {
+    if (n.op != "Gemm" || n.inputs.size() < 2 || n.inputs[1] < 0 || n.i("transA", 0) != 0 || n.i("transB", 0) != 0)
+      continue;
+    Value& w = g.values[n.inputs[1]];
+    if (!w.is_param || !w.is_const() || w.shape.size() != 2 || !anonymous_name(w.name) || uses[n.inputs[1]] != 1)
+      continue;
+    w.constant = std::make_shared<Tensor>(transpose_2d(*w.constant));
+    w.shape = w.constant->shape;
+    n.attrs["transB"] = attr_i(1);
+  }
+}
+
 }  // namespace
 
 void name_params_by_scope(Graph& g) {
+  gemm_weight_to_trans_b(g);
   restore_position_bias_linear(g);
   std::vector<int> prod = g.producers();
   size_t nvalues = g.values.size();

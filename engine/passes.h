@@ -73,21 +73,24 @@ void remove_slices_of_concat(Graph& g);
 
 // Which checkpoint tensor each parameter the graph uses takes: the one of its name, else the
 // one of its alt_names (Value) whose shape fits. Parameters named from the graph's structure
-// are described with their initializer and the node that reads them.
+// are described with their initializer and the node that reads them. The match points into
+// `weights` (tensors): it is valid while they are.
 struct WeightMatch {
   std::vector<std::pair<int, std::string>> matched;  // value id -> checkpoint name
   std::vector<std::string> missing, mismatched, ambiguous;  // one description each
   std::set<std::string> used;
   std::vector<std::string> unused;  // checkpoint names no parameter takes
   int by_structure = 0;  // matched parameters whose name the graph's structure gave
+  std::map<std::string, const Tensor*> tensors;  // the checkpoint's tensors by name
 };
 WeightMatch match_weights(const Graph& g, const NamedTensors& weights);
 
 // A bias the export dropped (the exporter's optimizer removes the Add of a bias that was zero
-// when it ran): each of m.unused named M.bias goes back, as a new parameter, on M's only
-// Conv/ConvTranspose/Linear/Gemm node without one when its size is that node's output
-// channels; it leaves m.unused and counts in m.by_structure. Returns how many went back.
-int restore_dropped_biases(Graph& g, const NamedTensors& weights, WeightMatch& m);
+// when it ran): each of m.unused named M.bias (its tensor: m.tensors) goes back, as a new
+// parameter, on M's only Conv/ConvTranspose/Linear/Gemm node without one when its size is that
+// node's output channels; it leaves m.unused and counts in m.by_structure. Returns how many
+// went back.
+int restore_dropped_biases(Graph& g, WeightMatch& m);
 
 // Replaces every parameter the graph uses by its tensor in `weights` (match_weights; converted
 // to the graph's dtype). Parameters missing from `weights`, shapes that differ and parameters
@@ -112,7 +115,8 @@ std::string scope_module(const std::string& node_name);
 // takes the checkpoint's folded X.weight. Anonymous constants read only where literals go
 // (eps, scales, shapes) stop being parameters. The position-bias MLP's first Linear, which the
 // dynamo exporter folds with its constant grid, is put back (Gemm on the grid, parameters fitted
-// to the constant). A parameter read in a module called twice ("level_embedding_1", TorchScript's
+// to the constant). A Gemm's anonymous weight read with transB=0 (K, N) is transposed to the
+// (N, K) a checkpoint holds and read with transB=1. A parameter read in a module called twice ("level_embedding_1", TorchScript's
 // name for the second call) gets the first call's name as an alternative (Value::alt_names).
 void name_params_by_scope(Graph& g);
 

@@ -13,6 +13,8 @@ ModuleTable credit_module_table() {
   t.param_leaves = {"weight", "bias", "g", "b"};
   // DynamicPositionBias: Sequential(Linear(2, D), LayerNorm, ReLU, ..., Linear(D, 1))
   t.position_bias_mlps = {"dpb"};
+  t.position_bias_linear = "layers.0";
+  t.position_bias_norm = "layers.1";
   return t;
 }
 

@@ -10,6 +10,7 @@ namespace wxe {
 //   attention  to_q, to_k, to_v (Linear layout), to_qkv (legacy fused 1x1 conv), to_out
 //   feed-forward  layers.1 (up, D -> 4D), layers.4 (down, 4D -> D) of its Sequential
 //   parameter leaves  weight, bias (nn.Module), g, b (CREDIT's channel LayerNorm)
+//   position-bias MLP  dpb (DynamicPositionBias): layers.0 (its first Linear), layers.1 (LayerNorm)
 ModuleTable credit_module_table();
 
 // Registers credit_module_table() with engine/ (set_module_table). Programs call it once before

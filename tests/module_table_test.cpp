@@ -107,6 +107,46 @@ TEST(ModuleTable, RenamedModulesShardAfterRegisteringTheirNames) {
   }
 }
 
+// The pass that puts back a position-bias MLP's folded first Linear (name_params_by_scope) reads
+// the MLP's names from the table: an MLP "blk.rel_pos" whose Linear is "proj" and whose norm is
+// "norm" is left alone under CREDIT's table (dpb, layers.0, layers.1) and restored once the
+// table names it, its Linear's parameters those the folded constant was computed with.
+TEST(ModuleTable, PositionBiasLinearNamesComeFromTheTable) {
+  CreditTableAfter restore;
+  register_cpu_kernels();
+  Tensor grid = layout::position_bias_grid(25), w = randn({4, 2}, 5), bias = randn({4}, 6);
+  Tensor folded(DType::F32, {25, 4});  // grid @ w^T + bias, as the exporter folds it
+  for (int i = 0; i < 25; ++i)
+    for (int j = 0; j < 4; ++j)
+      folded.data<float>()[i * 4 + j] = grid.data<float>()[2 * i] * w.data<float>()[2 * j] +
+                                        grid.data<float>()[2 * i + 1] * w.data<float>()[2 * j + 1] +
+                                        bias.data<float>()[j];
+  auto prepared = [&] {  // LayerNormalization(folded) + x, the norm in the scope of blk.rel_pos.norm
+    GraphBuilder b;
+    int x = b.input("x", {25, 4});
+    int ln = b.node("LayerNormalization", {b.constant("linear_3", folded, true),
+                                           b.constant("blk.rel_pos.norm.weight", Tensor::from_f32({4}, {1, 1, 1, 1}), true),
+                                           b.constant("blk.rel_pos.norm.bias", Tensor::from_f32({4}, {0, 0, 0, 0}), true)});
+    b.g.nodes.back().name = "/blk.rel_pos.norm/node_layer_norm";
+    b.g.outputs = {b.node("Add", {ln, x})};
+    prepare_graph(b.g, {{"x", {DType::F32, {25, 4}}}});
+    return b.g;
+  };
+  EXPECT_EQ(op_counts(prepared()).count("Gemm"), 0u);
+  ModuleTable t = credit_module_table();
+  t.position_bias_mlps = {"rel_pos"};
+  t.position_bias_linear = "proj";
+  t.position_bias_norm = "norm";
+  set_module_table(t);
+  Graph g = prepared();
+  EXPECT_EQ(op_counts(g)["Gemm"], 1);
+  const int wi = g.find_value("blk.rel_pos.proj.weight"), bi = g.find_value("blk.rel_pos.proj.bias");
+  ASSERT_GE(wi, 0);
+  ASSERT_GE(bi, 0);
+  expect_close(*g.values[wi].constant, w, 1e-5);
+  expect_close(*g.values[bi].constant, bias, 1e-5);
+}
+
 // `wxe inspect --tp 2` on every CREDIT family fixture: the plan (plan_for, as inspect prints it)
 // shards attention (q column-, out row-parallel) and feed-forward (up column-, down
 // row-parallel) layers, and the sharded graph has both kinds of layer.

@@ -36,7 +36,7 @@ WeightMatch match(const std::string& model, const std::string& x_npy, const Name
   Tensor x = read_npy(data_path("tests/data/" + x_npy));
   prepare_graph(g, {{"x", {x.dtype, x.shape}}});
   WeightMatch m = match_weights(g, w);
-  restore_dropped_biases(g, w, m);
+  restore_dropped_biases(g, m);
   return m;
 }
 
@@ -220,4 +220,30 @@ TEST(StructureWeights, PositionBiasLinearPutBack) {
   std::string e = error_of([&] { load_weights(g, ck, "ckpt.pt"); });
   EXPECT_NE(e.find("linear_3 (initializer 'linear_3', read by node /blk.dpb.layers.1/node_layer_norm)"),
             std::string::npos) << e;
+}
+
+// nn.Linear exported as Gemm(x, W^T, b) with transB=0, W^T an exporter-made constant (K, N):
+// its parameter is the module's weight, (N, K) as the checkpoint holds it. Without weights the
+// graph computes what the export did; with a checkpoint, its blk.fc.weight takes effect.
+TEST(StructureWeights, GemmWithTransposedWeightTakesTheModulesWeight) {
+  register_cpu_kernels();
+  Tensor x = randn({2, 3}, 11), wt = randn({3, 4}, 12), b = randn({4}, 13);  // wt: W^T (K, N)
+  auto prepared = [&](const NamedTensors* weights) {
+    GraphBuilder gb;
+    int xi = gb.input("x", {2, 3});
+    gb.g.outputs = {gb.node("Gemm", {xi, gb.constant("onnx::Gemm_5", wt, true), gb.constant("onnx::Gemm_6", b, true)})};
+    gb.g.nodes.back().name = "/blk.fc/Gemm";
+    simplify(gb.g, {{"x", {DType::F32, {2, 3}}}}, weights);
+    return gb.g;
+  };
+  auto run = [&](const Graph& g) { return Executor(g, {0, KernelKind::Reference}).run({{"x", x}})[0]; };
+  Graph g = prepared(nullptr);
+  const int wi = g.find_value("blk.fc.weight");
+  ASSERT_GE(wi, 0);
+  EXPECT_EQ(shape_str(g.values[wi].shape), "(4, 3)");
+  expect_close(run(g), run_node(make_node("Gemm", 3), {&x, &wt, &b})[0], 1e-5);
+  Tensor w2 = randn({4, 3}, 14), b2 = randn({4}, 15);  // another checkpoint's Linear (N, K)
+  NamedTensors ck = {{"blk.fc.weight", w2}, {"blk.fc.bias", b2}};
+  expect_close(run(prepared(&ck)), run_node(make_node("Gemm", 3, 1, {{"transB", attr_i(1)}}), {&x, &w2, &b2})[0],
+               1e-5);
 }

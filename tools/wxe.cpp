@@ -392,7 +392,7 @@ int cmd_convert(const ConvertArgs& a) {
     // the same matching as --weights (passes.h match_weights): names the export lost are
     // recovered from the graph's structure
     WeightMatch m = match_weights(g, w);
-    const int restored = restore_dropped_biases(g, w, m);
+    const int restored = restore_dropped_biases(g, m);
     int bad = 0, matched = (int)m.matched.size() + restored;
     for (const std::string& d : m.missing) std::printf("mismatch: %s is in the graph, not in the checkpoint\n", d.c_str()), ++bad;
     for (const std::string& d : m.mismatched) std::printf("mismatch: %s (checkpoint vs graph)\n", d.c_str()), ++bad;
