@@ -189,10 +189,15 @@ int64_t Trainer::trainable_count() const {
 
 size_t Trainer::optimizer_bytes() const { return 2 * (size_t)zS_ * sizeof(float); }  // exp_avg, exp_avg_sq
 
+std::pair<int64_t, int64_t> Trainer::block_range(size_t p, int block) const {
+  const int64_t a = std::min(zn_[p], block * zc_[p]);
+  return {a, std::min(zn_[p], a + zc_[p])};
+}
+
 Tensor Trainer::pack_block(const std::vector<const Tensor*>& per_param, int block) const {
   Tensor flat = Tensor::zeros(DType::F32, {zS_});
   for (size_t p = 0; p < per_param.size(); ++p) {
-    const int64_t a = std::min(zn_[p], block * zc_[p]), b = std::min(zn_[p], a + zc_[p]);
+    auto [a, b] = block_range(p, block);
     std::memcpy(flat.data<float>() + zoff_[p], per_param[p]->data<float>() + a, (b - a) * sizeof(float));
   }
   return flat;
@@ -200,7 +205,7 @@ Tensor Trainer::pack_block(const std::vector<const Tensor*>& per_param, int bloc
 
 void Trainer::unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const {
   for (size_t p = 0; p < per_param.size(); ++p) {
-    const int64_t a = std::min(zn_[p], block * zc_[p]), b = std::min(zn_[p], a + zc_[p]);
+    auto [a, b] = block_range(p, block);
     std::memcpy(per_param[p]->data<float>() + a, flat.data<float>() + zoff_[p], (b - a) * sizeof(float));
   }
 }
@@ -360,27 +365,27 @@ StepLog Trainer::step() {
   return log;
 }
 
+Tensor Trainer::device_zeros(int64_t n) const {
+  Tensor t;
+  t.dtype = DType::F32;
+  t.shape = {n};
+  t.storage = dev_->allocate(t.nbytes());
+  dev_->train_kernels()->fill(t.data<float>(), n, 0.f);
+  return t;
+}
+
 void Trainer::to_device() {
   Backend& b = *dev_;
-  const TrainKernels& k = *b.train_kernels();
-  auto flat = [&] {
-    Tensor t;
-    t.dtype = DType::F32;
-    t.shape = {zS_};
-    t.storage = b.allocate(t.nbytes());
-    k.fill(t.data<float>(), zS_, 0.f);
-    return t;
-  };
   DeviceState& d = dev_state_;
-  d.p = flat();
-  d.g = flat();
+  d.p = device_zeros(zS_);
+  d.g = device_zeros(zS_);
   for (size_t p = 0; p < trainable_.size(); ++p) {  // this rank's block of each parameter
-    const int64_t a = std::min(zn_[p], dp_rank_ * zc_[p]), e = std::min(zn_[p], a + zc_[p]);
+    auto [a, e] = block_range(p, dp_rank_);
     b.copy_on_device(d.p.data<float>() + zoff_[p], exec_->device_param(p).data<float>() + a, (e - a) * sizeof(float));
   }
   if (adam_.exp_avg().empty()) {
-    d.m = flat();
-    d.v = flat();
+    d.m = device_zeros(zS_);
+    d.v = device_zeros(zS_);
   } else {
     d.m = b.upload(adam_.exp_avg()[0]);
     d.v = b.upload(adam_.exp_avg_sq()[0]);
@@ -400,11 +405,27 @@ void Trainer::sync_to_host() {
       ema_->shadow()[i] = dev_->download(dev_state_.ema[i]).reshaped(ema_->shadow()[i].shape);
 }
 
+bool Trainer::dp_on_device() const {
+  return dp_ > 1 && (mesh_->dp_comm->takes_device_buffers() || dev_->device() == DeviceKind::CPU);
+}
+
 void Trainer::device_gradient_shard() {
   float* g = dev_state_.g.data<float>();
   if (dp_ == 1) {
     for (size_t p = 0; p < trainable_.size(); ++p)
       dev_->copy_on_device(g + zoff_[p], exec_->grads()[p].raw(), zn_[p] * sizeof(float));
+    return;
+  }
+  if (dp_on_device()) {  // every dp rank's block of every gradient, then the reduce-scatter there
+    Tensor all = device_zeros(dp_ * zS_);
+    for (int b = 0; b < dp_; ++b)
+      for (size_t p = 0; p < trainable_.size(); ++p) {
+        auto [a, e] = block_range(p, b);
+        dev_->copy_on_device(all.data<float>() + b * zS_ + zoff_[p], exec_->grads()[p].data<float>() + a,
+                             (e - a) * sizeof(float));
+      }
+    dev_->synchronize();  // the communicator reads what the device's queue wrote
+    mesh_->dp_comm->reduce_scatter_sum(all, dev_state_.g);
     return;
   }
   std::vector<Tensor> host;
@@ -422,6 +443,16 @@ void Trainer::device_update(double lr) {
   if (dp_ == 1) {
     for (size_t p = 0; p < trainable_.size(); ++p)
       dev_->copy_on_device(exec_->device_param(p).raw(), d.p.data<float>() + zoff_[p], zn_[p] * sizeof(float));
+  } else if (dp_on_device()) {
+    Tensor all = device_zeros(dp_ * zS_);
+    dev_->synchronize();
+    mesh_->dp_comm->all_gather(d.p, all);
+    for (int b = 0; b < dp_; ++b)
+      for (size_t p = 0; p < trainable_.size(); ++p) {
+        auto [a, e] = block_range(p, b);
+        dev_->copy_on_device(exec_->device_param(p).data<float>() + a, all.data<float>() + b * zS_ + zoff_[p],
+                             (e - a) * sizeof(float));
+      }
   } else {  // all-gather the blocks on the host, then each parameter to the device whole
     std::vector<Tensor*> params;
     for (int v : trainable_) params.push_back(graph_.values[v].constant.get());

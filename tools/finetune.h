@@ -144,6 +144,7 @@ class Trainer {
   // tensor of S = sum c[p] elements (block p at off[p], zero padded).
   std::vector<int64_t> zn_, zc_, zoff_;
   int64_t zS_ = 0;
+  std::pair<int64_t, int64_t> block_range(size_t p, int block) const;  // [a, b) of parameter p in `block`
   Tensor pack_block(const std::vector<const Tensor*>& per_param, int block) const;    // (S)
   void unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const;
   // This rank's block (S) of the gradients summed over dp (a reduce-scatter).
@@ -160,7 +161,9 @@ class Trainer {
   // gradient and AdamW moments, and the EMA shadows, live in the device's memory between
   // steps and are updated there by its train_kernels(); the host copies (graph constants,
   // adam_, ema_) are refreshed by sync_to_host() (checkpoints, parameters()). Under dp > 1 the
-  // gradient reduce-scatter and the parameter all-gather go through the host (MPI).
+  // gradient reduce-scatter and the parameter all-gather run on the device's buffers when the
+  // dp communicator takes them (NCCL; or the device's memory is the host's), else through
+  // host copies.
   Backend* dev_ = nullptr;
   struct DeviceState {
     Tensor p, g, m, v;        // (S) each
@@ -168,6 +171,8 @@ class Trainer {
     bool ready = false;       // false: the host's state is newer (start, checkpoint load)
   } dev_state_;
   void to_device();
+  bool dp_on_device() const;
+  Tensor device_zeros(int64_t n) const;  // (n) float32 zeros in the device's memory
   void sync_to_host();
   void device_gradient_shard();   // dev_state_.g = this rank's block of the dp-summed gradient
   void device_update(double lr);  // AdamW, the parameters back into the executor, EMA

@@ -495,21 +495,22 @@ constexpr int kMaxThreads = 1024;
 // gradient. A rank's error under mpirun ends the job through MPI_Abort (mpirun's exit code).
 // Ranks on GPUs: each binds the GPU of its node-local rank (MPI_Comm_split_type; the CUDA
 // backend reads WXE_LOCAL_RANK at its first use) and the tensor-parallel collectives go
-// through NCCL on the device buffers (its unique id broadcast over the MPI tp group). The
-// data-parallel group stays on MPI: it carries host tensors (ZeRO's gradient and weight
-// shards, the dp output gather).
-static void use_device_mesh(Mesh& mesh, const std::string& device) {
+// through NCCL on the device buffers (its unique id broadcast over the MPI tp group). With
+// `dp_nccl` (finetune) the data-parallel group does too: ZeRO's gradient reduce-scatter and
+// parameter all-gather then run on the device's buffers; otherwise it stays on MPI (host
+// tensors: the dp output gather of infer).
+static void use_device_mesh(Mesh& mesh, const std::string& device, bool dp_nccl) {
   if (mesh.world <= 1) return;
   setenv("WXE_LOCAL_RANK", std::to_string(MpiRuntime::local_rank()).c_str(), 1);
-  if (mesh.tp <= 1) return;
 #ifdef WXE_HAVE_NCCL
   if (device == "cuda") {
-    mesh.tp_comm = std::make_unique<NcclComm>(*mesh.tp_comm);
+    if (mesh.tp > 1) mesh.tp_comm = std::make_unique<NcclComm>(*mesh.tp_comm);
+    if (dp_nccl && mesh.dp > 1) mesh.dp_comm = std::make_unique<NcclComm>(*mesh.dp_comm);
     return;
   }
 #endif
-  note("wxe: --device %s: tensor-parallel collectives go through the host (MPI); this build has no NCCL\n",
-       device.c_str());
+  if (mesh.tp > 1 || (dp_nccl && mesh.dp > 1))
+    note("wxe: --device %s: collectives go through the host (MPI); this build has no NCCL\n", device.c_str());
 }
 
 int main(int argc, char** argv) {
@@ -694,7 +695,7 @@ int main(int argc, char** argv) {
     register_gpu_backends();
     register_collective_device_kernels();
     const std::string device = *infer ? ia.device : *finetune ? fc.device : *bench ? ba.device : "cpu";
-    if (device != "cpu") use_device_mesh(mesh, device);
+    if (device != "cpu") use_device_mesh(mesh, device, finetune->parsed());
     if (*bench && bench_train) WXE_CHECK(ba.device == "cpu", "bench --train runs on the cpu only (no --device cuda yet)");
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan);
     if (*infer) return cmd_infer(ia, mesh);
