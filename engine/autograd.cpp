@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "engine/passes.h"
+
 namespace wxe {
 
 namespace {
@@ -66,6 +68,12 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
     WXE_CHECK(tk_ && dev_->kernel("Add"), "device '", opt.device,
               "' cannot train: it lacks the training kernels or Add (engine/backend.h)");
     dconst_.assign(g.values.size(), Tensor());
+    dev_owned_.assign(g.values.size(), false);
+    for (int p : trainable_) dev_owned_[p] = true;
+    for (size_t k = 0; k < g.nodes.size(); ++k)  // buffers a device kernel updates (SpectralNorm's u, v)
+      if (dk_[k] && op_updates_inputs(g.nodes[k].op))
+        for (int i : g.nodes[k].inputs)
+          if (i >= 0 && g.values[i].is_const()) dev_owned_[i] = true;
   }
   for (int p : trainable_) {
     if (!dev_) {
@@ -96,9 +104,9 @@ Tensor& GradExecutor::dev_param(int v) {
 
 void GradExecutor::params_to_host() {
   if (!dev_) return;
-  for (int p : trainable_)
-    if (dconst_[p].defined() && dconst_[p].nbytes())
-      dev_->copy_to_host(g_.values[p].constant->raw(), dconst_[p].raw(), dconst_[p].nbytes());
+  for (size_t v = 0; v < dconst_.size(); ++v)
+    if (dev_owned_[v] && dconst_[v].defined() && dconst_[v].nbytes())
+      dev_->copy_to_host(g_.values[v].constant->raw(), dconst_[v].raw(), dconst_[v].nbytes());
 }
 
 void GradExecutor::reload_constants() {
@@ -211,8 +219,8 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
   if (dev_) dvals_.assign(nv, Tensor());
   for (size_t v = 0; v < nv; ++v)
     if (g_.values[v].is_const()) {
-      if (dev_ && needs_grad_[v])  // a constant that needs a gradient: a trainable parameter
-        dvals_[v] = dev_param((int)v);  // the device copy is the parameter; host nodes download it
+      if (dev_ && dev_owned_[v])  // the device copy is the value; host nodes download it
+        dvals_[v] = dev_param((int)v);
       else
         vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
     }

@@ -13,11 +13,13 @@
 // from that backend's table and the values stay in device memory. A node whose op has no
 // kernel there (forward or backward) runs its CPU kernel on host copies of its tensors
 // ("host fallback", listed by host_nodes()); constants read on the host are the graph's own,
-// so ops that update buffers in place (SpectralNorm's u and v) keep updating them. The
+// so ops that update buffers in place (SpectralNorm's u and v) keep updating them there. The
 // trainable parameters live on the device: copied there at the first forward (or after
 // reload_constants()), then updated there by the optimizer (device_param(), the backend's
-// train_kernels()); params_to_host() copies them back into the graph for checkpoints. Other
-// constants are the host's, copied to the device once. grads() are in the device's memory.
+// train_kernels()); so do buffers that a device kernel updates in place (op_updates_inputs:
+// SpectralNorm's u and v when the device has SpectralNorm). params_to_host() copies both back
+// into the graph for checkpoints. Other constants are the host's, copied to the device once.
+// grads() are in the device's memory.
 #pragma once
 #include <map>
 #include <string>
@@ -46,7 +48,8 @@ class GradExecutor {
   // On a device: trainable parameter i's device copy, which the forward reads (an optimizer
   // updates it in place); made from the graph's host copy on first use.
   Tensor& device_param(size_t i);
-  // On a device: copies the trainable parameters' device copies into the graph's constants.
+  // On a device: copies the trainable parameters' device copies, and the buffers device kernels
+  // updated, into the graph's constants.
   void params_to_host();
   const std::vector<int>& trainable() const { return trainable_; }
   const Graph& graph() const { return g_; }
@@ -75,6 +78,9 @@ class GradExecutor {
   std::vector<const BackendKernel*> dk_;  // per node: the backend's kernels, nullptr if none
   std::vector<bool> bw_on_host_;          // per node: its device backward refused the case
   const TrainKernels* tk_ = nullptr;      // the device's (zeroing gradients)
+  // per value: a constant whose device copy is authoritative (trainable parameters; buffers a
+  // device kernel updates in place)
+  std::vector<bool> dev_owned_;
   std::vector<Tensor> dconst_;            // per value: the constant's device copy, once made
   std::vector<Tensor> dvals_;             // per value: device copy of the forward value, if any
   std::vector<std::string> host_nodes_;

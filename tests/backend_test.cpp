@@ -79,6 +79,13 @@ std::vector<GradCase> extra_cases() {
                           {{"heads", attr_i(heads)}, {"scale", attr_f(0.25f)}, {"window", attr_ints({th, tw})},
                            {"strided", attr_i(strided)}}));
   };
+  // SpectralNorm with the power iteration (the gradient cases run none): u and v move
+  r.push_back(grad_case("SpectralNorm 2 power iterations dim 0", "SpectralNorm",
+                        {randn({8, 4, 3, 3}, 61), randn({8}, 62), randn({36}, 63)},
+                        {{"dim", attr_i(0)}, {"power_iterations", attr_i(2)}}));
+  r.push_back(grad_case("SpectralNorm 1 power iteration dim 1", "SpectralNorm",
+                        {randn({4, 6, 2, 2}, 64), randn({6}, 65), randn({16}, 66)},
+                        {{"dim", attr_i(1)}, {"power_iterations", attr_i(1)}}));
   attention("WindowAttention 10x10 windows", {1, 16, 20, 30}, 32, 2, 10, 10, false, true, 37);
   attention("WindowAttention strided", {2, 6, 8, 6}, 12, 3, 4, 3, true, false, 45);
   attention("WindowAttention one-token windows", {1, 4, 3, 5}, 8, 2, 1, 1, true, true, 53);
@@ -141,8 +148,12 @@ std::vector<std::string> device_backends(std::string* why) {
 
 // Compares every output; "" when all are within tolerance.
 std::string compare_case(const GradCase& c, const std::string& device, double* worst) {
+  // the reference on copies: ops that update inputs in place (SpectralNorm's u and v) must
+  // find the same inputs on the device
+  std::vector<Tensor> copies;
+  for (auto& t : c.inputs) copies.push_back(t.defined() ? t.clone() : Tensor());
   std::vector<const Tensor*> p;
-  for (auto& t : c.inputs) p.push_back(t.defined() ? &t : nullptr);
+  for (auto& t : copies) p.push_back(t.defined() ? &t : nullptr);
   Node rn = c.node;
   std::vector<Tensor> ref = run_node(rn, p, KernelKind::Reference);
   Graph g = one_node_graph(c);
@@ -185,8 +196,10 @@ std::string compare_grad_case(const GradCase& c, const std::string& device, doub
   Backend& b = *find_backend(device);
   const BackendKernel* k = b.kernel(c.node.op);
   if (!k || !k->backward) return "no backward kernel";
+  std::vector<Tensor> copies;  // the CPU's inputs (an op may update them in place, as the device's will)
+  for (auto& t : c.inputs) copies.push_back(t.defined() ? t.clone() : Tensor());
   std::vector<const Tensor*> hin;
-  for (auto& t : c.inputs) hin.push_back(t.defined() ? &t : nullptr);
+  for (auto& t : copies) hin.push_back(t.defined() ? &t : nullptr);
   Node n = c.node;
   std::vector<Tensor> ref_out = run_node(n, hin, KernelKind::Reference);
   std::vector<Tensor> gout_h(ref_out.size());  // sized first: gout_p points into it

@@ -1,6 +1,7 @@
 // The CUDA kernels' index math (kernels/cuda/index_math.h, __host__ __device__) run on the
 // host against the CPU reference kernels: the same walks, pad maps, reductions, resize taps
 // and einsum strides the GPU kernels use, checked without a GPU.
+#include "engine/spectral_norm_math.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/index_math.h"
 #include "tests/test_util.h"
@@ -374,4 +375,29 @@ TEST(CudaIndexMath, WindowAttentionMatchesCpu) {
     Tensor ref = run_node(c.n, in)[0];
     expect_close(host_window_attention(c), ref, 1e-5, 1e-5);
   }
+}
+
+// The CUDA SpectralNorm's element <-> W_mat (row, col) maps against the CPU's geometry
+// (engine/spectral_norm_math.h), for dim 0 (Conv, Linear) and dim 1 (ConvTranspose).
+TEST(CudaIndexMath, SpectralNormMatrixMatchesCpu) {
+  for (int dim : {0, 1})
+    for (Shape w : std::vector<Shape>{{6, 4, 3, 2}, {5, 7}, {3, 4, 1, 5}}) {
+      const sn::Geometry d = sn::geometry(dim, w);
+      SnIndex s;
+      s.dim = dim;
+      s.d1 = d.d1;
+      s.rest = d.rest;
+      s.rows = d.rows;
+      s.cols = d.cols;
+      int64_t seen = 0;
+      d.for_each([&](int64_t e, int64_t row, int64_t col) {
+        EXPECT_EQ(sn_offset(s, row, col), e) << shape_str(w) << " dim " << dim;
+        int64_t r = -1, c = -1;
+        sn_row_col(s, e, &r, &c);
+        EXPECT_EQ(r, row);
+        EXPECT_EQ(c, col);
+        ++seen;
+      });
+      EXPECT_EQ(seen, numel(w));
+    }
 }

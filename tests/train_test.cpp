@@ -462,6 +462,66 @@ TEST(Finetune, DeviceResidentStateResumesLikeCpu) {
   for (auto& [name, t] : opt) EXPECT_EQ(max_abs_diff(t, ref_opt.at(name)), 0.0) << name;
 }
 
+// A device with a SpectralNorm kernel updates u and v in its own memory: the trainer's saves
+// and parameters() copy them back. On a host-memory backend with the CPU's SpectralNorm, 2
+// steps, a save, a resume and 1 more step give the CPU trainer's losses and checkpoint (u and v
+// included) bit for bit.
+TEST(Finetune, DeviceSpectralNormBuffersReachCheckpoints) {
+  static bool once = [] {
+    register_cpu_kernels();
+    auto b = std::make_unique<HostMemoryBackend>("hostsn");
+    for (const char* op : {"Add", "SpectralNorm"}) {
+      b->register_kernel(op, kernel_for(op, KernelKind::Fast));
+      b->register_backward(op, backward_kernel(op));
+    }
+    register_backend(std::move(b));
+    return true;
+  }();
+  (void)once;
+  std::string data = make_series("device_sn_series", 3, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 61);
+  FinetuneConfig c = tiny_config(data, tmp_path("device_sn_cpu"));
+  c.model = data_path("tests/data/" + kCross + "_opset17.onnx");
+  c.weights = data_path("tests/data/" + kCross + "_checkpoint.pt");
+  c.accum = 1;
+  c.schedule.total_steps = 3;
+  std::vector<double> ref;
+  std::string ref_dir;
+  {
+    Trainer cpu(c, open_npy_dir(data, 1));
+    ref = run_steps(cpu, 3);
+    ref_dir = cpu.save_checkpoint();
+  }
+  c.device = "hostsn";
+  c.save = tmp_path("device_sn_dev");
+  std::vector<double> got;
+  {
+    Trainer dev(c, open_npy_dir(data, 1));
+    int u = -1;  // the longest u (a 1-element u stays at +-1)
+    for (size_t v = 0; v < dev.graph().values.size(); ++v)
+      if (ends_with(dev.graph().values[v].name, ".weight_u") &&
+          (u < 0 || dev.graph().values[v].constant->numel() > dev.graph().values[u].constant->numel()))
+        u = (int)v;
+    ASSERT_GE(u, 0);
+    const Tensor before = dev.graph().values[u].constant->clone();
+    got = run_steps(dev, 2);
+    EXPECT_EQ(max_abs_diff(*dev.graph().values[u].constant, before), 0.0) << "u is updated on the host";
+    dev.save_checkpoint();
+    EXPECT_GT(max_abs_diff(*dev.graph().values[u].constant, before), 0.0) << "the save did not copy u back";
+  }
+  c.resume = true;
+  Trainer resumed(c, open_npy_dir(data, 1));
+  got.push_back(resumed.step().loss);
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_EQ(got[i], ref[i]) << "step " << i + 1;
+  TrainCheckpoint a = open_train_checkpoint(resumed.save_checkpoint()), b = open_train_checkpoint(ref_dir);
+  ASSERT_EQ(a.names.size(), b.names.size());
+  int buffers = 0;
+  for (const std::string& n : b.names) {
+    EXPECT_EQ(max_abs_diff(a.get(n, TensorSlice{}), b.get(n, TensorSlice{})), 0.0) << n;
+    buffers += ends_with(n, ".weight_u") || ends_with(n, ".weight_v");
+  }
+  EXPECT_GT(buffers, 0);
+}
+
 TEST(Finetune, DeviceMatchesCpu) {
   register_gpu_backends();
   int ran = 0;

@@ -150,6 +150,7 @@ void register_gpu_backends() {
     cuda::register_norm(*b);
     cuda::register_linalg(*b);
     cuda::register_backward_kernels(*b);
+    cuda::register_spectral_norm(*b);
     register_backend(std::move(b));
   });
 }

@@ -103,6 +103,9 @@ void launch_window_scatter(const cpu::WindowGeom& g, const float* rows, const fl
 
 // The optimizer's kernels on device buffers (optim.cu), the backend's train_kernels().
 const TrainKernels& train_kernels();
+// *out (device double) = sum of a[i] b[i] (b null: a[i]^2) over n floats: chunks of 16384
+// summed in double, then the chunk sums, each in a fixed order (deterministic). optim.cu.
+void launch_sum_products(const float* a, const float* b, int64_t n, double* out);
 
 // Registration of each op group into the CUDA backend's table (kernels/cuda/*).
 void register_pointwise(TableBackend& b);  // pointwise.cu: elementwise, copies, Pad, Resize
@@ -110,5 +113,6 @@ void register_norm(TableBackend& b);       // norm.cu: reductions, Softmax, norm
 void register_linalg(TableBackend& b);     // linalg.cpp: Linear, MatMul, Gemm, Einsum, Conv, ConvTranspose
                                            //   (forward and backward), WindowAttention (forward)
 void register_backward_kernels(TableBackend& b);  // backward.cu: the other ops' backward kernels
+void register_spectral_norm(TableBackend& b);    // spectral_norm.cu: SpectralNorm, forward and backward
 
 }  // namespace wxe::cuda

@@ -1,11 +1,11 @@
 // The CUDA backend's training kernels (engine/optim.h TrainKernels): AdamW on flat float32
 // buffers (the element update is engine/optim.h adamw_element, the CPU's), a deterministic
 // sum of squares (fixed chunks summed in double, the chunk sums added in order on the host),
-// scale, fill and the EMA update. With them the trainer keeps parameters, gradients and
+// scale, fill and the EMA update; and the deterministic sum of products other kernels use. With them the trainer keeps parameters, gradients and
 // optimizer state on the GPU.
 #include <vector>
 
-#include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/block_sum.cuh"
 
 namespace wxe::cuda {
 
@@ -29,19 +29,21 @@ __global__ void ema_kernel(float* s, const float* p, int64_t n, float d, float w
   GRID_LOOP(j, n) s[j] = d * s[j] + w * p[j];
 }
 
-// Block b: the sum of x[j]^2 over its chunk, in double, in a fixed order.
-__global__ void sum_squares_kernel(const float* x, int64_t n, double* part) {
-  __shared__ double acc[kThreads];
+// Block b: the sum of a[j] b[j] (b null: a[j]^2) over its chunk, in double, in a fixed order.
+__global__ void products_kernel(const float* a, const float* b, int64_t n, double* part) {
   const int64_t begin = blockIdx.x * kChunk, end = begin + kChunk < n ? begin + kChunk : n;
   double s = 0;
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) s += (double)x[j] * x[j];
-  acc[threadIdx.x] = s;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w /= 2) {
-    if ((int)threadIdx.x < w) acc[threadIdx.x] += acc[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) part[blockIdx.x] = acc[0];
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) s += (double)a[j] * (b ? b[j] : a[j]);
+  s = block_sum(s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// One block: *out = the sum of part[0..n) in a fixed order.
+__global__ void sum_kernel(const double* part, int64_t n, double* out) {
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += part[j];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = s;
 }
 
 void adamw(const AdamWScalars& s, float* p, const float* g, float* m, float* v, int64_t n) {
@@ -51,16 +53,11 @@ void adamw(const AdamWScalars& s, float* p, const float* g, float* m, float* v, 
 }
 
 double sum_squares(const float* x, int64_t n) {
-  if (n == 0) return 0;
-  const int64_t blocks = (n + kChunk - 1) / kChunk;
-  Scratch part(blocks * sizeof(double));
-  sum_squares_kernel<<<(unsigned)blocks, kThreads, 0, ctx().stream>>>(x, n, (double*)part.p);
-  CUDA_LAUNCHED();
-  std::vector<double> host(blocks);
-  CUDA_CHECK(cudaMemcpyAsync(host.data(), part.p, blocks * sizeof(double), cudaMemcpyDeviceToHost, ctx().stream));
-  CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
+  Scratch out(sizeof(double));
+  launch_sum_products(x, nullptr, n, (double*)out.p);
   double s = 0;
-  for (double v : host) s += v;
+  CUDA_CHECK(cudaMemcpyAsync(&s, out.p, sizeof(double), cudaMemcpyDeviceToHost, ctx().stream));
+  CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
   return s;
 }
 
@@ -83,6 +80,17 @@ void ema(float* s, const float* p, int64_t n, float d, float w) {
 }
 
 }  // namespace
+
+void launch_sum_products(const float* a, const float* b, int64_t n, double* out) {
+  const int64_t blocks = n > 0 ? (n + kChunk - 1) / kChunk : 1;
+  Scratch part(blocks * sizeof(double));
+  if (n > 0) {
+    products_kernel<<<(unsigned)blocks, kThreads, 0, ctx().stream>>>(a, b, n, (double*)part.p);
+    CUDA_LAUNCHED();
+  }
+  sum_kernel<<<1, kThreads, 0, ctx().stream>>>((double*)part.p, n > 0 ? blocks : 0, out);
+  CUDA_LAUNCHED();
+}
 
 const TrainKernels& train_kernels() {
   static const TrainKernels k{adamw, sum_squares, scale, fill, ema};
