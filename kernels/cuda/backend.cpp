@@ -151,6 +151,7 @@ void register_gpu_backends() {
     cuda::register_linalg(*b);
     cuda::register_backward_kernels(*b);
     cuda::register_spectral_norm(*b);
+    cuda::register_gather(*b);
     register_backend(std::move(b));
   });
 }

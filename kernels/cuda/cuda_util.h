@@ -114,5 +114,6 @@ void register_linalg(TableBackend& b);     // linalg.cpp: Linear, MatMul, Gemm, 
                                            //   (forward and backward), WindowAttention (forward)
 void register_backward_kernels(TableBackend& b);  // backward.cu: the other ops' backward kernels
 void register_spectral_norm(TableBackend& b);    // spectral_norm.cu: SpectralNorm, forward and backward
+void register_gather(TableBackend& b);           // gather.cu: Gather, forward and backward
 
 }  // namespace wxe::cuda

@@ -423,4 +423,25 @@ WXE_HD void sn_row_col(const SnIndex& s, int64_t e, int64_t* row, int64_t* col) 
   *col = a * s.rest + r;
 }
 
+// ---- Gather (data viewed as (outer, dim, inner) around the axis; ni indices in [0, dim)) ----
+struct GatherIndex {
+  int64_t dim = 1, ni = 0, inner = 1;
+};
+
+// Offset in data of output element i ((outer, ni, inner) row-major).
+WXE_HD int64_t gather_source(const GatherIndex& g, const int64_t* idx, int64_t i) {
+  const int64_t in = i % g.inner, j = i / g.inner % g.ni, o = i / (g.inner * g.ni);
+  return (o * g.dim + idx[j]) * g.inner + in;
+}
+
+// Gradient of data element e: the output gradients of every output element that copied it,
+// summed in double in output order (as the CPU's scatter backward), rounded to float.
+WXE_HD float gather_grad(const GatherIndex& g, const int64_t* idx, const float* gy, int64_t e) {
+  const int64_t in = e % g.inner, k = e / g.inner % g.dim, o = e / (g.inner * g.dim);
+  double a = 0;
+  for (int64_t j = 0; j < g.ni; ++j)
+    if (idx[j] == k) a += gy[(o * g.ni + j) * g.inner + in];
+  return (float)a;
+}
+
 }  // namespace wxe::cuda
