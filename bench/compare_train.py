@@ -124,6 +124,11 @@ def child_torch(a):
     wlat = torch.cos(torch.deg2rad(lat))
     wlat = (wlat / wlat.mean()).view(1, 1, 1, h, 1)
     wvar = torch.ones(1, out_c, 1, 1, 1)
+    if a.device == "cuda":  # fp32 with TF32 off on both sides, as wxe computes
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        model, x, target, wlat, wvar = (t.cuda() for t in (model, x, target, wlat, wvar))
+        notes.append(f"on {torch.cuda.get_device_name()}, TF32 off")
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     params = [p for p in model.parameters()]
     load_s = time.perf_counter() - t0
@@ -153,7 +158,7 @@ def child_torch(a):
 
 def engine_torch(a, model, threads):
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", model, "--threads", str(threads),
-           "--runs", str(a.runs)]
+           "--runs", str(a.runs), "--device", a.device]
     if a.torch_sn:
         cmd.append("--torch-sn")
     env = dict(os.environ)
@@ -174,7 +179,7 @@ def engine_wxe(a, model, threads):
         return {"error": f"wxe binary not found: {exe}"}
     onnx, xpath, ckpt, _ = MODELS[model]
     cmd = [exe, "bench", "--train", onnx, "--input", xpath, "--threads", str(threads),
-           "--runs", str(a.runs), "--json"]
+           "--runs", str(a.runs), "--json", "--device", a.device]
     if ckpt:
         cmd += ["--weights", ckpt]
     cmd += a.wxe_arg
@@ -242,6 +247,8 @@ def main(argv=None):
     p.add_argument("--engines", default="wxe,torch")
     p.add_argument("--torch-sn", action="store_true",
                    help="PyTorch side of wxformer_v2026 with spectral norm (default off, like the baked graph)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: wxe bench --train --device cuda against PyTorch on the GPU (fp32, TF32 off)")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--_child", choices=sorted(MODELS), help=argparse.SUPPRESS)
     a = p.parse_args(argv)

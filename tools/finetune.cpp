@@ -359,6 +359,7 @@ StepLog Trainer::step() {
     if (ema_) ema_->update(cparams);
   }
   exec_->zero_grad();
+  if (dev_) dev_->synchronize();  // the step's time includes its queued kernels
   log.samples *= dp_;  // every dp group did as many
   log.step = ++step_;
   log.seconds = seconds_since(t0);
@@ -819,7 +820,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
 }
 
 int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
-                    int runs, bool json) {
+                    int runs, bool json, const std::string& device) {
   WXE_CHECK(runs >= 1, "--runs must be at least 1");
   Tensor x = read_npy(input);
   // the output shape comes from a throwaway import; the target is zeros of it
@@ -832,6 +833,7 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   cfg.weights = weights;
   cfg.threads = threads;
   cfg.schedule.lr = 1e-4;
+  cfg.device = device;
   Trainer t(cfg, std::make_unique<FixedSource>(x, y));
   t.step();  // warm-up
   std::map<std::string, OpProfile> warm = t.executor().profile();
@@ -848,15 +850,16 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   std::vector<std::pair<double, std::string>> by_op;
   for (auto& [op, p] : t.executor().profile()) by_op.push_back({(p.ms - warm[op].ms) / runs, op});
   std::sort(by_op.rbegin(), by_op.rend());
-  std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");
+  if (!by_op.empty()) std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");  // none on a device
   for (size_t i = 0; i < by_op.size() && i < 20; ++i) std::printf("%-36s %10.2f\n", by_op[i].second.c_str(), by_op[i].first);
   std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
-              "%lld trainable parameters\n",
-              runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, (long long)t.trainable_count());
+              "device %s; %lld trainable parameters\n",
+              runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(),
+              (long long)t.trainable_count());
   if (json)
-    std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"threads\": %d, \"runs\": %d, \"median_ms\": %.3f, "
-                "\"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f}\n",
-                model.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb());
+    std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"threads\": %d, \"runs\": %d, "
+                "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f}\n",
+                model.c_str(), device.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb());
   return 0;
 }
 

@@ -206,8 +206,9 @@ struct NonFiniteLoss : Error {
 int run_finetune(const FinetuneConfig& cfg, Mesh* mesh = nullptr);
 
 // `wxe bench --train`: time per training step (forward, backward, clip, AdamW) on one input
-// against a zero target, after one warm-up step. Prints a table and, with json, one JSON line.
+// against a zero target, after one warm-up step, on `device`. Prints a table (time per op on
+// the cpu) and, with json, one JSON line.
 int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
-                    int runs, bool json);
+                    int runs, bool json, const std::string& device = "cpu");
 
 }  // namespace wxe

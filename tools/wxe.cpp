@@ -696,10 +696,9 @@ int main(int argc, char** argv) {
     register_collective_device_kernels();
     const std::string device = *infer ? ia.device : *finetune ? fc.device : *bench ? ba.device : "cpu";
     if (device != "cpu") use_device_mesh(mesh, device, finetune->parsed());
-    if (*bench && bench_train) WXE_CHECK(ba.device == "cpu", "bench --train runs on the cpu only (no --device cuda yet)");
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan);
     if (*infer) return cmd_infer(ia, mesh);
-    if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json);
+    if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device);
     if (*bench) return cmd_bench(ba);
     if (*finetune && finetune_config) {
       finetune_from_config(finetune_config_path, fc, [&](const std::string& flag) { return finetune->get_option(flag)->count() > 0; },
