@@ -9,11 +9,13 @@
 # them, at run time). On the GPU machine, from the folder holding DIR:
 #   bash DIR/run.sh check                          everything below that needs no extra arguments
 #   bash DIR/run.sh tests                          the GPU tests (Backends.*, CudaIndexMath.*, the
-#                                                  training ones: GoldenGradients.*, Finetune.*Matches*)
+#                                                  training ones: GoldenGradients.*, Finetune.Device*)
 #   bash DIR/run.sh finetune                       wxe finetune --device cuda vs cpu, 3 steps (losses)
-#   bash DIR/run.sh mpi                            mpirun -n 2 finetune/infer --tp 2 --device cuda (needs
-#                                                  2 GPUs and mpirun; NCCL refuses two ranks on one GPU)
-#   bash DIR/run.sh v2026 MODEL.onnx [RUNS]        random input; CPU vs CUDA output; bench --device cuda
+#   bash DIR/run.sh mpi                            mpirun -n 2 finetune (--tp 2, and dp 2) and infer --tp 2
+#                                                  --device cuda (needs 2 GPUs and mpirun; NCCL refuses two
+#                                                  ranks on one GPU)
+#   bash DIR/run.sh v2026 MODEL.onnx [RUNS]        random input; CPU vs CUDA output; bench --device cuda,
+#                                                  fp32 and --precision bf16
 #   bash DIR/run.sh wxe ARGS...                    wxe itself
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -66,7 +68,7 @@ export LD_LIBRARY_PATH=\$w/lib:/usr/local/cuda/lib64:/opt/torch/.venv/lib/python
 mkdir -p "\$(dirname "$srcdir")" && ln -sfn "\$w/src" "$srcdir"
 py=\${PYTHON:-/opt/torch/.venv/bin/python}
 gpu_tests() {
-  "\$w/bin/wxe_tests" --gtest_filter='Backends.*:CudaIndexMath.*:GoldenGradients.*:Finetune.DeviceMatchesCpu:Finetune.HostBackendMatchesCpu'
+  "\$w/bin/wxe_tests" --gtest_filter='Backends.*:CudaIndexMath.*:GoldenGradients.*:Finetune.Device*:Finetune.HostBackendMatchesCpu'
 }
 # 3 steps of wxe finetune on random data (crossformer_tiny), on the CPU and on the GPU: the
 # logged losses must agree to 1e-4 relative
@@ -100,6 +102,15 @@ worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print('tp2 cuda losses', b, 'worst relative difference to cpu %.2e' % worst)
 sys.exit(0 if len(a) == len(b) and worst < 1e-4 else 1)
 PY
+  # dp 2: ZeRO's reduce-scatter and all-gather through NCCL on device buffers
+  mpirun -n 2 "\$w/bin/wxe" finetune "\$m" --data "\$t/data" --save "\$t/dp2" --steps 3 --accum 2 --lr 1e-3 --device cuda
+  "\$py" - "\$t/cpu/training_log.csv" "\$t/dp2/training_log.csv" <<'PY'
+import csv, sys
+a, b = ([float(r['loss']) for r in csv.DictReader(open(p))] for p in sys.argv[1:3])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print('dp2 cuda losses', b, 'worst relative difference to cpu %.2e' % worst)
+sys.exit(0 if len(a) == len(b) and worst < 1e-4 else 1)
+PY
   mpirun -n 2 "\$w/bin/wxe" infer "\$m" --input "\$w/src/tests/data/crossformer_tiny_x.npy" --tp 2 --device cuda \\
     --compare "\$w/src/tests/data/crossformer_tiny_y.npy"
 }
@@ -113,7 +124,9 @@ case "\${1:-tests}" in
     /opt/torch/.venv/bin/python -c "import numpy as n; n.save('\$w/x.npy', n.random.default_rng(0).standard_normal((1, 80, 1, 181, 360)).astype('float32'))"
     "\$w/bin/wxe" infer "\$m" --input "\$w/x.npy" --output "\$w/y_cpu.npy"
     "\$w/bin/wxe" infer "\$m" --input "\$w/x.npy" --device cuda --compare "\$w/y_cpu.npy"
-    "\$w/bin/wxe" bench "\$m" --input "\$w/x.npy" --device cuda --runs "\${3:-20}" --json ;;
+    "\$w/bin/wxe" bench "\$m" --input "\$w/x.npy" --device cuda --runs "\${3:-20}" --json
+    "\$w/bin/wxe" infer "\$m" --input "\$w/x.npy" --device cuda --precision bf16 --compare "\$w/y_cpu.npy" --tolerance 1
+    "\$w/bin/wxe" bench "\$m" --input "\$w/x.npy" --device cuda --precision bf16 --runs "\${3:-20}" --json ;;
   wxe) shift; "\$w/bin/wxe" "\$@" ;;
 esac
 EOF
