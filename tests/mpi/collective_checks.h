@@ -11,11 +11,35 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "parallel/comm.h"
 
 namespace wxe::test {
+
+// One path for every rank (rank 0's pid), cleared before and after (with its ".tmp").
+struct SharedDir {
+  Communicator& c;
+  std::string path;
+  SharedDir(Communicator& comm, const std::string& name) : c(comm) {
+    Tensor pid = Tensor::zeros(DType::I64, {1});
+    pid.data<int64_t>()[0] = getpid();
+    c.broadcast(pid, 0);
+    path = testing::TempDir() + "wxe_mpi_" + std::to_string(pid.data<int64_t>()[0]) + "_" + name;
+    clear();
+  }
+  ~SharedDir() { clear(); }
+  void clear() {
+    c.barrier();
+    std::error_code ec;
+    if (c.rank() == 0) std::filesystem::remove_all(path, ec), std::filesystem::remove_all(path + ".tmp", ec);
+    c.barrier();
+  }
+};
 
 inline uint64_t splitmix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

@@ -16,26 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// One path for every rank (rank 0's pid), cleared before and after.
-struct SharedDir {
-  Communicator& c;
-  std::string path;
-  SharedDir(Communicator& comm, const std::string& name) : c(comm) {
-    Tensor pid = Tensor::zeros(DType::I64, {1});
-    pid.data<int64_t>()[0] = getpid();
-    c.broadcast(pid, 0);
-    path = testing::TempDir() + "wxe_mpi_" + std::to_string(pid.data<int64_t>()[0]) + "_" + name;
-    clear();
-  }
-  ~SharedDir() { clear(); }
-  void clear() {
-    c.barrier();
-    std::error_code ec;
-    if (c.rank() == 0) fs::remove_all(path, ec), fs::remove_all(path + ".tmp", ec);
-    c.barrier();
-  }
-};
-
 bool same(const Tensor& a, const Tensor& b) {
   return a.dtype == b.dtype && a.shape == b.shape && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
