@@ -19,6 +19,7 @@
 #include "tests/grad_check.h"
 #include "tests/host_backend.h"
 #include "tests/test_util.h"
+#include "tools/model.h"
 
 using namespace wxe;
 using namespace wxe::test;
@@ -422,6 +423,40 @@ TEST(Backends, CreditModelOpsHaveDeviceKernels) {
       b->prepare(g, Precision::F32);
       for (auto& [op, count] : op_counts(g))
         EXPECT_TRUE(view_op(op) || b->kernel(op)) << name << " has no kernel for " << op << " (" << count << " nodes)";
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this build has no GPU backend";
+}
+
+// Reads the tables only: the CREDIT training graphs (spectral norm traced, as finetune builds
+// them) run wholly on every GPU backend, forward and backward, with nothing left on the host.
+TEST(Backends, CreditTrainingOpsHaveDeviceKernels) {
+  register_gpu_backends();
+  int checked = 0;
+  for (const std::string& name : backend_names()) {
+    Backend* b = find_backend(name);
+    if (b->device() == DeviceKind::CPU) continue;
+    for (const char* model : {"crossformer_tiny", "wxformer_tiny"}) {
+      SCOPED_TRACE(model);
+      Graph g = import_onnx(data_path(std::string("tests/data/") + model + "_opset17.onnx"));
+      LoadOptions lo;
+      lo.weights = data_path(std::string("tests/data/") + model + "_checkpoint.pt");
+      lo.training = true;
+      prepare_model(g, {}, lo);
+      std::vector<bool> needs(g.values.size(), false);  // depends on a trainable parameter
+      for (int p : trainable_parameters(g)) needs[p] = true;
+      std::map<std::string, int> forward, backward;
+      for (const Node& n : g.nodes) {
+        if (view_op(n.op)) continue;
+        const bool grad = std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && needs[i]; });
+        for (int o : n.outputs) needs[o] = needs[o] || grad;
+        const BackendKernel* k = b->kernel(n.op);
+        if (!k) ++forward[n.op];
+        if (grad && (!k || !k->backward)) ++backward[n.op];
+      }
+      for (auto& [op, c] : forward) ADD_FAILURE() << name << " has no forward kernel for " << op << " (" << c << " nodes)";
+      for (auto& [op, c] : backward) ADD_FAILURE() << name << " has no backward kernel for " << op << " (" << c << " nodes)";
       ++checked;
     }
   }
