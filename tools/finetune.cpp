@@ -398,8 +398,9 @@ void Trainer::to_device() {
 }
 
 void Trainer::sync_to_host() {
-  if (!dev_ || !dev_state_.ready) return;
-  exec_->params_to_host();
+  if (!dev_) return;
+  exec_->params_to_host();  // also spectral norm's u and v, which a forward alone moves
+  if (!dev_state_.ready) return;
   adam_.set_state(adam_.steps(), {dev_->download(dev_state_.m)}, {dev_->download(dev_state_.v)});
   if (ema_)
     for (size_t i = 0; i < dev_state_.ema.size(); ++i)
@@ -470,6 +471,10 @@ void Trainer::device_update(double lr) {
 
 NamedTensors Trainer::parameters() {
   sync_to_host();
+  return host_parameters();
+}
+
+NamedTensors Trainer::host_parameters() const {
   NamedTensors r;
   std::vector<int> uses = graph_.use_counts();
   for (size_t v = 0; v < graph_.values.size(); ++v) {
@@ -521,7 +526,7 @@ std::string Trainer::save_checkpoint() {
       }
       pieces.push_back(p);
     };
-    for (auto& [n, t] : parameters()) add(n, n, t);
+    for (auto& [n, t] : host_parameters()) add(n, n, t);
     for (NamedTensors* list : {&opt, &ema})
       for (auto& [n, t] : *list) add(n, n.substr(n.find('.') + 1), t);
     if (lead && fs::exists(final_dir) && !is_sharded_checkpoint(final_dir.string()))
@@ -532,7 +537,7 @@ std::string Trainer::save_checkpoint() {
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp, ec);
     WXE_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
-    write_safetensors((tmp / "model.safetensors").string(), parameters(),
+    write_safetensors((tmp / "model.safetensors").string(), host_parameters(),
                       {{"format", "pt"}, {"step", step}, {"source", cfg_.model}, {"written_by", "wxe finetune"}});
     write_safetensors((tmp / "optimizer.safetensors").string(), opt, meta);
     if (ema_) {
@@ -624,7 +629,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     auto it = slices_.find(param);
     return it == slices_.end() ? TensorSlice{} : it->second;
   };
-  for (auto& [name, t] : parameters()) {
+  for (auto& [name, t] : host_parameters()) {
     Tensor src = ck.get(name, slice_of(name));
     WXE_CHECK(src.numel() == t.numel() && src.dtype == t.dtype, dir, ": '", name, "' is ", shape_str(src.shape),
               ", the model's is ", shape_str(t.shape));

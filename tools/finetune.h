@@ -157,6 +157,7 @@ class Trainer {
   std::vector<Tensor> gather_moments(const Tensor& shard);
   void load_checkpoint(const std::string& dir);
   void check_same_plan();
+  NamedTensors host_parameters() const;  // the graph's copies (parameters() without the sync)
   // On a device (cfg.device other than "cpu"): this rank's flat blocks of parameters,
   // gradient and AdamW moments, and the EMA shadows, live in the device's memory between
   // steps and are updated there by its train_kernels(); the host copies (graph constants,
