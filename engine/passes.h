@@ -116,8 +116,9 @@ std::string scope_module(const std::string& node_name);
 // (eps, scales, shapes) stop being parameters. The position-bias MLP's first Linear, which the
 // dynamo exporter folds with its constant grid, is put back (Gemm on the grid, parameters fitted
 // to the constant). A Gemm's anonymous weight read with transB=0 (K, N) is transposed to the
-// (N, K) a checkpoint holds and read with transB=1. A parameter read in a module called twice ("level_embedding_1", TorchScript's
-// name for the second call) gets the first call's name as an alternative (Value::alt_names).
+// (N, K) a checkpoint holds and read with transB=1. A parameter read in a module called twice
+// ("level_embedding_1", TorchScript's name for the second call) gets the first call's name as
+// an alternative (Value::alt_names).
 void name_params_by_scope(Graph& g);
 
 // Shapes equal once dimensions of size 1 are dropped ((C,) fits (C, 1, 1)).
