@@ -196,6 +196,7 @@ else
   echo "FAIL forecast-netcdf"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
 expect_fail forecast-gap "era5_2020.nc: variable 'T' has no time 2020-12-31T03:00:00" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T03 -o "$tmp/fc2.nc"
+expect_fail forecast-reference-device "--reference runs the CPU reference kernels; --device cuda does not apply" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T18 -o "$tmp/fc2.nc" --reference --device cuda
 expect_fail forecast-bad-init "--init: '2020-13-01' is not a date-time" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-13-01 -o "$tmp/fc2.nc"
 expect_fail finetune-config-no-model "needs --model" "$wxe" finetune "$era5/config.yml" --save "$tmp/run"
 

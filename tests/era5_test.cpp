@@ -19,6 +19,7 @@
 #include "engine/npy.h"
 #include "engine/samples.h"
 #include "importers/onnx/onnx_import.h"
+#include "tests/host_backend.h"
 #include "test_util.h"
 #include "tools/forecast.h"
 #include "tools/model.h"
@@ -218,20 +219,23 @@ TEST(Era5Data, SamplesForTraining) {
   expect_close(s.forcing[1], expected(kInputs, 12), 2e-4, 0);
 }
 
-TEST(Forecast, TwoStepRolloutMatchesStepByStepAndNetcdfReadsBack) {
-  const std::string model = data_path("models/wxformer_tiny/model.onnx");
-  const std::string out = tmp_path("forecast.nc");
+// A 2-step forecast of the tiny WXFormer from 2020-12-31T18 into `out`.
+ForecastArgs two_step_forecast(const std::string& out) {
   ForecastArgs a;
   a.config = kDir + "/config.yml";
-  a.model = model;
+  a.model = data_path("models/wxformer_tiny/model.onnx");
   a.init = "2020-12-31T18";
   a.steps = 2;
   a.output = out;
   a.threads = 1;
   a.progress = false;
-  ASSERT_EQ(run_forecast(a), 0);
+  return a;
+}
 
-  // the oracle: the model run step by step on inputs built here from the formula
+// The oracle of two_step_forecast: the model run step by step on inputs built here from the
+// formula.
+std::vector<Tensor> two_step_oracle() {
+  const std::string model = data_path("models/wxformer_tiny/model.onnx");
   Graph g = import_onnx(model);
   const std::string in = g.values[g.inputs[0]].name;
   Tensor x0 = expected(kInputs, 18);
@@ -242,8 +246,12 @@ TEST(Forecast, TwoStepRolloutMatchesStepByStepAndNetcdfReadsBack) {
   Tensor y0 = ex.run({{in, x0}}).at(0);
   Tensor x1 = expected(kInputs, 24);  // forcing (tsi) at the next time, LSM as always
   std::copy(y0.data<float>(), y0.data<float>() + 5 * 32 * 64, x1.data<float>());
-  Tensor y1 = ex.run({{in, x1}}).at(0);
+  return {y0, ex.run({{in, x1}}).at(0)};
+}
 
+TEST(Forecast, TwoStepRolloutMatchesStepByStepAndNetcdfReadsBack) {
+  const std::string out = tmp_path("forecast.nc");
+  ASSERT_EQ(run_forecast(two_step_forecast(out)), 0);
   NcFile f(out);
   EXPECT_EQ(f.read("time"), (std::vector<double>{6, 12}));
   EXPECT_EQ(f.attr("time", "units"), "hours since 2020-12-31 18:00:00");
@@ -253,7 +261,28 @@ TEST(Forecast, TwoStepRolloutMatchesStepByStepAndNetcdfReadsBack) {
   EXPECT_EQ(f.attr("tp", "long_name"), "Total precipitation");
   EXPECT_EQ(f.dims("T"), (std::vector<std::string>{"time", "level", "latitude", "longitude"}));
   EXPECT_EQ(f.dims("SP"), (std::vector<std::string>{"time", "latitude", "longitude"}));
-  expect_forecast(f, {y0, y1});
+  expect_forecast(f, two_step_oracle());
+}
+
+// --device: the rollout's model runs on that backend (here one on host memory with every CPU
+// kernel, unfused) and the forecast equals the step-by-step oracle.
+TEST(Forecast, RunsOnTheGivenDevice) {
+  static HostMemoryBackend* dev = [] {
+    register_cpu_kernels();
+    auto b = std::make_unique<HostMemoryBackend>("hostall");
+    for (const std::string& op : known_ops()) b->register_kernel(op, kernel_for(op, KernelKind::Fast), ~0u);
+    HostMemoryBackend* raw = b.get();
+    register_backend(std::move(b));
+    return raw;
+  }();
+  const std::string out = tmp_path("forecast_device.nc");
+  ForecastArgs a = two_step_forecast(out);
+  a.device = "hostall";
+  const int uploads = dev->uploads;
+  ASSERT_EQ(run_forecast(a), 0);
+  EXPECT_GT(dev->uploads, uploads) << "the model did not run on the device";
+  NcFile f(out);
+  expect_forecast(f, two_step_oracle());
 }
 
 // history_len 2: the input is the window of the two latest steps (oldest first, on dim 2);

@@ -83,6 +83,7 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
   ExecOptions opt;
   opt.threads = a.threads;
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
+  opt.device = a.device;
   Executor ex(g, opt);
 
   std::unique_ptr<ForecastWriter> out;

@@ -15,6 +15,7 @@ struct ForecastArgs {
   std::string config, model, weights, init, output, plan;
   int steps = 1;
   int threads = 0;
+  std::string device = "cpu";  // a backend (engine/backend.h): "cpu" or "cuda"
   bool reference = false;
   bool progress = true;
 };

@@ -631,6 +631,8 @@ int main(int argc, char** argv) {
   forecast->add_option("--output,-o", fa.output, "forecast netCDF file")->required();
   forecast->add_option("--threads,-t", fa.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
   forecast->add_flag("--reference", fa.reference, "reference kernels only (slow; the oracle)");
+  forecast->add_option("--device", fa.device, "cpu (default) or cuda: run the model on the GPU (float32; under mpirun "
+                       "one GPU per rank)")->check(CLI::IsMember({"cpu", "cuda"}));
   forecast->add_option("--tp", forecast_tp, "tensor-parallel ranks (run under mpirun -n TP)");
   forecast->add_option("--plan", fa.plan, "tensor-parallel plan file");
 
@@ -657,6 +659,8 @@ int main(int argc, char** argv) {
   if (*inspect && !inspect_plan.empty() && inspect_tp <= 1) return usage_error("--plan needs --tp 2 or more");
   if (*finetune && fc.reference && fc.device != "cpu")
     return usage_error("--reference runs the CPU reference kernels; --device " + fc.device + " does not apply");
+  if (*forecast && fa.reference && fa.device != "cpu")
+    return usage_error("--reference runs the CPU reference kernels; --device " + fa.device + " does not apply");
   if (*infer && ia.reference && ia.precision == "bf16")
     return usage_error("--reference runs the float32 reference kernels; --precision bf16 does not apply");
   bool finetune_config = false;
@@ -694,7 +698,11 @@ int main(int argc, char** argv) {
   try {
     register_gpu_backends();
     register_collective_device_kernels();
-    const std::string device = *infer ? ia.device : *finetune ? fc.device : *bench ? ba.device : "cpu";
+    const std::string device = *infer      ? ia.device
+                               : *finetune ? fc.device
+                               : *bench    ? ba.device
+                               : *forecast ? fa.device
+                                           : "cpu";
     if (device != "cpu") use_device_mesh(mesh, device, finetune->parsed());
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan);
     if (*infer) return cmd_infer(ia, mesh);
