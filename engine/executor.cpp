@@ -24,6 +24,15 @@ bool view_op(const std::string& op) { return is_view_op(op); }
 
 }  // namespace
 
+std::map<std::string, int> ops_without_kernels(const Graph& g, Backend& b, Precision precision) {
+  Graph prepared = g;
+  b.prepare(prepared, precision);
+  std::map<std::string, int> missing;
+  for (const Node& n : prepared.nodes)
+    if (!view_op(n.op) && !b.kernel(n.op)) ++missing[n.op];
+  return missing;
+}
+
 Executor::Executor(const Graph& graph, ExecOptions opt) : g_(&graph), opt_(opt) {
   if (opt.device != "cpu") {
     dev_ = &backend_for(opt.device);

@@ -77,6 +77,11 @@ void check_inputs(const Graph& g, const std::map<std::string, Tensor>& inputs);
 // Reshape, Squeeze, Unsqueeze, Flatten, Identity: the executors run them as aliases of input 0.
 bool is_view_op(const std::string& op);
 
+// The op types of g that backend b has no kernel for once b has prepared g as the Executor
+// does (with optimize), with their node counts; empty: g runs wholly on b. Reads b's tables
+// only: the device need not be present.
+std::map<std::string, int> ops_without_kernels(const Graph& g, Backend& b, Precision precision = Precision::F32);
+
 // Sets the OpenMP thread count used by kernels (and oneDNN).
 void set_threads(int n);
 

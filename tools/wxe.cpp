@@ -182,7 +182,7 @@ void print_plan(const Graph& full, const std::string& plan_file, int tp) {
 }
 
 int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs, bool dump_graph, int tp,
-                const std::string& plan_file) {
+                const std::string& plan_file, const std::string& device) {
   Graph g = import_onnx(model);
   std::printf("model %s (opset %d)\n", model.c_str(), g.opset);
   for (int id : g.inputs)
@@ -215,6 +215,18 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs
                 after.count(op) ? after[op] : 0);
   std::printf("%-24s %8zu %8zu\n", "total", nodes_before, g.nodes.size());
   if (tp > 1) print_plan(g, plan_file, tp);
+  if (!device.empty()) {  // the backend's tables, without its device
+    Backend* b = find_backend(device);
+    WXE_CHECK(b, "this build has no '", device, "' backend (built without it)");
+    std::map<std::string, int> missing = ops_without_kernels(g, *b);
+    std::string list;
+    for (auto& [op, n] : missing) list += str(list.empty() ? "" : ", ", op, " x", n);
+    if (missing.empty())
+      std::printf("device %s: a kernel for every op\n", device.c_str());
+    else
+      std::printf("device %s: no kernel for %s (infer --device %s stops at the first)\n", device.c_str(), list.c_str(),
+                  device.c_str());
+  }
   if (dump_graph) std::printf("\n%s", dump(g).c_str());
   return 0;
 }
@@ -529,6 +541,9 @@ int main(int argc, char** argv) {
   std::string inspect_plan;
   inspect->add_option("--tp", inspect_tp, "print the tensor-parallel plan for this many ranks");
   inspect->add_option("--plan", inspect_plan, "plan file (JSON: weight-name pattern -> colwise|rowwise|replicate)");
+  std::string inspect_device;
+  inspect->add_option("--device", inspect_device, "cuda: list the ops that backend has no kernel for (no GPU needed)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 
   InferArgs ia;
   auto* infer = app.add_subcommand("infer", "run the model on .npy inputs");
@@ -704,7 +719,7 @@ int main(int argc, char** argv) {
                                : *forecast ? fa.device
                                            : "cpu";
     if (device != "cpu") use_device_mesh(mesh, device, finetune->parsed());
-    if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan);
+    if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan, inspect_device);
     if (*infer) return cmd_infer(ia, mesh);
     if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device);
     if (*bench) return cmd_bench(ba);
