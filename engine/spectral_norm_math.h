@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/host_device.h"
 #include "engine/tensor.h"
 
 namespace wxe::sn {
@@ -70,25 +71,88 @@ inline Geometry geometry(int dim, const Shape& block, int axis = 0, int64_t part
   return d;
 }
 
+// The whole W_mat's element maps, for kernels (plain data; also in CUDA kernels): weight_orig
+// viewed as (d0, d1, rest); dim 0: row a, col b rest + r; dim 1: row b, col a rest + r, for
+// element (a, b, r) at (a d1 + b) rest + r.
+struct MatrixIndex {
+  int dim = 0;
+  int64_t d1 = 1, rest = 1, rows = 1, cols = 1;
+};
+
+inline MatrixIndex matrix_index(const Geometry& d) {
+  MatrixIndex m;
+  m.dim = d.dim;
+  m.d1 = d.d1;
+  m.rest = d.rest;
+  m.rows = d.rows;
+  m.cols = d.cols;
+  return m;
+}
+
+// Offset in weight_orig of W_mat element (row, col).
+WXE_HD int64_t offset(const MatrixIndex& s, int64_t row, int64_t col) {
+  if (s.dim == 0) return row * s.cols + col;
+  return ((col / s.rest) * s.d1 + row) * s.rest + col % s.rest;
+}
+
+// W_mat row and col of element e of weight_orig.
+WXE_HD void row_col(const MatrixIndex& s, int64_t e, int64_t* row, int64_t* col) {
+  if (s.dim == 0) {
+    *row = e / s.cols;
+    *col = e % s.cols;
+    return;
+  }
+  const int64_t r = e % s.rest, b = e / s.rest % s.d1, a = e / (s.rest * s.d1);
+  *row = b;
+  *col = a * s.rest + r;
+}
+
+// Whether the block is the whole matrix (one process, no tensor-parallel slice).
+inline bool is_whole(const Geometry& d) { return d.global.empty() && d.l0 == d.d0 && d.l1 == d.d1; }
+
 // The reduction on one process: the block is the whole matrix, nothing to add.
 struct NoSum {
   void operator()(std::vector<double>&) const {}
 };
 
-// W_mat v (whole rows), in double.
+// W_mat v (whole rows), in double. Each row sums over its cols in ascending order, the whole
+// matrix's rows in parallel (the same numbers as for_each's order).
 template <class Sum>
 std::vector<double> wmat_v(const Geometry& d, const float* w, const float* v, Sum sum) {
   std::vector<double> out((size_t)d.rows, 0.0);
-  d.for_each([&](int64_t e, int64_t row, int64_t col) { out[row] += (double)w[e] * v[col]; });
+  if (is_whole(d)) {
+    const MatrixIndex m = matrix_index(d);
+#pragma omp parallel for schedule(static) if (d.rows * d.cols > (1 << 15))
+    for (int64_t row = 0; row < d.rows; ++row) {
+      double a = 0;
+      for (int64_t col = 0; col < d.cols; ++col) a += (double)w[offset(m, row, col)] * v[col];
+      out[row] = a;
+    }
+  } else {
+    d.for_each([&](int64_t e, int64_t row, int64_t col) { out[row] += (double)w[e] * v[col]; });
+  }
   sum(out);
   return out;
 }
 
-// W_mat^T u (whole cols), in double.
+// W_mat^T u (whole cols), in double. Each col sums over its rows in ascending order; the whole
+// matrix's cols in parallel blocks, rows outermost within a block.
 template <class Sum>
 std::vector<double> wmat_t_u(const Geometry& d, const float* w, const float* u, Sum sum) {
   std::vector<double> out((size_t)d.cols, 0.0);
-  d.for_each([&](int64_t e, int64_t row, int64_t col) { out[col] += (double)w[e] * u[row]; });
+  if (is_whole(d)) {
+    const MatrixIndex m = matrix_index(d);
+    constexpr int64_t kCols = 256;
+    const int64_t blocks = (d.cols + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) if (d.rows * d.cols > (1 << 15))
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = b * kCols, c1 = std::min(d.cols, c0 + kCols);
+      for (int64_t row = 0; row < d.rows; ++row)
+        for (int64_t col = c0; col < c1; ++col) out[col] += (double)w[offset(m, row, col)] * u[row];
+    }
+  } else {
+    d.for_each([&](int64_t e, int64_t row, int64_t col) { out[col] += (double)w[e] * u[row]; });
+  }
   sum(out);
   return out;
 }
@@ -101,27 +165,35 @@ inline void normalize_into(const std::vector<double>& x, double eps, float* dst)
   for (size_t i = 0; i < x.size(); ++i) dst[i] = (float)(x[i] * scale);
 }
 
-// sigma = u . (W_mat v), accumulated in double and rounded to float.
-template <class Sum>
-float sigma_of(const Geometry& d, const float* w, const float* u, const float* v, Sum sum) {
-  const std::vector<double> wv = wmat_v(d, w, v, sum);
+// u . wv, accumulated in double and rounded to float.
+inline float dot_rounded(const float* u, const std::vector<double>& wv) {
   double s = 0;
-  for (int64_t i = 0; i < d.rows; ++i) s += (double)u[i] * wv[i];
+  for (size_t i = 0; i < wv.size(); ++i) s += (double)u[i] * wv[i];
   return (float)s;
 }
 
+// sigma = u . (W_mat v), accumulated in double and rounded to float.
+template <class Sum>
+float sigma_of(const Geometry& d, const float* w, const float* u, const float* v, Sum sum) {
+  return dot_rounded(u, wmat_v(d, w, v, sum));
+}
+
 // The forward on the block w (n elements): u and v (whole) updated in place by `iterations`
-// power steps, y = w / sigma. Calls `sum` 1 + 2 * iterations times.
+// power steps, y = w / sigma. sigma reuses the last step's W_mat v (the same v). Calls `sum`
+// max(1, 2 * iterations) times.
 template <class Sum>
 void forward(const Geometry& d, int64_t iterations, double eps, const float* w, float* u, float* v, float* y,
              int64_t n, Sum sum) {
+  std::vector<double> wv;
   for (int64_t it = iterations; it > 0; --it) {
     normalize_into(wmat_t_u(d, w, u, sum), eps, v);
-    normalize_into(wmat_v(d, w, v, sum), eps, u);
+    wv = wmat_v(d, w, v, sum);
+    normalize_into(wv, eps, u);
   }
+  if (iterations <= 0) wv = wmat_v(d, w, v, sum);
   // No check on sigma: a zero or non-finite sigma gives inf/NaN as in PyTorch, which the
   // training loop's non-finite-loss check reports.
-  const float sigma = sigma_of(d, w, u, v, sum);
+  const float sigma = dot_rounded(u, wv);
   for (int64_t e = 0; e < n; ++e) y[e] = w[e] / sigma;
 }
 

@@ -377,23 +377,19 @@ TEST(CudaIndexMath, WindowAttentionMatchesCpu) {
   }
 }
 
-// The CUDA SpectralNorm's element <-> W_mat (row, col) maps against the CPU's geometry
-// (engine/spectral_norm_math.h), for dim 0 (Conv, Linear) and dim 1 (ConvTranspose).
+// The whole-matrix element <-> W_mat (row, col) maps of the CUDA SpectralNorm and the CPU's
+// fast path (engine/spectral_norm_math.h) against the geometry's for_each, for dim 0 (Conv,
+// Linear) and dim 1 (ConvTranspose).
 TEST(CudaIndexMath, SpectralNormMatrixMatchesCpu) {
   for (int dim : {0, 1})
     for (Shape w : std::vector<Shape>{{6, 4, 3, 2}, {5, 7}, {3, 4, 1, 5}}) {
       const sn::Geometry d = sn::geometry(dim, w);
-      SnIndex s;
-      s.dim = dim;
-      s.d1 = d.d1;
-      s.rest = d.rest;
-      s.rows = d.rows;
-      s.cols = d.cols;
+      const sn::MatrixIndex s = sn::matrix_index(d);
       int64_t seen = 0;
       d.for_each([&](int64_t e, int64_t row, int64_t col) {
-        EXPECT_EQ(sn_offset(s, row, col), e) << shape_str(w) << " dim " << dim;
+        EXPECT_EQ(sn::offset(s, row, col), e) << shape_str(w) << " dim " << dim;
         int64_t r = -1, c = -1;
-        sn_row_col(s, e, &r, &c);
+        sn::row_col(s, e, &r, &c);
         EXPECT_EQ(r, row);
         EXPECT_EQ(c, col);
         ++seen;

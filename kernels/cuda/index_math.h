@@ -397,32 +397,6 @@ WXE_HD void attention_row(const float* q, const float* k, const float* v, int64_
   for (int64_t d = 0; d < dh; ++d) o[d] /= sum;
 }
 
-// ---- SpectralNorm (engine/spectral_norm_math.h, the whole matrix) ----
-// W_mat (rows, cols) of weight_orig viewed as (d0, d1, rest): dim 0: row a, col b rest + r;
-// dim 1: row b, col a rest + r, for element (a, b, r) at (a d1 + b) rest + r.
-struct SnIndex {
-  int dim = 0;
-  int64_t d1 = 1, rest = 1, rows = 1, cols = 1;
-};
-
-// Offset in weight_orig of W_mat element (row, col).
-WXE_HD int64_t sn_offset(const SnIndex& s, int64_t row, int64_t col) {
-  if (s.dim == 0) return row * s.cols + col;
-  return ((col / s.rest) * s.d1 + row) * s.rest + col % s.rest;
-}
-
-// W_mat row and col of element e of weight_orig.
-WXE_HD void sn_row_col(const SnIndex& s, int64_t e, int64_t* row, int64_t* col) {
-  if (s.dim == 0) {
-    *row = e / s.cols;
-    *col = e % s.cols;
-    return;
-  }
-  const int64_t r = e % s.rest, b = e / s.rest % s.d1, a = e / (s.rest * s.d1);
-  *row = b;
-  *col = a * s.rest + r;
-}
-
 // ---- Gather (data viewed as (outer, dim, inner) around the axis; ni indices in [0, dim)) ----
 struct GatherIndex {
   int64_t dim = 1, ni = 0, inner = 1;

@@ -3,7 +3,7 @@
 // device's memory (the trainer copies them to the host for checkpoints), W = weight_orig /
 // sigma, and the backward (g - sum(g W) u v^T) / sigma. Matrix-vector products one thread per
 // output, accumulated in double in the CPU's order; norms and dots by block_sum (deterministic).
-// The element <-> (row, col) maps are index_math.h's sn_offset / sn_row_col.
+// The element <-> (row, col) maps are engine/spectral_norm_math.h's sn::offset / sn::row_col.
 #include "engine/spectral_norm_math.h"
 #include "kernels/cuda/block_sum.cuh"
 
@@ -12,19 +12,19 @@ namespace wxe::cuda {
 namespace {
 
 // out[row] = sum over col of W_mat[row, col] v[col]
-__global__ void wv_kernel(SnIndex s, const float* w, const float* v, double* out) {
+__global__ void wv_kernel(sn::MatrixIndex s, const float* w, const float* v, double* out) {
   GRID_LOOP(row, s.rows) {
     double a = 0;
-    for (int64_t col = 0; col < s.cols; ++col) a += (double)w[sn_offset(s, row, col)] * v[col];
+    for (int64_t col = 0; col < s.cols; ++col) a += (double)w[sn::offset(s, row, col)] * v[col];
     out[row] = a;
   }
 }
 
 // out[col] = sum over row of W_mat[row, col] u[row]
-__global__ void wtu_kernel(SnIndex s, const float* w, const float* u, double* out) {
+__global__ void wtu_kernel(sn::MatrixIndex s, const float* w, const float* u, double* out) {
   GRID_LOOP(col, s.cols) {
     double a = 0;
-    for (int64_t row = 0; row < s.rows; ++row) a += (double)w[sn_offset(s, row, col)] * u[row];
+    for (int64_t row = 0; row < s.rows; ++row) a += (double)w[sn::offset(s, row, col)] * u[row];
     out[col] = a;
   }
 }
@@ -51,32 +51,25 @@ __global__ void divide_kernel(const float* w, const float* sigma, float* y, int6
   GRID_LOOP(e, n) y[e] = w[e] / s;
 }
 
-__global__ void sn_grad_kernel(SnIndex s, const float* g, const double* gW, const float* u, const float* v,
+__global__ void sn_grad_kernel(sn::MatrixIndex s, const float* g, const double* gW, const float* u, const float* v,
                                const float* sigma, float* gw, int64_t n) {
   const double sg = *sigma, gw0 = *gW;
   GRID_LOOP(e, n) {
     int64_t row, col;
-    sn_row_col(s, e, &row, &col);
+    sn::row_col(s, e, &row, &col);
     gw[e] = (float)((g[e] - gw0 * u[row] * v[col]) / sg);
   }
 }
 
-SnIndex sn_index(const Node& n, const Shape& w) {
+sn::MatrixIndex sn_index(const Node& n, const Shape& w) {
   const int64_t dim = n.i("dim", 0);
   NCHECK((dim == 0 || dim == 1) && (int64_t)w.size() > dim, "dim ", dim, " does not fit weight_orig ",
          shape_str(w));
-  const sn::Geometry d = sn::geometry((int)dim, w);
-  SnIndex s;
-  s.dim = (int)dim;
-  s.d1 = d.d1;
-  s.rest = d.rest;
-  s.rows = d.rows;
-  s.cols = d.cols;
-  return s;
+  return sn::matrix_index(sn::geometry((int)dim, w));
 }
 
 // sigma (device float) = u . (W_mat v); scratch holds W_mat v (rows doubles).
-void launch_sigma(const SnIndex& s, const float* w, const float* u, const float* v, double* wv, float* sigma) {
+void launch_sigma(const sn::MatrixIndex& s, const float* w, const float* u, const float* v, double* wv, float* sigma) {
   wv_kernel<<<blocks_for(s.rows), kThreads, 0, ctx().stream>>>(s, w, v, wv);
   CUDA_LAUNCHED();
   sigma_kernel<<<1, kThreads, 0, ctx().stream>>>(u, wv, s.rows, sigma);
@@ -85,7 +78,7 @@ void launch_sigma(const SnIndex& s, const float* w, const float* u, const float*
 
 void spectral_norm_op(const Node& n, const Ins& in, const Outs& out) {
   require_f32(n, in);
-  const SnIndex s = sn_index(n, in[0]->shape);
+  const sn::MatrixIndex s = sn_index(n, in[0]->shape);
   const int64_t N = in[0]->numel();
   if (N == 0) return;
   const float* w = in[0]->data<float>();
@@ -116,7 +109,7 @@ void spectral_norm_bw(const Node& n, const Ins& in, const Ins& out, const Ins& g
   Tensor* gw = gin.empty() ? nullptr : gin[0];
   if (!gw) return;
   if (!gout[0]) return launch_zero(gw);
-  const SnIndex s = sn_index(n, in[0]->shape);
+  const sn::MatrixIndex s = sn_index(n, in[0]->shape);
   const int64_t N = in[0]->numel();
   if (N == 0) return;
   const float *u = in[1]->data<float>(), *v = in[2]->data<float>();
