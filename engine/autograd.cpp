@@ -21,14 +21,6 @@ void accumulate(Tensor& dst, const Tensor& src) {
   for (int64_t i = 0; i < n; ++i) d[i] += s[i];
 }
 
-Tensor device_tensor(Backend& b, DType t, const Shape& s) {
-  Tensor r;
-  r.dtype = t;
-  r.shape = s;
-  r.storage = b.allocate(r.nbytes());
-  return r;
-}
-
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -80,7 +72,7 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
       grads_.push_back(Tensor::zeros(DType::F32, g.values[p].shape));
       continue;
     }
-    grads_.push_back(device_tensor(*dev_, DType::F32, g.values[p].shape));
+    grads_.push_back(dev_->empty(DType::F32, g.values[p].shape));
     tk_->fill(grads_.back().data<float>(), grads_.back().numel(), 0.f);
   }
 }
@@ -248,7 +240,7 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
     for (int o : n.outputs) {
       const Value& v = g_.values[o];
       if (dk) {
-        dvals_[o] = device_tensor(*dev_, v.dtype, v.shape);
+        dvals_[o] = dev_->empty(v.dtype, v.shape);
         out.push_back(&dvals_[o]);
       } else {
         vals_[o] = Tensor(v.dtype, v.shape);
@@ -301,7 +293,7 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
     if (!hg[v].defined() && !dg[v].defined()) {
       (t_on_dev ? dg[v] : hg[v]) = std::move(t);
     } else if (dg[v].defined() && add) {
-      Tensor s = device_tensor(*dev_, DType::F32, dg[v].shape);
+      Tensor s = dev_->empty(DType::F32, dg[v].shape);
       Tensor td = t_on_dev ? t : dev_->upload(t);
       add->forward(add_node, {&dg[v], &td}, {&s});
       dg[v] = std::move(s);
@@ -351,7 +343,7 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
         in.push_back(v < 0 ? nullptr : host ? &host_value(v) : &dev_value(v));
         const bool want = v >= 0 && needs_grad_[v];
         gi[i] = !want ? Tensor()
-                : dk  ? device_tensor(*dev_, DType::F32, g_.values[v].shape)
+                : dk  ? dev_->empty(DType::F32, g_.values[v].shape)
                       : Tensor(DType::F32, g_.values[v].shape);
         gin.push_back(want ? &gi[i] : nullptr);
       }
@@ -386,7 +378,7 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
   for (size_t p = 0; p < trainable_.size(); ++p) {
     const int v = trainable_[p];
     if (!hg[v].defined() && !dg[v].defined()) continue;
-    Tensor s = device_tensor(*dev_, DType::F32, grads_[p].shape);
+    Tensor s = dev_->empty(DType::F32, grads_[p].shape);
     add->forward(add_node, {&grads_[p], &on_dev(v)}, {&s});
     grads_[p] = std::move(s);
   }

@@ -6,12 +6,17 @@
 
 namespace wxe {
 
+Tensor Backend::empty(DType dtype, const Shape& shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.storage = allocate(t.nbytes());
+  return t;
+}
+
 Tensor Backend::upload(const Tensor& host) {
   WXE_ASSERT(host.device() == DeviceKind::CPU);
-  Tensor t;
-  t.dtype = host.dtype;
-  t.shape = host.shape;
-  t.storage = allocate(host.nbytes());
+  Tensor t = empty(host.dtype, host.shape);
   if (host.nbytes()) copy_to_device(t.raw(), host.raw(), host.nbytes());
   return t;
 }

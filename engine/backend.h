@@ -57,6 +57,8 @@ class Backend {
   // without them cannot train).
   virtual const TrainKernels* train_kernels() const { return nullptr; }
 
+  // An uninitialized tensor in this device's memory.
+  Tensor empty(DType dtype, const Shape& shape);
   // A host tensor copied to this device / a device tensor copied to the host.
   Tensor upload(const Tensor& host);
   Tensor download(const Tensor& dev);

@@ -367,10 +367,7 @@ StepLog Trainer::step() {
 }
 
 Tensor Trainer::device_zeros(int64_t n) const {
-  Tensor t;
-  t.dtype = DType::F32;
-  t.shape = {n};
-  t.storage = dev_->allocate(t.nbytes());
+  Tensor t = dev_->empty(DType::F32, {n});
   dev_->train_kernels()->fill(t.data<float>(), n, 0.f);
   return t;
 }

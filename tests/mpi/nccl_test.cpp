@@ -54,20 +54,14 @@ TEST(Nccl, DeviceBuffers) {
   for (int i = 0; i < 6; ++i) EXPECT_EQ(got.data<float>()[i], h.data<float>()[i]) << i;
   // all_gather / reduce_scatter / broadcast on device buffers
   Tensor part = b.upload(Tensor::from_f32({1, 2}, {10.f * r, 10.f * r + 1}));
-  Tensor all;
-  all.dtype = DType::F32;
-  all.shape = {n, 2};
-  all.storage = b.allocate(all.nbytes());
+  Tensor all = b.empty(DType::F32, {n, 2});
   c.all_gather(part, all);
   Tensor ga = b.download(all);
   for (int k = 0; k < n; ++k) {
     EXPECT_EQ(ga.data<float>()[2 * k], 10.f * k);
     EXPECT_EQ(ga.data<float>()[2 * k + 1], 10.f * k + 1);
   }
-  Tensor mine;
-  mine.dtype = DType::F32;
-  mine.shape = {1, 2};
-  mine.storage = b.allocate(mine.nbytes());
+  Tensor mine = b.empty(DType::F32, {1, 2});
   c.reduce_scatter_sum(all, mine);  // every rank contributed the same `all`
   Tensor rs = b.download(mine);
   EXPECT_EQ(rs.data<float>()[0], 10.f * r * n);
@@ -84,18 +78,12 @@ TEST(Nccl, DeviceBuffers) {
   Node node;
   node.op = "AllReduceTP";
   Tensor x = b.upload(Tensor::from_f32({3}, {1.f, 2.f, (float)r}));
-  Tensor y;
-  y.dtype = DType::F32;
-  y.shape = {3};
-  y.storage = b.allocate(y.nbytes());
+  Tensor y = b.empty(DType::F32, {3});
   ar->forward(node, {&x}, {&y});
   Tensor yh = b.download(y);
   EXPECT_EQ(yh.data<float>()[0], 1.f * n);
   EXPECT_EQ(yh.data<float>()[2], (float)(n * (n - 1) / 2));
-  Tensor gx;
-  gx.dtype = DType::F32;
-  gx.shape = {3};
-  gx.storage = b.allocate(gx.nbytes());
+  Tensor gx = b.empty(DType::F32, {3});
   node.op = "CopyToTP";
   cp->backward(node, {&x}, {&y}, {&x}, {&gx});
   Tensor gh = b.download(gx);
