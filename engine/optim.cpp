@@ -32,6 +32,10 @@ double sum_squares_cpu(const float* x, int64_t n) {
   return s;
 }
 
+void segment_sum_squares_cpu(const float* x, const std::vector<int64_t>& bounds, double* out) {
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) out[i] = sum_squares_cpu(x + bounds[i], bounds[i + 1] - bounds[i]);
+}
+
 void adamw_cpu(const AdamWScalars& s, float* p, const float* g, float* m, float* v, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t j = 0; j < n; ++j) adamw_element(s, p[j], g[j], m[j], v[j]);
@@ -52,7 +56,7 @@ void ema_cpu(float* s, const float* p, int64_t n, float d, float w) {
 }  // namespace
 
 const TrainKernels& cpu_train_kernels() {
-  static const TrainKernels k{adamw_cpu, sum_squares_cpu, scale_cpu, fill_cpu, ema_cpu};
+  static const TrainKernels k{adamw_cpu, segment_sum_squares_cpu, scale_cpu, fill_cpu, ema_cpu};
   return k;
 }
 

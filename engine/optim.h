@@ -39,8 +39,10 @@ WXE_HD void adamw_element(const AdamWScalars& s, float& p, float g, float& m, fl
 // that parameters, gradients and optimizer state can stay on the device.
 struct TrainKernels {
   void (*adamw)(const AdamWScalars& s, float* p, const float* g, float* m, float* v, int64_t n) = nullptr;
-  // sum of x^2 in double, in an order that depends on n only (deterministic)
-  double (*sum_squares)(const float* x, int64_t n) = nullptr;
+  // out[i] = sum of x^2 over [bounds[i], bounds[i+1]), in double, in an order that depends on
+  // the bounds only (deterministic); one result per segment, all returned at once (on a
+  // device: one wait, not one per segment)
+  void (*segment_sum_squares)(const float* x, const std::vector<int64_t>& bounds, double* out) = nullptr;
   void (*scale)(float* x, int64_t n, float factor) = nullptr;
   void (*fill)(float* x, int64_t n, float value) = nullptr;
   // shadow = decay * shadow + (1 - decay) * p, both coefficients float32

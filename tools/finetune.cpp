@@ -319,10 +319,13 @@ StepLog Trainer::step() {
   float* gflat = dev_ ? dev_state_.g.data<float>() : gshard.data<float>();
   // loss over every micro-batch and rollout step; global gradient norm with each parameter
   // counted once: tp-sharded ones summed over tp, replicated ones from tp rank 0
+  std::vector<int64_t> bounds = zoff_;  // parameter p's block: [zoff_[p], zoff_[p] + zc_[p])
+  bounds.push_back(zS_);
+  std::vector<double> sq(trainable_.size());
+  k.segment_sum_squares(gflat, bounds, sq.data());
   double sq_sharded = 0, sq_replicated = 0;
   for (size_t p = 0; p < trainable_.size(); ++p)
-    (slices_.count(graph_.values[trainable_[p]].name) ? sq_sharded : sq_replicated) +=
-        k.sum_squares(gflat + zoff_[p], zc_[p]);
+    (slices_.count(graph_.values[trainable_[p]].name) ? sq_sharded : sq_replicated) += sq[p];
   double total_sq = sq_sharded + sq_replicated;
   if (mesh_ && mesh_->world > 1) {
     Tensor v(DType::F64, {3});

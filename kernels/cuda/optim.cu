@@ -1,8 +1,9 @@
 // The CUDA backend's training kernels (engine/optim.h TrainKernels): AdamW on flat float32
-// buffers (the element update is engine/optim.h adamw_element, the CPU's), a deterministic
-// sum of squares (fixed chunks summed in double, the chunk sums added in order on the host),
-// scale, fill and the EMA update; and the deterministic sum of products other kernels use. With them the trainer keeps parameters, gradients and
-// optimizer state on the GPU.
+// buffers (the element update is engine/optim.h adamw_element, the CPU's), deterministic
+// sums of squares per segment (fixed chunks summed in double, then the chunk sums in order;
+// one copy to the host for all segments), scale, fill and the EMA update; and the
+// deterministic sum of products other kernels use. With them the trainer keeps parameters,
+// gradients and optimizer state on the GPU.
 #include <vector>
 
 #include "kernels/cuda/block_sum.cuh"
@@ -52,13 +53,14 @@ void adamw(const AdamWScalars& s, float* p, const float* g, float* m, float* v, 
   CUDA_LAUNCHED();
 }
 
-double sum_squares(const float* x, int64_t n) {
-  Scratch out(sizeof(double));
-  launch_sum_products(x, nullptr, n, (double*)out.p);
-  double s = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&s, out.p, sizeof(double), cudaMemcpyDeviceToHost, ctx().stream));
+void segment_sum_squares(const float* x, const std::vector<int64_t>& bounds, double* out) {
+  const size_t segments = bounds.empty() ? 0 : bounds.size() - 1;
+  if (segments == 0) return;
+  Scratch sums(segments * sizeof(double));
+  for (size_t i = 0; i < segments; ++i)
+    launch_sum_products(x + bounds[i], nullptr, bounds[i + 1] - bounds[i], (double*)sums.p + i);
+  CUDA_CHECK(cudaMemcpyAsync(out, sums.p, segments * sizeof(double), cudaMemcpyDeviceToHost, ctx().stream));
   CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
-  return s;
 }
 
 void scale(float* x, int64_t n, float f) {
@@ -93,7 +95,7 @@ void launch_sum_products(const float* a, const float* b, int64_t n, double* out)
 }
 
 const TrainKernels& train_kernels() {
-  static const TrainKernels k{adamw, sum_squares, scale, fill, ema};
+  static const TrainKernels k{adamw, segment_sum_squares, scale, fill, ema};
   return k;
 }
 
