@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "engine/executor.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "models/credit_modules.h"
 

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <set>
 
-#include "engine/error.h"
+#include "engine/ir/error.h"
 
 namespace fs = std::filesystem;
 

@@ -12,9 +12,9 @@
 #include <functional>
 #include <sstream>
 
-#include "engine/error.h"
-#include "engine/glob.h"
-#include "engine/json.h"
+#include "engine/ir/error.h"
+#include "engine/io/glob.h"
+#include "engine/io/json.h"
 
 namespace fs = std::filesystem;
 

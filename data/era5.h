@@ -15,8 +15,8 @@
 
 #include "data/credit_config.h"
 #include "data/netcdf.h"
-#include "engine/samples.h"
-#include "engine/tensor.h"
+#include "engine/io/samples.h"
+#include "engine/ir/tensor.h"
 
 namespace wxe {
 

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "engine/error.h"
+#include "engine/ir/error.h"
 
 namespace fs = std::filesystem;
 

@@ -1,5 +1,5 @@
 // A build without CUDA (-DWXE_CUDA=OFF): no GPU backend to register.
-#include "engine/backend.h"
+#include "engine/exec/backend.h"
 
 namespace wxe {
 

@@ -1,8 +1,8 @@
-// CREDIT's module names: the one table the passes (engine/passes.h), the checkpoint layout rules
-// (engine/layout_rules.h), the fusion and the tensor-parallel plan (parallel/shard.h) read,
-// through engine/module_roles.h.
+// CREDIT's module names: the one table the passes (engine/passes/passes.h), the checkpoint layout rules
+// (engine/passes/layout_rules.h), the fusion and the tensor-parallel plan (parallel/shard.h) read,
+// through engine/ir/module_roles.h.
 #pragma once
-#include "engine/module_roles.h"
+#include "engine/ir/module_roles.h"
 
 namespace wxe {
 

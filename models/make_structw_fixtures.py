@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fixtures for loading a legacy checkpoint into exports whose parameter names are lost
-(issue 10 item 6; engine/passes.h name_params_by_structure):
+(issue 10 item 6; engine/passes/passes.h name_params_by_structure):
 
 - `structw_crossformer_dynamo.onnx`: a small CREDIT CrossFormer (credit.models.crossformer,
   spectral norm ON, earth padding) exported with the dynamo exporter (opset 18). Its

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "engine/backend.h"
-#include "engine/ops.h"
+#include "engine/exec/backend.h"
+#include "engine/ir/ops.h"
 
 namespace wxe {
 

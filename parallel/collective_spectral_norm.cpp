@@ -3,7 +3,7 @@
 // matrix, summed over the thread's tp communicator (collective_ops.h).
 //
 //   inputs   weight_orig block: block `index` of `parts` along weight axis `axis` (0 or 1),
-//            within each of `groups` equal groups of that axis (engine/safetensors.h
+//            within each of `groups` equal groups of that axis (engine/io/safetensors.h
 //            TensorSlice); u (rows of the whole W_mat), v (cols of the whole W_mat)
 //   attrs    dim, power_iterations, eps as SpectralNorm; axis, parts, index, groups
 //   output   this rank's block of W = weight_orig / sigma
@@ -21,9 +21,9 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/ops.h"
-#include "engine/passes.h"
-#include "engine/spectral_norm_math.h"
+#include "engine/ir/ops.h"
+#include "engine/passes/passes.h"
+#include "engine/math/spectral_norm_math.h"
 #include "parallel/collective_ops.h"
 
 namespace wxe {
@@ -32,7 +32,7 @@ namespace {
 
 #define NCHECK(cond, ...) WXE_CHECK(cond, "node ", n.name, " (", n.op, "): ", __VA_ARGS__)
 
-// The block's geometry (engine/spectral_norm_math.h), after checking the attributes.
+// The block's geometry (engine/math/spectral_norm_math.h), after checking the attributes.
 sn::Geometry tp_sn_dims(const Node& n, const Shape& block) {
   const int64_t dim = n.i("dim", 0), axis = n.i("axis", 0), parts = n.i("parts", 1), index = n.i("index", 0),
                 groups = n.i("groups", 1);

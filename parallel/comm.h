@@ -3,7 +3,7 @@
 //
 // Rules every backend follows:
 // - Collectives are blocking and must be called by every rank of the group in the same
-//   order (the MPI rule). Tensors are host tensors, contiguous (engine/tensor.h).
+//   order (the MPI rule). Tensors are host tensors, contiguous (engine/ir/tensor.h).
 // - Each call checks locally that its tensors fit what it needs (dtype, shape, root) and
 //   throws wxe::Error otherwise. Agreement between ranks is not checked: it would cost a
 //   round trip per call.
@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/tensor.h"
+#include "engine/ir/tensor.h"
 
 namespace wxe {
 

@@ -5,11 +5,11 @@
 #include <fstream>
 #include <set>
 
-#include "engine/glob.h"
-#include "engine/json.h"
-#include "engine/layout_rules.h"
-#include "engine/module_roles.h"
-#include "engine/passes.h"
+#include "engine/io/glob.h"
+#include "engine/io/json.h"
+#include "engine/passes/layout_rules.h"
+#include "engine/ir/module_roles.h"
+#include "engine/passes/passes.h"
 #include "parallel/collective_ops.h"
 
 namespace wxe {

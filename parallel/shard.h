@@ -4,7 +4,7 @@
 // each rank owning whole heads (heads / tp); in every feed-forward block the up projection
 // (layers.1) is column-parallel and the down projection (layers.4) row-parallel; everything
 // else is replicated. Found from the Linear nodes' parameter names through the module table
-// (engine/module_roles.h); a plan file can override it. In a training graph that keeps
+// (engine/ir/module_roles.h); a plan file can override it. In a training graph that keeps
 // spectral norm, the 1x1 Convs whose weight is a SpectralNorm output are layers too, keyed by
 // their `X.weight_orig`: the fused to_qkv column-parallel by heads (rank r keeps head block r
 // of each of q, k and v: TensorSlice groups 3), to_out and layers.4 row-parallel, layers.1
@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/graph.h"
-#include "engine/safetensors.h"
+#include "engine/ir/graph.h"
+#include "engine/io/safetensors.h"
 
 namespace wxe {
 
@@ -42,12 +42,12 @@ struct TpPlan {
 };
 
 // The discovered plan: Linear nodes (and, in a training graph, spectral-norm 1x1 Convs) whose
-// weight's module has a projection role in the module table (engine/module_roles.h; CREDIT's is
+// weight's module has a projection role in the module table (engine/ir/module_roles.h; CREDIT's is
 // models/credit_modules.h): q, k, v, fused qkv and ffn-up column-parallel, out and ffn-down
 // row-parallel.
 TpPlan discover_plan(const Graph& g);
 
-// A JSON object {"pattern": "colwise" | "rowwise" | "replicate", ...}; patterns (engine/glob.h) match Linear
+// A JSON object {"pattern": "colwise" | "rowwise" | "replicate", ...}; patterns (engine/io/glob.h) match Linear
 // weight names, '*' matching any run of characters; later entries win. Entries matching no
 // Linear weight are an error naming them.
 void apply_plan_file(TpPlan& plan, const Graph& g, const std::string& path);
@@ -64,7 +64,7 @@ struct ShardStats {
 // node the sharded axis cannot pass through, are one error naming the block and node.
 ShardStats shard_graph(Graph& g, const TpPlan& plan, int tp, int tp_rank);
 
-// shard_graph for a training graph (engine/passes.h prepare_training_graph: parameters are
+// shard_graph for a training graph (engine/passes/passes.h prepare_training_graph: parameters are
 // named leaves, the position-bias MLP is live), plus one CopyToTP per distinct replicated
 // tensor entering the sharded region (stats.copies). Sharded parameters keep their names and
 // are exactly those parameter_slices() lists (checked); parameters keep their shapes (a

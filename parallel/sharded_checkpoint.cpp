@@ -15,8 +15,8 @@
 #include <sstream>
 #include <tuple>
 
-#include "engine/json.h"
-#include "engine/npy.h"
+#include "engine/io/json.h"
+#include "engine/io/npy.h"
 
 namespace wxe {
 

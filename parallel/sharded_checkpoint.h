@@ -5,7 +5,7 @@
 //                                              names, each at its block shape
 //   DIR/index.json                             written last; its presence makes DIR a checkpoint
 //
-// index.json (strict JSON, engine/json.h):
+// index.json (strict JSON, engine/io/json.h):
 //   {"format": "wxe-sharded-1", "world": N, "chunk_bytes": C,
 //    "metadata": {"step": "10", ...},                         (strings only)
 //    "tensors": {"NAME": {"shape": [4, 6], "dtype": "F32",
@@ -21,7 +21,7 @@
 // Blocks (the one rule used throughout this file, for any TensorSlice {axis, parts, index}):
 // along `axis` of length n, block i covers [i*c, min(n, (i+1)*c)) with c = ceil(n / parts);
 // the last blocks may be shorter or empty (n = 5, parts = 4: 2, 2, 1, 0). Where parts divides
-// n this is engine/safetensors.h's equal blocks, whose reader still requires divisibility.
+// n this is engine/io/safetensors.h's equal blocks, whose reader still requires divisibility.
 // parts == 1 means the whole tensor (axis ignored). With groups G > 1 (a piece's optional
 // "groups" in index.json, absent meaning 1) the rule applies within each of the G equal groups
 // of `axis` (n / G long): the piece holds block i of every group, in group order.
@@ -40,8 +40,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/safetensors.h"
-#include "engine/tensor.h"
+#include "engine/io/safetensors.h"
+#include "engine/ir/tensor.h"
 #include "parallel/comm.h"
 
 namespace wxe {

@@ -1,13 +1,13 @@
-// Static-batch exports run any batch (tools/model.h run_any_batch): rows in runs of the traced
+// Static-batch exports run any batch (load/model.h run_any_batch): rows in runs of the traced
 // batch, the last run padded; each output row equals the model run on that row alone.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "engine/npy.h"
+#include "engine/io/npy.h"
 #include "importers/onnx/onnx_import.h"
 #include "tests/test_util.h"
-#include "tools/model.h"
+#include "load/model.h"
 
 namespace wxe::test {
 namespace {

@@ -10,16 +10,16 @@
 #include <filesystem>
 #include <set>
 
-#include "engine/autograd.h"
-#include "engine/backend.h"
-#include "engine/executor.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/exec/autograd.h"
+#include "engine/exec/backend.h"
+#include "engine/exec/executor.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "tests/grad_check.h"
 #include "tests/host_backend.h"
 #include "tests/test_util.h"
-#include "tools/model.h"
+#include "load/model.h"
 
 using namespace wxe;
 using namespace wxe::test;

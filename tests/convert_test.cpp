@@ -2,11 +2,11 @@
 // (models/make_convert_reference.py): CREDIT model + remove_spectral_norm + reshape/split.
 #include <filesystem>
 
-#include "engine/executor.h"
-#include "engine/layout_rules.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
-#include "engine/safetensors.h"
+#include "engine/exec/executor.h"
+#include "engine/passes/layout_rules.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
+#include "engine/io/safetensors.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "tests/test_util.h"

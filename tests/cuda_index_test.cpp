@@ -1,7 +1,7 @@
 // The CUDA kernels' index math (kernels/cuda/index_math.h, __host__ __device__) run on the
 // host against the CPU reference kernels: the same walks, pad maps, reductions, resize taps
 // and einsum strides the GPU kernels use, checked without a GPU.
-#include "engine/spectral_norm_math.h"
+#include "engine/math/spectral_norm_math.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/index_math.h"
 #include "tests/test_util.h"
@@ -378,7 +378,7 @@ TEST(CudaIndexMath, WindowAttentionMatchesCpu) {
 }
 
 // The whole-matrix element <-> W_mat (row, col) maps of the CUDA SpectralNorm and the CPU's
-// fast path (engine/spectral_norm_math.h) against the geometry's for_each, for dim 0 (Conv,
+// fast path (engine/math/spectral_norm_math.h) against the geometry's for_each, for dim 0 (Conv,
 // Linear) and dim 1 (ConvTranspose).
 TEST(CudaIndexMath, SpectralNormMatrixMatchesCpu) {
   for (int dim : {0, 1})

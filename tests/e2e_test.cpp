@@ -1,9 +1,9 @@
 // End to end: real CREDIT exports reproduce the stored PyTorch outputs.
 #include <filesystem>
 
-#include "engine/executor.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "tests/test_util.h"
 

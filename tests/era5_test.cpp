@@ -14,15 +14,15 @@
 #include "data/credit_config.h"
 #include "data/era5.h"
 #include "data/netcdf.h"
-#include "engine/executor.h"
-#include "engine/loss.h"
-#include "engine/npy.h"
-#include "engine/samples.h"
+#include "engine/exec/executor.h"
+#include "train/loss.h"
+#include "engine/io/npy.h"
+#include "engine/io/samples.h"
 #include "importers/onnx/onnx_import.h"
 #include "tests/host_backend.h"
 #include "test_util.h"
-#include "tools/forecast.h"
-#include "tools/model.h"
+#include "forecast/forecast.h"
+#include "load/model.h"
 
 namespace fs = std::filesystem;
 using namespace wxe;

@@ -1,10 +1,10 @@
-// CPU fusion passes (engine/fuse.h), each alone: a small graph in, the expected graph out, the
+// CPU fusion passes (engine/passes/fuse.h), each alone: a small graph in, the expected graph out, the
 // same numbers before and after (reference kernels).
 #include <cmath>
 
-#include "engine/executor.h"
-#include "engine/fuse.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/passes/fuse.h"
+#include "engine/passes/passes.h"
 #include "tests/test_util.h"
 
 using namespace wxe;

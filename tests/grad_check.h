@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/ops.h"
-#include "engine/tensor.h"
+#include "engine/ir/ops.h"
+#include "engine/ir/tensor.h"
 
 namespace wxe::test {
 

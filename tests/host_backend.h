@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
+#include "engine/exec/backend.h"
 
 namespace wxe::test {
 

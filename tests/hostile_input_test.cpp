@@ -12,11 +12,11 @@
 #include <fstream>
 #include <set>
 
-#include "engine/file_util.h"
-#include "engine/glob.h"
-#include "engine/layout_rules.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/io/file_util.h"
+#include "engine/io/glob.h"
+#include "engine/passes/layout_rules.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/shard.h"
 #include "tests/test_util.h"

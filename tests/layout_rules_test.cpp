@@ -1,10 +1,10 @@
-// The legacy -> Linear layout rules (engine/layout_rules.h) on hand-made state dicts.
-#include "engine/layout_rules.h"
+// The legacy -> Linear layout rules (engine/passes/layout_rules.h) on hand-made state dicts.
+#include "engine/passes/layout_rules.h"
 
 #include <cstring>
 #include <map>
 
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "tests/test_util.h"
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "tests/test_util.h"
-#include "tools/loss_plot.h"
+#include "train/loss_plot.h"
 
 namespace wxe::test {
 namespace {

@@ -1,6 +1,6 @@
 // engine/loss: the latitude/channel-weighted MSE against a direct computation, its gradient
 // against central finite differences of the loss itself, latitude weights.
-#include "engine/loss.h"
+#include "train/loss.h"
 
 #include <gtest/gtest.h>
 

@@ -1,19 +1,19 @@
-// The module table (engine/module_roles.h, CREDIT's in models/credit_modules.h) is the one place
+// The module table (engine/ir/module_roles.h, CREDIT's in models/credit_modules.h) is the one place
 // the passes, the checkpoint layout rules and the tensor-parallel plan learn module names from:
 // a model whose projections are named otherwise is rewritten and sharded once its names are
 // added to the table, and every CREDIT family fixture shards its attention and feed-forward.
 #include <filesystem>
 
-#include "engine/layout_rules.h"
-#include "engine/module_roles.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/passes/layout_rules.h"
+#include "engine/ir/module_roles.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "models/credit_modules.h"
 #include "parallel/collective_ops.h"
 #include "parallel/shard.h"
 #include "tests/test_util.h"
-#include "tools/model.h"
+#include "load/model.h"
 
 using namespace wxe;
 using namespace wxe::test;

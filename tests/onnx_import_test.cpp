@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/executor.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "tests/test_util.h"
 

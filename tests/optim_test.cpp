@@ -1,6 +1,6 @@
 // engine/optim: AdamW against an independent step-by-step computation in double, the state
 // round trip, schedules, global-norm clipping and EMA against hand computation.
-#include "engine/optim.h"
+#include "train/optim.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Each pass alone: a small graph in, the expected graph out, the same numbers before and after.
-#include "engine/executor.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/passes/passes.h"
 #include "tests/test_util.h"
 
 using namespace wxe;

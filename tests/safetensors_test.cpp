@@ -1,7 +1,7 @@
 // engine/safetensors: round trip, a file written by the Python safetensors package
 // (tests/data/pt/py_written.safetensors, made by models/make_pt_fixtures.py), strict header
 // validation, truncation and random mutations.
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include <random>
 #include <sstream>
 
-#include "engine/npy.h"
+#include "engine/io/npy.h"
 #include "tests/test_util.h"
 
 namespace wxe {

@@ -1,12 +1,12 @@
 // engine/samples: the .npy directory sample source (pairing, forecast_len windows, batch
 // dims, dtype conversion, lat/channel weights, every error) and stack_batch.
-#include "engine/samples.h"
+#include "engine/io/samples.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "engine/npy.h"
+#include "engine/io/npy.h"
 #include "tests/test_util.h"
 
 namespace wxe {

@@ -6,9 +6,9 @@
 #include <mutex>
 #include <thread>
 
-#include "engine/executor.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/collective_ops.h"
 #include "parallel/shard.h"

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 #include "tests/test_util.h"
 
 namespace wxe {

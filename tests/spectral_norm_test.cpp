@@ -1,10 +1,10 @@
 // SpectralNorm op (kernels/cpu/spectral_norm.cpp): the train-mode power iteration against
-// plain double loops, u and v updated in place, the eval-mode fold (engine/layout_rules.h)
+// plain double loops, u and v updated in place, the eval-mode fold (engine/passes/layout_rules.h)
 // at power_iterations 0, shape-rule errors, no gradient for u and v. The weight gradient is
 // checked by finite differences in grad_layers_test.cpp.
 #include <cmath>
 
-#include "engine/layout_rules.h"
+#include "engine/passes/layout_rules.h"
 #include "tests/test_util.h"
 
 using namespace wxe;

@@ -6,13 +6,13 @@
 // the export's value, or put in the wrong place, changes y).
 #include <gtest/gtest.h>
 
-#include "engine/executor.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "tests/test_util.h"
-#include "tools/model.h"
+#include "load/model.h"
 
 using namespace wxe;
 using namespace wxe::test;

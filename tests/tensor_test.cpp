@@ -1,4 +1,4 @@
-#include "engine/tensor.h"
+#include "engine/ir/tensor.h"
 
 #include <gtest/gtest.h>
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/graph.h"
-#include "engine/ops.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/ops.h"
 
 namespace wxe::test {
 

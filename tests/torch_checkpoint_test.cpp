@@ -13,7 +13,7 @@
 #include <random>
 #include <sstream>
 
-#include "engine/npy.h"
+#include "engine/io/npy.h"
 #include "tests/test_util.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "importers/torch/zip.h"

@@ -7,14 +7,14 @@
 #include <map>
 #include <memory>
 
-#include "engine/layout_rules.h"
-#include "engine/safetensors.h"
+#include "engine/passes/layout_rules.h"
+#include "engine/io/safetensors.h"
 #include "importers/torch/pickle.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "importers/torch/torch_save.h"
 #include "importers/torch/zip.h"
 #include "tests/test_util.h"
-#include "tools/credit_checkpoint.h"
+#include "train/credit_checkpoint.h"
 
 namespace wxe::test {
 namespace {

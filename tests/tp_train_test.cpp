@@ -5,10 +5,10 @@
 // the tp-1 gradient, replicated ones the whole tp-1 gradient on every rank.
 #include <gtest/gtest.h>
 
-#include "engine/autograd.h"
-#include "engine/layout_rules.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/exec/autograd.h"
+#include "engine/passes/layout_rules.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/collective_ops.h"
 #include "parallel/shard.h"

@@ -8,17 +8,17 @@
 #include <fstream>
 #include <set>
 
-#include "engine/autograd.h"
-#include "engine/executor.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
-#include "engine/safetensors.h"
+#include "engine/exec/autograd.h"
+#include "engine/exec/executor.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
+#include "engine/io/safetensors.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "tests/host_backend.h"
 #include "tests/test_util.h"
-#include "tools/finetune.h"
-#include "tools/model.h"
+#include "train/finetune.h"
+#include "load/model.h"
 
 namespace fs = std::filesystem;
 

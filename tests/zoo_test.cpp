@@ -7,9 +7,9 @@
 #include <cmath>
 #include <fstream>
 
-#include "engine/executor.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/shard.h"
 #include "tests/test_util.h"

@@ -14,11 +14,11 @@
 #include <map>
 #include <set>
 
-#include "engine/executor.h"
-#include "engine/layout_rules.h"
-#include "engine/safetensors.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
+#include "engine/exec/executor.h"
+#include "engine/passes/layout_rules.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "models/credit_modules.h"
@@ -30,11 +30,11 @@
 #endif
 #include "parallel/shard.h"
 #include "parallel/sharded_checkpoint.h"
-#include "tools/credit_checkpoint.h"
-#include "tools/finetune.h"
-#include "tools/forecast.h"
-#include "tools/loss_plot.h"
-#include "tools/model.h"
+#include "train/credit_checkpoint.h"
+#include "train/finetune.h"
+#include "forecast/forecast.h"
+#include "train/loss_plot.h"
+#include "load/model.h"
 
 using namespace wxe;
 
@@ -88,7 +88,7 @@ Graph import_model(const std::string& model) {
   return g;
 }
 
-// Binds the inputs and runs the passes (tools/model.h), loading `weights_path` if given;
+// Binds the inputs and runs the passes (load/model.h), loading `weights_path` if given;
 // `slices_of`, given the prepared graph, says which parts of each weight this rank reads.
 // A static-batch export given another batch is prepared at its own batch (returned; 0 when the
 // inputs fit as they are) and run with run_any_batch.

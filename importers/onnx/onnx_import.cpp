@@ -17,8 +17,8 @@
 #include <map>
 #include <set>
 
-#include "engine/file_util.h"
-#include "engine/ops.h"
+#include "engine/io/file_util.h"
+#include "engine/ir/ops.h"
 
 namespace wxe {
 

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/graph.h"
+#include "engine/ir/graph.h"
 
 namespace wxe {
 

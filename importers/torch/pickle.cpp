@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "engine/error.h"
+#include "engine/ir/error.h"
 
 namespace wxe::torch_pickle {
 

@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "engine/ir/tensor.h"
 
 namespace wxe::torch_pickle {
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "engine/ir/tensor.h"
 
 namespace wxe {
 

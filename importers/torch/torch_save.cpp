@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "engine/npy.h"
+#include "engine/io/npy.h"
 
 namespace wxe {
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "engine/ir/tensor.h"
 
 namespace wxe {
 

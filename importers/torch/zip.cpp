@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/error.h"
+#include "engine/ir/error.h"
 
 namespace wxe::torch_zip {
 

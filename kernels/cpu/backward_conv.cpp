@@ -1,5 +1,5 @@
 // Backward kernels of Conv and ConvTranspose (1-D, 2-D, 3-D; strides, pads, dilations, group,
-// auto_pad, output_padding / output_shape, optional bias). See engine/ops.h (BackwardFn) for
+// auto_pad, output_padding / output_shape, optional bias). See engine/ir/ops.h (BackwardFn) for
 // the contract. Geometry comes from conv_geometry (conv.cpp), as in the forward kernels.
 //
 // Reference loops (the oracle). Both ops relate a "wide" tensor (Conv: the input;
@@ -27,7 +27,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/backward_conv.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"

@@ -1,12 +1,12 @@
 // Conv / ConvTranspose backward with an explicit choice of path, for tests that compare the
 // oneDNN fast path with the reference loops (backward_conv.cpp).
 #pragma once
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {
 
-// The backward kernel of a Conv or ConvTranspose node (engine/ops.h BackwardFn contract).
+// The backward kernel of a Conv or ConvTranspose node (engine/ir/ops.h BackwardFn contract).
 // Reference: plain loops with double accumulation (the oracle). Fast: oneDNN's backward-data
 // and backward-weights primitives where they apply, the loops otherwise. Returns true when
 // oneDNN computed dx and dw (the bias gradient is always a plain sum).

@@ -1,6 +1,6 @@
 // Backward kernels (layers): Softmax, LayerNormalization, InstanceNormalization,
 // GroupNormalization, Reduce*, Gelu (norm.cpp) and MatMul, Gemm, Einsum, Linear (linalg.cpp).
-// See engine/ops.h (BackwardFn) for the contract. Each kernel reads the node's attributes as
+// See engine/ir/ops.h (BackwardFn) for the contract. Each kernel reads the node's attributes as
 // its forward kernel does and accumulates in double; statistics the forward computes
 // (mean, 1/std, the Reduce* aggregates) are recomputed from the inputs in double.
 //
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/broadcast.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"

@@ -1,6 +1,6 @@
 // Backward kernels of backward_layers.cpp with an explicit choice of path, for tests that
 // compare the fast path with the reference loops (the oracle). Each follows the BackwardFn
-// contract (engine/ops.h); the registered kernels run KernelKind::Fast.
+// contract (engine/ir/ops.h); the registered kernels run KernelKind::Fast.
 //
 // Reference: plain loops with double accumulation (Einsum: the reference Einsum kernel).
 // Fast: Linear, MatMul and Gemm as oneDNN matmuls on strided views (cached per shape);
@@ -8,7 +8,7 @@
 // gradient layouts agree; ReduceSum / ReduceMean as a broadcast copy (broadcast.h). Shapes
 // or attributes the fast path does not take run the reference.
 #pragma once
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {

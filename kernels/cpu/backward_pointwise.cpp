@@ -1,4 +1,4 @@
-// Backward kernels of the elementwise, shape and data ops (engine/ops.h BackwardFn).
+// Backward kernels of the elementwise, shape and data ops (engine/ir/ops.h BackwardFn).
 //
 // Elementwise ops: each output element's local derivative times its gradient, summed over
 // the dims an input was broadcast along (double accumulators).
@@ -25,7 +25,7 @@
 #include <limits>
 #include <map>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/broadcast.h"
 #include "kernels/cpu/cpu_ops.h"
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 
 namespace wxe::cpu {
 

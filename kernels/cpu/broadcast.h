@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "engine/ir/tensor.h"
 
 namespace wxe::cpu {
 

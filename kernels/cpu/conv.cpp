@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 

@@ -2,7 +2,7 @@
 #pragma once
 #include <vector>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 
 // Bad-input check in a shape rule or kernel, naming the node and its op.
 #define NCHECK(cond, ...) WXE_CHECK(cond, "node ", n.name, " (", n.op, "): ", __VA_ARGS__)
@@ -22,7 +22,7 @@ void register_norm_ops();     // norm.cpp: Softmax, LayerNormalization, Instance
 void register_linalg_ops();   // linalg.cpp: MatMul, Gemm, Einsum, Linear
 void register_conv_ops();     // conv.cpp: Conv, ConvTranspose
 void register_pool_ops();     // pool.cpp: AveragePool (forward and backward)
-void register_fused_ops();    // fused.cpp: ops made by the fusion passes (engine/fuse.h): ChannelLayerNorm, ...
+void register_fused_ops();    // fused.cpp: ops made by the fusion passes (engine/passes/fuse.h): ChannelLayerNorm, ...
 void register_fast_kernels(); // fast.cpp: fast kernels without oneDNN: DepthToSpace, Transpose, Add, ...
 void register_dnnl_kernels(); // dnnl.cpp: oneDNN fast path for MatMul, Gemm, Einsum, Linear, Conv, ConvTranspose, Gelu, Softmax
 // Resize as a product of per-axis taps (data_ops.cpp): output coordinate o of an axis reads
@@ -51,7 +51,7 @@ struct PadPlan {
 };
 PadPlan pad_plan(const Node& n, const Shape& s, const std::vector<int64_t>& pads,
                  std::vector<int64_t> axes);
-// Backward kernels (engine/ops.h BackwardFn), checked by tests/grad_test.cpp:
+// Backward kernels (engine/ir/ops.h BackwardFn), checked by tests/grad_test.cpp:
 void register_pointwise_backward();  // backward_pointwise.cpp: elementwise, shape and data ops
 void register_layer_backward();      // backward_layers.cpp: norms, reductions, linalg, SpectralNorm
 void register_conv_backward();       // backward_conv.cpp: Conv, ConvTranspose

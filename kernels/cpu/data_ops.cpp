@@ -10,7 +10,7 @@
 #include <set>
 #include <string>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {

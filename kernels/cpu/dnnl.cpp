@@ -36,7 +36,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/transpose.h"

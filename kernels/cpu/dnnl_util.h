@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 
 namespace wxe::cpu {
 

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/transpose.h"
 

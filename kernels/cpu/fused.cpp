@@ -1,10 +1,10 @@
-// Fused ops made by the CPU fusion passes (engine/fuse.h): shape rules, plain reference
+// Fused ops made by the CPU fusion passes (engine/passes/fuse.h): shape rules, plain reference
 // kernels (double accumulators, the oracle; each equals the subgraph it replaces up to float
 // rounding) and the fast kernels that do not use oneDNN.
 #include <algorithm>
 #include <cmath>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/window_attention.h"
@@ -177,7 +177,7 @@ void window_attention_ref(const Node& n, const Ins& in, const Outs& out) {
 // ConvChannelsLast(x, W, b?; the Conv attributes, channels_last_output): a 2-D Conv whose
 // input x is channels-last (N, H, W, C); W and b as Conv's; the output is (N, C_out, OH, OW),
 // or (N, OH, OW, C_out) with channels_last_output = 1. Made by conv_channels_last
-// (engine/fuse.h): the layout changes become Transpose nodes the memory plan sees and convs
+// (engine/passes/fuse.h): the layout changes become Transpose nodes the memory plan sees and convs
 // reading one tensor share.
 
 // (N, H, W, C) <-> (N, C, H, W) of float32 data
@@ -225,7 +225,7 @@ void conv_channels_last_ref(const Node& n, const Ins& in, const Outs& out) {
 // DepthToSpaceChannelsLast(x; blocksize, mode): DepthToSpace of a channels-last tensor,
 // (N, H, W, C) -> (N, H b, W b, C / b^2), the channel of output (h b + i, w b + j, c) being
 // c b^2 + i b + j (mode CRD) or (i b + j) C / b^2 + c (DCR), as DepthToSpace's. Made by
-// depth_to_space_channels_last (engine/fuse.h) between two channels-last convs.
+// depth_to_space_channels_last (engine/passes/fuse.h) between two channels-last convs.
 
 std::vector<TypeShape> d2s_channels_last_shape(const Node& n, const Values& in) {
   NCHECK(in.size() == 1 && in[0], "needs input x");

@@ -7,7 +7,7 @@
 #include <map>
 #include <vector>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 
@@ -209,7 +209,7 @@ LinearDims linear_dims(const Node& n, const Shape& x, const Shape& w, const Shap
 }
 
 // Attribute `activation`: absent or "" (none), or "gelu" (erf form, applied after the bias;
-// set by the fusion pass engine/fuse.h).
+// set by the fusion pass engine/passes/fuse.h).
 bool linear_gelu(const Node& n) {
   const std::string a = n.s("activation", "");
   WXE_CHECK(a.empty() || a == "gelu", "node ", n.name, " (Linear): unknown activation '", a, "'");

@@ -13,7 +13,7 @@
 #include <limits>
 #include <vector>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 

@@ -1,4 +1,4 @@
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe {

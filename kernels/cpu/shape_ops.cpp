@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/ops.h"
+#include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {

@@ -9,22 +9,22 @@
 // runs `power_iterations` steps of { v = normalize(W_mat^T u); u = normalize(W_mat v) } with
 // normalize(x) = x / max(||x||_2, eps), writing u and v back into their input tensors, then
 // sigma = u . (W_mat v) (double accumulation, rounded to float) and W = weight_orig / sigma.
-// With power_iterations 0 this is the eval-mode fold (engine/layout_rules.h fold_spectral_norm).
+// With power_iterations 0 this is the eval-mode fold (engine/passes/layout_rules.h fold_spectral_norm).
 // The backward treats u and v as constants (PyTorch detaches them):
 //   dL/dweight_orig = (g - sum(g * W) * u v^T) / sigma, u v^T laid out like weight_orig.
-// The math is engine/spectral_norm_math.h, shared with SpectralNormTP.
+// The math is engine/math/spectral_norm_math.h, shared with SpectralNormTP.
 #include <algorithm>
 
-#include "engine/ops.h"
-#include "engine/passes.h"
-#include "engine/spectral_norm_math.h"
+#include "engine/ir/ops.h"
+#include "engine/passes/passes.h"
+#include "engine/math/spectral_norm_math.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {
 
 namespace {
 
-// The geometry of weight_orig (engine/spectral_norm_math.h), after checking dim.
+// The geometry of weight_orig (engine/math/spectral_norm_math.h), after checking dim.
 sn::Geometry sn_dims(const Node& n, const Shape& w) {
   const int64_t dim = n.i("dim", 0);
   NCHECK(dim == 0 || dim == 1, "dim must be 0 or 1, got ", dim);

@@ -1,4 +1,4 @@
-// WindowAttention, the fused attention block of CREDIT's CrossFormer (engine/fuse.h makes it):
+// WindowAttention, the fused attention block of CREDIT's CrossFormer (engine/passes/fuse.h makes it):
 // geometry shared by the reference kernel (fused.cpp) and the oneDNN kernel (dnnl.cpp).
 //
 //   WindowAttention(x, Wq, Wk, Wv, Wo, bo?, bias, residual?)
@@ -14,8 +14,8 @@
 //   q, k, v = tokens x W^T;  per head: P = softmax(scale q k^T + bias[head]);  o = P v
 //   y = o Wo^T + bo (+ residual), written back to the tokens' pixels.
 #pragma once
-#include "engine/ops.h"
-#include "engine/host_device.h"
+#include "engine/ir/ops.h"
+#include "engine/math/host_device.h"
 
 namespace wxe::cpu {
 

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "engine/fuse.h"
+#include "engine/passes/fuse.h"
 #include "kernels/cuda/cuda_util.h"
 
 namespace wxe::cuda {

@@ -2,7 +2,7 @@
 // times: elementwise arithmetic with broadcasting, activations, the data-movement ops
 // (Transpose, Slice, Concat, Split, DepthToSpace, Expand, Pad, Resize, Identity), Reduce*
 // over sums, Softmax, and the normalizations (InstanceNormalization, GroupNormalization,
-// LayerNormalization). Same contract as the CPU backward kernels (engine/ops.h BackwardFn):
+// LayerNormalization). Same contract as the CPU backward kernels (engine/ir/ops.h BackwardFn):
 // gin[i] is overwritten, a missing gout is zero. Gradients of broadcast inputs are summed to
 // their shape by a deterministic reduction (no atomics), so two runs give equal bits; only
 // Pad with reflect/edge/wrap modes and Resize scatter with atomicAdd.

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/ops.h"
+#include "engine/exec/backend.h"
+#include "engine/ir/ops.h"
 #include "kernels/cuda/index_math.h"
 
 namespace wxe::cuda {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/window_attention.h"
-#include "engine/host_device.h"
+#include "engine/math/host_device.h"
 
 namespace wxe::cuda {
 

@@ -1,6 +1,6 @@
 // Linear algebra on the CUDA backend: Linear, MatMul, Gemm and matmul-shaped Einsum on cuBLAS
 // (float32, no TF32: the default math mode), Conv and ConvTranspose on cuDNN (FMA math only,
-// no TF32). With precision = "bf16" (engine/fuse.h use_bf16, --precision bf16) a Linear
+// no TF32). With precision = "bf16" (engine/passes/fuse.h use_bf16, --precision bf16) a Linear
 // multiplies bfloat16-rounded inputs with float32 accumulation (cuBLAS compute type
 // 32F_FAST_16BF), as the CPU's oneDNN bf16 kernel does, and a Conv may use TF32 tensor cores
 // (cuDNN default math; a 10-bit mantissa, finer than bf16's 7). Host code only; the small kernels it needs (bias, copies, padding, the generic
@@ -445,7 +445,7 @@ void conv_transpose_op(const Node& n, const Ins& in, const Outs& out) {
 }
 
 // ================================================================ backward
-// Same contract as the CPU backward kernels (engine/ops.h BackwardFn): gin[i] is overwritten,
+// Same contract as the CPU backward kernels (engine/ir/ops.h BackwardFn): gin[i] is overwritten,
 // a missing gout is zero.
 using Gouts = std::vector<const Tensor*>;
 using Gins = std::vector<Tensor*>;

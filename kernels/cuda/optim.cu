@@ -1,5 +1,5 @@
-// The CUDA backend's training kernels (engine/optim.h TrainKernels): AdamW on flat float32
-// buffers (the element update is engine/optim.h adamw_element, the CPU's), deterministic
+// The CUDA backend's training kernels (train/optim.h TrainKernels): AdamW on flat float32
+// buffers (the element update is train/optim.h adamw_element, the CPU's), deterministic
 // sums of squares per segment (fixed chunks summed in double, then the chunk sums in order;
 // one copy to the host for all segments), scale, fill and the EMA update; and the
 // deterministic sum of products other kernels use. With them the trainer keeps parameters,

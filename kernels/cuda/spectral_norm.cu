@@ -1,10 +1,10 @@
 // SpectralNorm on the CUDA backend (kernels/cpu/spectral_norm.cpp has the op and
-// engine/spectral_norm_math.h the math): the power iteration updates u and v in place in the
+// engine/math/spectral_norm_math.h the math): the power iteration updates u and v in place in the
 // device's memory (the trainer copies them to the host for checkpoints), W = weight_orig /
 // sigma, and the backward (g - sum(g W) u v^T) / sigma. Matrix-vector products one thread per
 // output, accumulated in double in the CPU's order; norms and dots by block_sum (deterministic).
-// The element <-> (row, col) maps are engine/spectral_norm_math.h's sn::offset / sn::row_col.
-#include "engine/spectral_norm_math.h"
+// The element <-> (row, col) maps are engine/math/spectral_norm_math.h's sn::offset / sn::row_col.
+#include "engine/math/spectral_norm_math.h"
 #include "kernels/cuda/block_sum.cuh"
 
 namespace wxe::cuda {

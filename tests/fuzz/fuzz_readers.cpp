@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/json.h"
-#include "engine/ops.h"
-#include "engine/npy.h"
-#include "engine/passes.h"
-#include "engine/safetensors.h"
+#include "engine/io/json.h"
+#include "engine/ir/ops.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
+#include "engine/io/safetensors.h"
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/pickle.h"
 #include "importers/torch/zip.h"

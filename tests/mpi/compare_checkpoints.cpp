@@ -1,4 +1,4 @@
-// Compares the parameters of two fine-tuning checkpoints (tools/finetune.h, either layout:
+// Compares the parameters of two fine-tuning checkpoints (train/finetune.h, either layout:
 // one process's or sharded), for the MPI training tests.
 // Usage: wxe_compare_checkpoints A B TOL   (TOL 0: bit for bit)
 // Passes (exit 0) when both hold the same parameters with the same shapes and, over all of
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/finetune.h"
+#include "train/finetune.h"
 
 int main(int argc, char** argv) {
   using namespace wxe;

@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "data/netcdf.h"
-#include "engine/error.h"
+#include "engine/ir/error.h"
 
 int main(int argc, char** argv) {
   if (argc < 5) {

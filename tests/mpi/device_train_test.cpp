@@ -7,8 +7,8 @@
 
 #include <filesystem>
 
-#include "engine/npy.h"
-#include "engine/safetensors.h"
+#include "engine/io/npy.h"
+#include "engine/io/safetensors.h"
 #include "models/credit_modules.h"
 #include "parallel/collective_ops.h"
 #include "parallel/mesh.h"
@@ -16,7 +16,7 @@
 #include "tests/mpi/collective_checks.h"
 #include "tests/mpi/mpi_main.h"
 #include "tests/test_util.h"
-#include "tools/finetune.h"
+#include "train/finetune.h"
 
 namespace wxe::test {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "engine/backend.h"
+#include "engine/exec/backend.h"
 #include "parallel/collective_ops.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"

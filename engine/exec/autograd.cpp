@@ -1,0 +1,390 @@
+#include "engine/exec/autograd.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "engine/passes/passes.h"
+
+namespace wxe {
+
+namespace {
+
+bool is_float(DType t) { return t == DType::F32; }
+
+// dst += src (same shape)
+void accumulate(Tensor& dst, const Tensor& src) {
+  float* d = dst.data<float>();
+  const float* s = src.data<float>();
+  const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptions opt)
+    : g_(g), trainable_(std::move(trainable)), opt_(opt) {
+  needs_grad_.assign(g.values.size(), false);
+  for (int p : trainable_) {
+    WXE_CHECK(p >= 0 && p < (int)g.values.size() && g.values[p].is_const() && is_float(g.values[p].dtype),
+              g.source, ": trainable value ", p, " is not a float32 parameter");
+    needs_grad_[p] = true;
+  }
+  if (opt.device != "cpu") dev_ = &backend_for(opt.device);
+  for (const Node& n : g.nodes) {
+    kernels_.push_back(kernel_for(n.op, opt.kernels));
+    if (dev_) {
+      const BackendKernel* k = is_view_op(n.op) ? nullptr : dev_->kernel(n.op);
+      dk_.push_back(k);
+      bw_on_host_.push_back(false);
+      if (!k && !is_view_op(n.op)) host_nodes_.push_back(n.name + " (" + n.op + ", forward)");
+    }
+    bool any = std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && needs_grad_[i]; });
+    backward_.push_back(any ? backward_kernel(n.op) : nullptr);
+    if (!any) continue;
+    WXE_CHECK(backward_.back(), g.source, ": node ", n.name, " (", n.op,
+              ") lies between trainable parameters and the loss, and op ", n.op, " has no backward kernel");
+    for (int o : n.outputs) needs_grad_[o] = is_float(g.values[o].dtype);
+    for (int o : n.outputs)
+      WXE_CHECK(g.values[o].shape_known, g.source, ": value '", g.values[o].name, "' has no static shape");
+    if (dev_ && !is_view_op(n.op) && !(dk_.back() && dk_.back()->backward))
+      host_nodes_.push_back(n.name + " (" + n.op + ", backward)");
+  }
+  if (dev_) {
+    tk_ = dev_->train_kernels();
+    WXE_CHECK(tk_ && dev_->kernel("Add"), "device '", opt.device,
+              "' cannot train: it lacks the training kernels or Add (engine/exec/backend.h)");
+    dconst_.assign(g.values.size(), Tensor());
+    dev_owned_.assign(g.values.size(), false);
+    for (int p : trainable_) dev_owned_[p] = true;
+    for (size_t k = 0; k < g.nodes.size(); ++k)  // buffers a device kernel updates (SpectralNorm's u, v)
+      if (dk_[k] && op_updates_inputs(g.nodes[k].op))
+        for (int i : g.nodes[k].inputs)
+          if (i >= 0 && g.values[i].is_const()) dev_owned_[i] = true;
+  }
+  for (int p : trainable_) {
+    if (!dev_) {
+      grads_.push_back(Tensor::zeros(DType::F32, g.values[p].shape));
+      continue;
+    }
+    grads_.push_back(dev_->empty(DType::F32, g.values[p].shape));
+    tk_->fill(grads_.back().data<float>(), grads_.back().numel(), 0.f);
+  }
+}
+
+void GradExecutor::zero_grad() {
+  for (Tensor& t : grads_) {
+    if (dev_)
+      tk_->fill(t.data<float>(), t.numel(), 0.f);
+    else
+      std::memset(t.raw(), 0, t.nbytes());
+  }
+}
+
+Tensor& GradExecutor::device_param(size_t i) { return dev_param(trainable_.at(i)); }
+
+Tensor& GradExecutor::dev_param(int v) {
+  WXE_ASSERT(dev_);
+  if (!dconst_[v].defined()) dconst_[v] = dev_->upload(*g_.values[v].constant);
+  return dconst_[v];
+}
+
+void GradExecutor::params_to_host() {
+  if (!dev_) return;
+  for (size_t v = 0; v < dconst_.size(); ++v)
+    if (dev_owned_[v] && dconst_[v].defined() && dconst_[v].nbytes())
+      dev_->copy_to_host(g_.values[v].constant->raw(), dconst_[v].raw(), dconst_[v].nbytes());
+}
+
+void GradExecutor::reload_constants() {
+  if (dev_) dconst_.assign(g_.values.size(), Tensor());
+}
+
+void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
+  if (dev_) return backward_device(grad_outputs);
+  WXE_CHECK(grad_outputs.size() == g_.outputs.size(), "backward: ", grad_outputs.size(), " output gradients for ",
+            g_.outputs.size(), " outputs");
+  WXE_CHECK(!vals_.empty(), "backward without a forward");
+  std::vector<Tensor> grad(g_.values.size());  // dL/dv, defined once something flowed into v
+  auto add_grad = [&](int v, Tensor t) {
+    if (!grad[v].defined()) {
+      grad[v] = std::move(t);
+    } else {
+      accumulate(grad[v], t);
+    }
+  };
+  for (size_t k = 0; k < g_.outputs.size(); ++k) {
+    const Tensor& go = grad_outputs[k];
+    if (!go.defined() || !needs_grad_[g_.outputs[k]]) continue;
+    const Value& v = g_.values[g_.outputs[k]];
+    WXE_CHECK(go.shape == v.shape && go.dtype == DType::F32, "backward: gradient of output '", v.name, "' is ",
+              shape_str(go.shape), ", expected float32 ", shape_str(v.shape));
+    add_grad(g_.outputs[k], go.clone());
+  }
+  std::vector<const Tensor*> in, out, gout;
+  std::vector<Tensor*> gin;
+  for (size_t k = g_.nodes.size(); k-- > 0;) {
+    if (!backward_[k]) continue;
+    const Node& n = g_.nodes[k];
+    bool any_out = std::any_of(n.outputs.begin(), n.outputs.end(), [&](int o) { return grad[o].defined(); });
+    if (!any_out) continue;
+    auto t0 = std::chrono::steady_clock::now();
+    in.clear();
+    out.clear();
+    gout.clear();
+    gin.clear();
+    std::vector<Tensor> gi(n.inputs.size());
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      int v = n.inputs[i];
+      in.push_back(v < 0 ? nullptr : &vals_[v]);
+      bool want = v >= 0 && needs_grad_[v];
+      if (want) gi[i] = Tensor(DType::F32, g_.values[v].shape);
+      gin.push_back(want ? &gi[i] : nullptr);
+    }
+    for (int o : n.outputs) {
+      out.push_back(&vals_[o]);
+      gout.push_back(grad[o].defined() ? &grad[o] : nullptr);
+    }
+    try {
+      backward_[k](n, in, out, gout, gin);
+    } catch (const Error& e) {
+      throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + e.what());
+    }
+    for (int o : n.outputs) grad[o] = Tensor();  // consumed
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (gin[i]) add_grad(n.inputs[i], std::move(gi[i]));
+    if (opt_.profile) {
+      auto& p = profile_[n.op + " (backward)"];
+      p.ms += ms_since(t0);
+      ++p.calls;
+    }
+  }
+  for (size_t p = 0; p < trainable_.size(); ++p)
+    if (grad[trainable_[p]].defined()) accumulate(grads_[p], grad[trainable_[p]]);
+  vals_.clear();
+}
+
+// ---------------------------------------------------------------- on a device
+
+namespace {
+
+bool host_input(const BackendKernel* k, size_t i) { return i < 32 && (k->host_inputs >> i & 1); }
+
+}  // namespace
+
+// The value's device copy, made on first use (constants: once per construction/reload).
+Tensor& GradExecutor::dev_value(int v) {
+  if (!dvals_[v].defined()) {
+    const Value& val = g_.values[v];
+    if (val.is_const()) {
+      dvals_[v] = dev_param(v);
+    } else {
+      WXE_ASSERT(vals_[v].defined());
+      dvals_[v] = dev_->upload(vals_[v]);
+    }
+  }
+  return dvals_[v];
+}
+
+// The value's host copy, made on first use (constants are the graph's own tensors).
+Tensor& GradExecutor::host_value(int v) {
+  if (!vals_[v].defined()) {
+    WXE_ASSERT(dvals_[v].defined());
+    vals_[v] = dev_->download(dvals_[v]);
+  }
+  return vals_[v];
+}
+
+// One loop for the CPU and a device backend (dev_): on a device, a node whose kernel the
+// backend has runs there (its inputs uploaded on first use), any other on the host (its
+// inputs downloaded); view ops alias their input wherever it is.
+std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& inputs) {
+  set_threads(opt_.threads);
+  check_inputs(g_, inputs);
+  const size_t nv = g_.values.size();
+  vals_.assign(nv, Tensor());
+  if (dev_) dvals_.assign(nv, Tensor());
+  for (size_t v = 0; v < nv; ++v)
+    if (g_.values[v].is_const()) {
+      if (dev_ && dev_owned_[v])  // the device copy is the value; host nodes download it
+        dvals_[v] = dev_param((int)v);
+      else
+        vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
+    }
+  for (int id : g_.inputs) vals_[id] = inputs.at(g_.values[id].name);
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+  for (size_t k = 0; k < g_.nodes.size(); ++k) {
+    const Node& n = g_.nodes[k];
+    auto t0 = std::chrono::steady_clock::now();
+    if (dev_ && is_view_op(n.op)) {
+      const int x = n.inputs[0], o = n.outputs[0];
+      if (dvals_[x].defined())
+        dvals_[o] = dvals_[x].reshaped(g_.values[o].shape);
+      else
+        vals_[o] = vals_[x].reshaped(g_.values[o].shape);
+      continue;
+    }
+    const BackendKernel* dk = dev_ ? dk_[k] : nullptr;
+    in.clear();
+    out.clear();
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const int v = n.inputs[i];
+      in.push_back(v < 0 ? nullptr : dk && !host_input(dk, i) ? &dev_value(v) : &host_value(v));
+    }
+    for (int o : n.outputs) {
+      const Value& v = g_.values[o];
+      if (dk) {
+        dvals_[o] = dev_->empty(v.dtype, v.shape);
+        out.push_back(&dvals_[o]);
+      } else {
+        vals_[o] = Tensor(v.dtype, v.shape);
+        out.push_back(&vals_[o]);
+      }
+    }
+    try {
+      (dk ? dk->forward : kernels_[k])(n, in, out);
+      if (opt_.profile && dk) dev_->synchronize();
+    } catch (const Error& e) {
+      throw Error(g_.source + ": node " + n.name + " (" + n.op + "): " + e.what());
+    }
+    if (opt_.profile) {
+      auto& p = profile_[n.op];
+      p.ms += ms_since(t0);
+      ++p.calls;
+    }
+  }
+  std::vector<Tensor> result;
+  for (int o : g_.outputs) result.push_back(host_value(o));
+  if (dev_) dev_->synchronize();
+  return result;
+}
+
+void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
+  WXE_CHECK(grad_outputs.size() == g_.outputs.size(), "backward: ", grad_outputs.size(), " output gradients for ",
+            g_.outputs.size(), " outputs");
+  WXE_CHECK(!vals_.empty(), "backward without a forward");
+  const size_t nv = g_.values.size();
+  std::vector<Tensor> hg(nv), dg(nv);  // dL/dv on the host or on the device (at most one defined)
+  const BackendKernel* add = dev_->kernel("Add");
+  Node add_node;
+  add_node.op = "Add";
+  add_node.name = "gradient accumulation";
+  auto on_dev = [&](int v) -> Tensor& {
+    if (!dg[v].defined()) {
+      dg[v] = dev_->upload(hg[v]);
+      hg[v] = Tensor();
+    }
+    return dg[v];
+  };
+  auto on_host = [&](int v) -> Tensor& {
+    if (!hg[v].defined()) {
+      hg[v] = dev_->download(dg[v]);
+      dg[v] = Tensor();
+    }
+    return hg[v];
+  };
+  auto add_grad = [&](int v, Tensor t, bool t_on_dev) {
+    if (!hg[v].defined() && !dg[v].defined()) {
+      (t_on_dev ? dg[v] : hg[v]) = std::move(t);
+    } else if (dg[v].defined() && add) {
+      Tensor s = dev_->empty(DType::F32, dg[v].shape);
+      Tensor td = t_on_dev ? t : dev_->upload(t);
+      add->forward(add_node, {&dg[v], &td}, {&s});
+      dg[v] = std::move(s);
+    } else {
+      accumulate(on_host(v), t_on_dev ? dev_->download(t) : t);
+    }
+  };
+  for (size_t k = 0; k < g_.outputs.size(); ++k) {
+    const Tensor& go = grad_outputs[k];
+    if (!go.defined() || !needs_grad_[g_.outputs[k]]) continue;
+    const Value& v = g_.values[g_.outputs[k]];
+    WXE_CHECK(go.shape == v.shape && go.dtype == DType::F32, "backward: gradient of output '", v.name, "' is ",
+              shape_str(go.shape), ", expected float32 ", shape_str(v.shape));
+    add_grad(g_.outputs[k], go.clone(), false);
+  }
+  std::vector<const Tensor*> in, out, gout;
+  std::vector<Tensor*> gin;
+  for (size_t k = g_.nodes.size(); k-- > 0;) {
+    if (!backward_[k]) continue;
+    const Node& n = g_.nodes[k];
+    bool any_out = std::any_of(n.outputs.begin(), n.outputs.end(),
+                               [&](int o) { return hg[o].defined() || dg[o].defined(); });
+    if (!any_out) continue;
+    auto t0 = std::chrono::steady_clock::now();
+    if (is_view_op(n.op)) {  // the gradient, reshaped, wherever it is
+      const int x = n.inputs[0], o = n.outputs[0];
+      const bool d = dg[o].defined();
+      Tensor t = (d ? dg[o] : hg[o]).reshaped(g_.values[x].shape);
+      dg[o] = hg[o] = Tensor();
+      if (needs_grad_[x]) add_grad(x, std::move(t), d);
+      continue;
+    }
+    // A device backward kernel that refuses a case ("no <device> backward for ...") hands the
+    // node to the host for the rest of the run.
+    const BackendKernel* dk = nullptr;
+    std::vector<Tensor> gi(n.inputs.size());
+    for (bool retry = true; retry;) {
+      retry = false;
+      dk = dk_[k] && dk_[k]->backward && !bw_on_host_[k] ? dk_[k] : nullptr;
+      in.clear();
+      out.clear();
+      gout.clear();
+      gin.clear();
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const int v = n.inputs[i];
+        const bool host = !dk || host_input(dk, i);
+        in.push_back(v < 0 ? nullptr : host ? &host_value(v) : &dev_value(v));
+        const bool want = v >= 0 && needs_grad_[v];
+        gi[i] = !want ? Tensor()
+                : dk  ? dev_->empty(DType::F32, g_.values[v].shape)
+                      : Tensor(DType::F32, g_.values[v].shape);
+        gin.push_back(want ? &gi[i] : nullptr);
+      }
+      for (int o : n.outputs) {
+        out.push_back(dk ? &dev_value(o) : &host_value(o));
+        const bool has = hg[o].defined() || dg[o].defined();
+        gout.push_back(!has ? nullptr : dk ? &on_dev(o) : &on_host(o));
+      }
+      try {
+        (dk ? dk->backward : backward_[k])(n, in, out, gout, gin);
+        if (opt_.profile && dk) dev_->synchronize();
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (dk && what.find(std::string("no ") + dev_->name() + " backward") != std::string::npos) {
+          bw_on_host_[k] = true;
+          host_nodes_.push_back(n.name + " (" + n.op + ", backward: " + what + ")");
+          retry = true;
+          continue;
+        }
+        throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + what);
+      }
+    }
+    for (int o : n.outputs) hg[o] = dg[o] = Tensor();  // consumed
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (gin[i]) add_grad(n.inputs[i], std::move(gi[i]), dk != nullptr);
+    if (opt_.profile) {
+      auto& p = profile_[n.op + " (backward)"];
+      p.ms += ms_since(t0);
+      ++p.calls;
+    }
+  }
+  for (size_t p = 0; p < trainable_.size(); ++p) {
+    const int v = trainable_[p];
+    if (!hg[v].defined() && !dg[v].defined()) continue;
+    Tensor s = dev_->empty(DType::F32, grads_[p].shape);
+    add->forward(add_node, {&grads_[p], &on_dev(v)}, {&s});
+    grads_[p] = std::move(s);
+  }
+  dev_->synchronize();
+  vals_.clear();
+  dvals_.clear();
+}
+
+}  // namespace wxe

@@ -1,0 +1,93 @@
+// Reverse-mode autograd over a graph: the forward pass keeps the values the backward kernels
+// read, the backward pass runs each node's backward kernel (engine/ir/ops.h BackwardFn) in
+// reverse order and accumulates parameter gradients until zero_grad(), so a graph can run
+// several times per optimizer step (gradient accumulation, rollouts).
+//
+// Parameters are the graph's named leaves: values with a constant payload. The executor
+// shares their storage, so an optimizer that updates them in place changes the next forward,
+// and ops that own buffers (SpectralNorm's u and v) update them in place too.
+// The training graph is run unfused (no CPU fusion passes); the fast kernels are used where
+// the op has one (their weight caches are off for graphs without `constant_weights`).
+//
+// On a device (ExecOptions.device, engine/exec/backend.h) the forward and backward kernels come
+// from that backend's table and the values stay in device memory. A node whose op has no
+// kernel there (forward or backward) runs its CPU kernel on host copies of its tensors
+// ("host fallback", listed by host_nodes()); constants read on the host are the graph's own,
+// so ops that update buffers in place (SpectralNorm's u and v) keep updating them there. The
+// trainable parameters live on the device: copied there at the first forward (or after
+// reload_constants()), then updated there by the optimizer (device_param(), the backend's
+// train_kernels()); so do buffers that a device kernel updates in place (op_updates_inputs:
+// SpectralNorm's u and v when the device has SpectralNorm). params_to_host() copies both back
+// into the graph for checkpoints. Other constants are the host's, copied to the device once.
+// grads() are in the device's memory.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/exec/executor.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/ops.h"
+
+namespace wxe {
+
+class GradExecutor {
+ public:
+  // `trainable`: value ids of the parameters that get gradients (float32 constants).
+  // Fails, naming node and op, if a node between them and the outputs has no backward kernel.
+  GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptions opt = {});
+  // Runs the graph; keeps what backward() needs. Returns the graph outputs.
+  std::vector<Tensor> forward(const std::map<std::string, Tensor>& inputs);
+  // grad_outputs[k] = dL/d(output k) of the last forward (undefined Tensor: zero). Adds the
+  // parameter gradients into grads(); releases the forward values.
+  void backward(const std::vector<Tensor>& grad_outputs);
+  void zero_grad();
+  // One per trainable value, in the order given; zeros until a backward adds to them. On a
+  // device they are in its memory (Backend::download to read them).
+  std::vector<Tensor>& grads() { return grads_; }
+  // On a device: trainable parameter i's device copy, which the forward reads (an optimizer
+  // updates it in place); made from the graph's host copy on first use.
+  Tensor& device_param(size_t i);
+  // On a device: copies the trainable parameters' device copies, and the buffers device kernels
+  // updated, into the graph's constants.
+  void params_to_host();
+  const std::vector<int>& trainable() const { return trainable_; }
+  const Graph& graph() const { return g_; }
+  // With opt.profile: milliseconds per op type, forward and backward.
+  const std::map<std::string, OpProfile>& profile() const { return profile_; }
+  // On a device: "node (op, forward|backward)" for every kernel that runs on the host because
+  // the backend has none, or whose device backward refused the case at run time ("no <device>
+  // backward for ..."; from then on that node's backward runs on the host). Empty on the CPU.
+  const std::vector<std::string>& host_nodes() const { return host_nodes_; }
+  // On a device: copy every constant, trainable parameters included, to the device again at
+  // the next forward (after a checkpoint load changed the graph's host copies).
+  void reload_constants();
+
+ private:
+  const Graph& g_;
+  std::vector<int> trainable_;
+  ExecOptions opt_;
+  std::vector<KernelFn> kernels_;
+  std::vector<BackwardFn> backward_;
+  std::vector<bool> needs_grad_;  // per value: a trainable parameter depends on it
+  std::vector<Tensor> vals_;      // forward values, kept for backward
+  std::vector<Tensor> grads_;
+  std::map<std::string, OpProfile> profile_;
+  // device path (dev_ != nullptr)
+  Backend* dev_ = nullptr;
+  std::vector<const BackendKernel*> dk_;  // per node: the backend's kernels, nullptr if none
+  std::vector<bool> bw_on_host_;          // per node: its device backward refused the case
+  const TrainKernels* tk_ = nullptr;      // the device's (zeroing gradients)
+  // per value: a constant whose device copy is authoritative (trainable parameters; buffers a
+  // device kernel updates in place)
+  std::vector<bool> dev_owned_;
+  std::vector<Tensor> dconst_;            // per value: the constant's device copy, once made
+  std::vector<Tensor> dvals_;             // per value: device copy of the forward value, if any
+  std::vector<std::string> host_nodes_;
+  Tensor& dev_value(int v);
+  Tensor& dev_param(int v);  // a constant's device copy, made on first use
+  Tensor& host_value(int v);
+  void backward_device(const std::vector<Tensor>& grad_outputs);
+};
+
+}  // namespace wxe

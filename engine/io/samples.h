@@ -1,0 +1,65 @@
+// Training data: the sample-source interface and a directory of .npy files. CREDIT's
+// netCDF/zarr pipeline (ERA5 files per year, YAML config, scalers, forcing and static
+// channels) implements the same interface.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/ir/tensor.h"
+
+namespace wxe {
+
+// One training sample: a model input and the targets of `forecast_len` consecutive steps,
+// all float32 with a leading batch dim of 1: input (1, C, ...), targets[k] (1, C_out, ...).
+// forcing[k] (k >= 1) is the input of step k as read from the data; during a rollout the
+// first `prognostic` channels of it are replaced by the model's prediction of step k-1 (the
+// rest, forcing and static channels, are kept) and it is slid into the input window
+// (slide_window). forcing[0] == input (same storage).
+struct Sample {
+  Tensor input;
+  std::vector<Tensor> targets;
+  std::vector<Tensor> forcing;
+};
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual int64_t size() const = 0;             // number of samples for forecast_len
+  virtual Sample get(int64_t index) const = 0;  // 0 <= index < size()
+  virtual std::string describe() const = 0;     // one line for the log
+};
+
+// A directory of .npy files: x_NNNN.npy (model input at time t) and y_NNNN.npy (the target
+// for the step from t), consecutive in time, numbered without gaps (from any start), the same
+// numbers for x and y. Each file holds one sample shaped like the model input/output, with or
+// without a leading batch dim of 1: a file whose first dim is 1 is taken to have it, any
+// other gets one. Float files of another precision are converted to float32.
+// With forecast_len L, sample i (0 <= i <= count - L) has input x_i, targets y_i..y_{i+L-1},
+// forcing x_i..x_{i+L-1}; L = 1 makes it plain x/y pairs. Opening checks names, numbering and
+// the headers (dtype, shape) of every file; get() reads the files of one sample.
+std::unique_ptr<SampleSource> open_npy_dir(const std::string& dir, int forecast_len);
+
+// Optional lat.npy (H latitudes, degrees) and channel_weights.npy (C_out) in the directory;
+// each empty when its file is absent.
+struct NpyDirInfo {
+  std::vector<double> lat, channel_weights;
+};
+NpyDirInfo read_npy_dir_info(const std::string& dir);
+
+// Rollouts. feed_back: x[:, :c] = pred[:, :c] over the trailing dims, which must agree.
+// slide_window: the input of the next step: x (B, C, T, ...) without its oldest step, with
+// `newest` (B, C, 1, ...) appended on dim 2 (CREDIT's history window); with T == 1, or no
+// time dim, `newest` itself. `newest` may hold T steps (a whole window as read from .npy
+// files): its last one is taken.
+// last_step: the newest step of a window (B, C, 1, ...) (x itself without a time dim).
+void feed_back(Tensor& x, const Tensor& pred, int64_t c);
+Tensor slide_window(const Tensor& x, const Tensor& newest);
+Tensor last_step(const Tensor& x);
+
+// Concatenates samples along dim 0: n items shaped (1, ...) make (n, ...). All items must
+// have the same dtype and shape.
+Tensor stack_batch(const std::vector<Tensor>& items);
+
+}  // namespace wxe

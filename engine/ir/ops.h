@@ -1,0 +1,60 @@
+// Op tables. Each op has a shape rule (device-independent) and kernels per backend: a plain
+// reference kernel (the oracle) and optionally a fast one. Kernels register themselves here;
+// the engine knows no op by name except in passes that rewrite graphs.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "engine/ir/graph.h"
+
+namespace wxe {
+
+struct TypeShape {
+  DType dtype;
+  Shape shape;
+};
+
+// Inputs are the node's input values (nullptr for omitted optionals); a value's constant
+// payload is available for shape-carrying inputs (Reshape's shape, Slice's starts, ...).
+// Returns one TypeShape per node output. Throws wxe::Error for malformed nodes.
+using ShapeFn = std::vector<TypeShape> (*)(const Node& n, const std::vector<const Value*>& in);
+
+// Outputs are allocated by the caller with the shapes the shape rule gave.
+// Omitted optional inputs are nullptr.
+using KernelFn = void (*)(const Node& n, const std::vector<const Tensor*>& in,
+                          const std::vector<Tensor*>& out);
+
+enum class KernelKind { Reference, Fast };
+
+// Backward kernel: the gradients of a node's inputs from the gradients of its outputs.
+// `in` and `out` are the forward pass's tensors; gout[k] is the gradient of output k
+// (nullptr: nothing reads that output, its gradient is zero). gin[i] is nullptr when input i
+// needs no gradient (constants, integer inputs, omitted optionals), otherwise a float32 tensor
+// shaped like input i, uninitialized, that the kernel overwrites (it does not accumulate).
+// Broadcast inputs get the gradient summed over the broadcast dims.
+using BackwardFn = void (*)(const Node& n, const std::vector<const Tensor*>& in,
+                            const std::vector<const Tensor*>& out,
+                            const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin);
+
+void register_op(const std::string& op, ShapeFn shape, KernelFn reference);
+void register_fast_kernel(const std::string& op, KernelFn fast);
+void register_backward(const std::string& op, BackwardFn backward);
+// The op's backward kernel, or nullptr when it has none.
+BackwardFn backward_kernel(const std::string& op);
+
+bool op_known(const std::string& op);
+ShapeFn shape_rule(const std::string& op);
+// Fast kernel if asked and present, otherwise the reference kernel.
+KernelFn kernel_for(const std::string& op, KernelKind kind);
+std::vector<std::string> known_ops();
+
+// Helpers shared by shape rules and kernels.
+int64_t norm_axis(int64_t axis, int64_t rank, const Node& n);  // checks range
+Shape broadcast_shapes(const Shape& a, const Shape& b, const Node& n);
+// Constant int64 contents of input i, or fails naming the node (shape-carrying inputs).
+std::vector<int64_t> const_ints(const Node& n, const std::vector<const Value*>& in, size_t i);
+
+// Registers every CPU op (defined in kernels/cpu). Safe to call more than once.
+void register_cpu_kernels();
+
+}  // namespace wxe

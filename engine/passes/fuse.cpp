@@ -1,0 +1,695 @@
+#include "engine/passes/fuse.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+
+#include "engine/ir/ops.h"
+#include "engine/passes/passes.h"
+
+namespace wxe {
+
+namespace {
+
+// Readers and producers of every value, rebuilt by each pass before it looks at the graph.
+struct Uses {
+  std::vector<int> producer;            // node index or -1
+  std::vector<std::vector<int>> readers;  // node indices (a node reading a value twice is listed twice)
+  std::vector<bool> is_output;
+  explicit Uses(const Graph& g)
+      : producer(g.producers()), readers(g.values.size()), is_output(g.values.size(), false) {
+    for (size_t k = 0; k < g.nodes.size(); ++k)
+      for (int i : g.nodes[k].inputs)
+        if (i >= 0) readers[i].push_back((int)k);
+    for (int o : g.outputs) is_output[o] = true;
+  }
+  // The node producing v, if v is an intermediate only that many reads use.
+  int only_for(int v, size_t reads) const {
+    if (v < 0 || is_output[v] || readers[v].size() != reads) return -1;
+    return producer[v];
+  }
+};
+
+bool const_f32_scalar(const Graph& g, int v, float* out) {
+  if (v < 0 || !g.values[v].is_const()) return false;
+  const Tensor& t = *g.values[v].constant;
+  if (t.dtype != DType::F32 || t.numel() != 1) return false;
+  *out = t.data<float>()[0];
+  return true;
+}
+
+bool near(float a, double b, double rel = 1e-6) { return std::fabs(a - b) <= rel * std::fabs(b); }
+
+// A new intermediate value whose shape the shape rule of its producer sets (set_shapes).
+int add_value(Graph& g, const std::string& name) {
+  Value v;
+  v.name = name;
+  return g.add_value(std::move(v));
+}
+
+void set_shapes(Graph& g, const Node& n) {
+  std::vector<const Value*> in;
+  for (int i : n.inputs) in.push_back(i < 0 ? nullptr : &g.values[i]);
+  std::vector<TypeShape> ts = shape_rule(n.op)(n, in);
+  for (size_t k = 0; k < n.outputs.size(); ++k) {
+    Value& v = g.values[n.outputs[k]];
+    WXE_ASSERT(!v.shape_known || (v.shape == ts[k].shape && v.dtype == ts[k].dtype));
+    v.dtype = ts[k].dtype;
+    v.shape = ts[k].shape;
+    v.shape_known = true;
+  }
+}
+
+// Axes of a Reduce* node (attribute up to opset 17, input from 18), normalised; empty if not
+// known.
+std::vector<int64_t> reduce_axes(const Graph& g, const Node& n, int64_t rank) {
+  std::vector<int64_t> axes = n.ints("axes");
+  if (n.inputs.size() > 1 && n.inputs[1] >= 0) {
+    if (!g.values[n.inputs[1]].is_const()) return {};
+    axes = g.values[n.inputs[1]].constant->to_i64();
+  }
+  for (int64_t& a : axes) a = a < 0 ? a + rank : a;
+  return axes;
+}
+
+// Node n computes the mean over axis 1 of a rank >= 2 value x, shaped (N, 1, ...):
+// ReduceMean(x, axes [1], keepdims 1), or a Reshape of ReduceMean(x, axes [1], keepdims 0)
+// (the dynamo exporter) to that shape. Returns x or -1.
+int channel_mean_of(const Graph& g, const Uses& u, const Node& n) {
+  const Node* r = &n;
+  if (n.op == "Reshape") {
+    const int k = u.only_for(n.inputs.empty() ? -1 : n.inputs[0], 1);
+    if (k < 0 || g.nodes[k].op != "ReduceMean" || g.nodes[k].i("keepdims", 1) != 0) return -1;
+    r = &g.nodes[k];
+  }
+  if (r->op != "ReduceMean" || r->inputs.empty() || r->inputs[0] < 0) return -1;
+  const Value& x = g.values[r->inputs[0]];
+  if (x.shape.size() < 2 || r->i("noop_with_empty_axes", 0) != 0) return -1;
+  Shape kept = x.shape;
+  kept[1] = 1;
+  if (g.values[n.outputs[0]].shape != kept) return -1;
+  return reduce_axes(g, *r, (int64_t)x.shape.size()) == std::vector<int64_t>{1} ? r->inputs[0] : -1;
+}
+
+// For a commutative binary node reading `v`: the other input, or -1.
+int other_input(const Node& n, int v) {
+  if (n.inputs.size() != 2) return -1;
+  if (n.inputs[0] == v) return n.inputs[1];
+  if (n.inputs[1] == v) return n.inputs[0];
+  return -1;
+}
+
+// Per-channel parameter of a (N, C, ...) tensor: a float32 constant with C elements that
+// broadcasts along axis 1 only ((C, 1, 1), (1, C, 1, 1), ...).
+bool channel_param(const Graph& g, int v, const Shape& x) {
+  if (v < 0 || !g.values[v].is_const() || g.values[v].dtype != DType::F32) return false;
+  const Shape& p = g.values[v].shape;
+  if (p.size() > x.size() || numel(p) != x[1]) return false;
+  // the one non-1 dim (if C > 1) must line up with axis 1
+  const size_t off = x.size() - p.size();
+  for (size_t d = 0; d < p.size(); ++d)
+    if (p[d] != 1 && off + d != 1) return false;
+  return true;
+}
+
+}  // namespace
+
+void fold_pad_into_conv(Graph& g) {
+  std::vector<int> prod = g.producers();
+  bool changed = false;
+  for (Node& n : g.nodes) {
+    if (n.op != "Conv" || n.inputs.empty() || n.inputs[0] < 0 || prod[n.inputs[0]] < 0) continue;
+    const Node& p = g.nodes[prod[n.inputs[0]]];
+    if (p.op != "Pad" || p.s("mode", "constant") != "constant" || p.inputs.size() < 2) continue;
+    if (p.inputs.size() > 3 && p.inputs[3] >= 0) continue;  // axes: not in these models
+    float cv = 0;
+    if (p.inputs.size() > 2 && p.inputs[2] >= 0 && !(const_f32_scalar(g, p.inputs[2], &cv) && cv == 0.f))
+      continue;
+    if (p.inputs[1] < 0 || !g.values[p.inputs[1]].is_const()) continue;
+    const std::vector<int64_t> pads = g.values[p.inputs[1]].constant->to_i64();
+    const size_t r = g.values[p.inputs[0]].shape.size();
+    if (r < 3 || pads.size() != 2 * r || pads[0] || pads[1] || pads[r] || pads[r + 1]) continue;
+    if (std::any_of(pads.begin(), pads.end(), [](int64_t v) { return v < 0; })) continue;
+    const std::string ap = n.s("auto_pad", "NOTSET");
+    if (ap != "NOTSET" && !ap.empty()) continue;
+    const size_t ns = r - 2;
+    std::vector<int64_t> cp = n.ints("pads", std::vector<int64_t>(2 * ns, 0));
+    if (cp.size() != 2 * ns) continue;
+    for (size_t i = 0; i < ns; ++i) {
+      cp[i] += pads[2 + i];
+      cp[ns + i] += pads[r + 2 + i];
+    }
+    n.attrs["pads"] = attr_ints(cp);
+    n.inputs[0] = p.inputs[0];
+    changed = true;
+  }
+  if (changed) eliminate_dead_nodes(g);
+}
+
+void split_conv_output_phases(Graph& g) {
+  std::vector<Node> out;
+  bool changed = false;
+  for (Node& n : g.nodes) {
+    auto keep = [&] { out.push_back(std::move(n)); };
+    if (n.op != "Conv" || n.inputs.size() < 2 || n.inputs[0] < 0 || n.inputs[1] < 0) {
+      keep();
+      continue;
+    }
+    const Value& x = g.values[n.inputs[0]];
+    const Value& w = g.values[n.inputs[1]];
+    const int bias = n.inputs.size() > 2 ? n.inputs[2] : -1;
+    const Value& y = g.values[n.outputs[0]];
+    const std::string ap = n.s("auto_pad", "NOTSET");
+    const std::vector<int64_t> pads = n.ints("pads", {0, 0, 0, 0});
+    const bool ok = x.shape.size() == 4 && x.dtype == DType::F32 && w.is_const() && w.dtype == DType::F32 &&
+                    (bias < 0 || g.values[bias].is_const()) && n.i("group", 1) == 1 &&
+                    (ap == "NOTSET" || ap.empty()) && n.ints("strides") == std::vector<int64_t>{2, 2} &&
+                    n.ints("dilations", {1, 1}) == std::vector<int64_t>{1, 1} && pads.size() == 4 &&
+                    w.shape[0] <= 4 && w.shape[2] >= 8 && w.shape[3] >= 8 && y.shape[2] % 2 == 0 &&
+                    y.shape[3] % 2 == 0;
+    if (!ok) {
+      keep();
+      continue;
+    }
+    const int64_t OC = w.shape[0], IC = w.shape[1], KH = w.shape[2], KW = w.shape[3];
+    const int64_t H = x.shape[2], W = x.shape[3], OH = y.shape[2], OW = y.shape[3];
+    // end pads giving OH/2 x OW/2 outputs at stride 4 (taps past the old end pad have weight 0)
+    const int64_t pe_h = (OH / 2 - 1) * 4 + KH + 2 - H - pads[0];
+    const int64_t pe_w = (OW / 2 - 1) * 4 + KW + 2 - W - pads[1];
+    if (pe_h < 0 || pe_w < 0) {
+      keep();
+      continue;
+    }
+    // W2[o*4 + py*2 + px, c, a, b] = W[o, c, a - 2 py, b - 2 px]
+    const Tensor& wt = *w.constant;
+    Tensor w2 = Tensor::zeros(DType::F32, {4 * OC, IC, KH + 2, KW + 2});
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t ph = 0; ph < 4; ++ph)
+        for (int64_t c = 0; c < IC; ++c)
+          for (int64_t a = 0; a < KH; ++a)
+            for (int64_t b = 0; b < KW; ++b)
+              w2.data<float>()[(((o * 4 + ph) * IC + c) * (KH + 2) + a + 2 * (ph / 2)) * (KW + 2) + b + 2 * (ph % 2)] =
+                  wt.data<float>()[((o * IC + c) * KH + a) * KW + b];
+    Node conv;
+    conv.op = "Conv";
+    conv.name = n.name + "/phases";
+    conv.attrs["strides"] = attr_ints({4, 4});
+    conv.attrs["pads"] = attr_ints({pads[0], pads[1], pe_h, pe_w});
+    conv.inputs = {n.inputs[0], g.add_constant(w.name + ".phases", std::move(w2))};
+    if (bias >= 0) {
+      const Tensor& bt = *g.values[bias].constant;
+      Tensor b2(DType::F32, {4 * OC});
+      for (int64_t o = 0; o < 4 * OC; ++o) b2.data<float>()[o] = bt.data<float>()[o / 4];
+      conv.inputs.push_back(g.add_constant(g.values[bias].name + ".phases", std::move(b2)));
+    }
+    conv.outputs = {add_value(g, conv.name + "_output_0")};
+    set_shapes(g, conv);
+    Node d2s;
+    d2s.op = "DepthToSpace";
+    d2s.name = n.name + "/phases_to_space";
+    d2s.attrs["blocksize"] = attr_i(2);
+    d2s.attrs["mode"] = attr_s("CRD");
+    d2s.inputs = conv.outputs;
+    d2s.outputs = n.outputs;
+    out.push_back(std::move(conv));
+    out.push_back(std::move(d2s));
+    changed = true;
+  }
+  g.nodes = std::move(out);
+  if (changed) compact_values(g);
+}
+
+void remove_identity_ops(Graph& g) {
+  bool changed = false;
+  for (Node& n : g.nodes) {
+    if (n.inputs.empty() || n.inputs[0] < 0) continue;
+    bool identity = n.op == "Concat" && n.inputs.size() == 1;
+    if (n.op == "Resize") {
+      const std::string mode = n.s("mode", "nearest");
+      identity = (mode == "nearest" || mode == "linear") &&
+                 n.s("coordinate_transformation_mode", "half_pixel") != "tf_crop_and_resize" &&
+                 g.values[n.inputs[0]].shape == g.values[n.outputs[0]].shape;
+    }
+    if (!identity) continue;
+    n.op = "Identity";
+    n.inputs.resize(1);
+    n.attrs.clear();
+    changed = true;
+  }
+  if (changed) remove_identities(g);
+}
+
+namespace {
+
+// The x of Add(Erf(Div(x, sqrt 2) or Mul(x, 1/sqrt 2)), 1) in value v (nothing else reading
+// its parts), or -1.
+int gelu_erf_branch(const Graph& g, const Uses& u, int v) {
+  const int ak = u.only_for(v, 1);
+  if (ak < 0 || g.nodes[ak].op != "Add" || g.nodes[ak].inputs.size() != 2) return -1;
+  const Node& a = g.nodes[ak];
+  float one = 0;
+  int e = -1;
+  for (int side = 0; side < 2; ++side)
+    if (const_f32_scalar(g, a.inputs[1 - side], &one) && one == 1.f) e = a.inputs[side];
+  const int ek = u.only_for(e, 1);
+  if (ek < 0 || g.nodes[ek].op != "Erf") return -1;
+  const int dk = u.only_for(g.nodes[ek].inputs[0], 1);
+  if (dk < 0 || g.nodes[dk].inputs.size() != 2) return -1;
+  const Node& d = g.nodes[dk];
+  float c = 0;
+  if (!const_f32_scalar(g, d.inputs[1], &c)) return -1;
+  if ((d.op == "Div" && near(c, std::sqrt(2.0))) || (d.op == "Mul" && near(c, std::sqrt(0.5)))) return d.inputs[0];
+  return -1;
+}
+
+// For Mul node n with a scalar 0.5 operand: the other operand, else -1.
+int half_of(const Graph& g, const Node& n) {
+  float c = 0;
+  if (n.op != "Mul" || n.inputs.size() != 2) return -1;
+  for (int side = 0; side < 2; ++side)
+    if (const_f32_scalar(g, n.inputs[1 - side], &c) && c == 0.5f) return n.inputs[side];
+  return -1;
+}
+
+}  // namespace
+
+void fuse_gelu(Graph& g) {
+  Uses u(g);
+  bool changed = false;
+  for (Node& n : g.nodes) {
+    if (n.op != "Mul" || n.inputs.size() != 2) continue;
+    int x = -1;
+    // Mul(Mul(x, E), 0.5) (torch.onnx.export) with E = Add(Erf(x / sqrt 2), 1)
+    const int mk = u.only_for(half_of(g, n), 1);
+    if (mk >= 0 && g.nodes[mk].op == "Mul" && g.nodes[mk].inputs.size() == 2)
+      for (int side = 0; side < 2 && x < 0; ++side)
+        if (gelu_erf_branch(g, u, g.nodes[mk].inputs[1 - side]) == g.nodes[mk].inputs[side])
+          x = g.nodes[mk].inputs[side];
+    // Mul(x, Mul(0.5, E)) (the dynamo exporter)
+    for (int side = 0; side < 2 && x < 0; ++side) {
+      const int hk = u.only_for(n.inputs[1 - side], 1);
+      if (hk >= 0 && gelu_erf_branch(g, u, half_of(g, g.nodes[hk])) == n.inputs[side]) x = n.inputs[side];
+    }
+    if (x < 0 || g.values[x].dtype != DType::F32) continue;
+    n.op = "Gelu";
+    n.inputs = {x};
+    n.attrs.clear();
+    changed = true;
+  }
+  if (changed) eliminate_dead_nodes(g);
+}
+
+void fuse_channel_layernorm(Graph& g) {
+  Uses u(g);
+  bool changed = false;
+  // match from the final Add(Mul(Div(...), g), b)
+  for (Node& n : g.nodes) {
+    if (n.op != "Add" || n.inputs.size() != 2) continue;
+    int mk = -1, b = -1;
+    for (int side = 0; side < 2 && mk < 0; ++side) {
+      const int k = u.only_for(n.inputs[side], 1);
+      if (k >= 0 && g.nodes[k].op == "Mul") {
+        mk = k;
+        b = n.inputs[1 - side];
+      }
+    }
+    if (mk < 0) continue;
+    const Node& mul = g.nodes[mk];
+    int dk = -1, gain = -1;
+    for (int side = 0; side < 2 && dk < 0; ++side) {
+      const int k = u.only_for(mul.inputs[side], 1);
+      if (k >= 0 && g.nodes[k].op == "Div") {
+        dk = k;
+        gain = mul.inputs[1 - side];
+      }
+    }
+    if (dk < 0) continue;
+    const Node& div = g.nodes[dk];
+    // numerator: Sub(x, ReduceMean(x)); denominator: Sqrt(Add(ReduceMean(Sub^2), eps))
+    const int sk = u.producer[div.inputs[0]];
+    const int qk = u.only_for(div.inputs[1], 1);
+    if (sk < 0 || qk < 0 || g.nodes[sk].op != "Sub" || g.nodes[qk].op != "Sqrt") continue;
+    const Node& sub = g.nodes[sk];
+    const int x = sub.inputs[0];
+    if (x < 0 || sub.inputs[1] < 0 || u.producer[sub.inputs[1]] < 0 ||
+        channel_mean_of(g, u, g.nodes[u.producer[sub.inputs[1]]]) != x)
+      continue;
+    const Shape& xs = g.values[x].shape;
+    if (g.values[x].dtype != DType::F32 || !channel_param(g, gain, xs) || !channel_param(g, b, xs)) continue;
+    const int ak = u.only_for(g.nodes[qk].inputs[0], 1);
+    if (ak < 0 || g.nodes[ak].op != "Add") continue;
+    const Node& add = g.nodes[ak];
+    int vk = -1;
+    float eps = 0;
+    for (int side = 0; side < 2 && vk < 0; ++side)
+      if (const_f32_scalar(g, add.inputs[1 - side], &eps) && add.inputs[side] >= 0 &&
+          u.producer[add.inputs[side]] >= 0)
+        vk = u.producer[add.inputs[side]];
+    const int sq = vk < 0 ? -1 : channel_mean_of(g, u, g.nodes[vk]);
+    const int sqk = sq < 0 ? -1 : u.producer[sq];
+    if (sqk < 0) continue;
+    const Node& square = g.nodes[sqk];
+    int d = -1;  // the centred value that is squared
+    float two = 0;
+    if (square.op == "Mul" && square.inputs.size() == 2 && square.inputs[0] == square.inputs[1]) d = square.inputs[0];
+    if (square.op == "Pow" && square.inputs.size() == 2 && const_f32_scalar(g, square.inputs[1], &two) && two == 2.f)
+      d = square.inputs[0];
+    if (d < 0 || u.producer[d] < 0) continue;
+    const Node& sub2 = g.nodes[u.producer[d]];
+    if (sub2.op != "Sub" || sub2.inputs[0] != x || sub2.inputs[1] < 0 || u.producer[sub2.inputs[1]] < 0 ||
+        channel_mean_of(g, u, g.nodes[u.producer[sub2.inputs[1]]]) != x)
+      continue;
+    n.op = "ChannelLayerNorm";
+    n.inputs = {x, gain, b};
+    n.attrs.clear();
+    n.attrs["epsilon"] = attr_f(eps);
+    changed = true;
+  }
+  if (changed) eliminate_dead_nodes(g);
+}
+
+void fuse_linear_gelu(Graph& g) {
+  Uses u(g);
+  std::vector<bool> drop(g.nodes.size(), false);
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    if (n.op != "Gelu" || n.s("approximate", "none") != "none" || n.inputs.empty()) continue;
+    const int lk = u.only_for(n.inputs[0], 1);
+    if (lk < 0 || g.nodes[lk].op != "Linear" || g.nodes[lk].has("activation")) continue;
+    Node& l = g.nodes[lk];
+    l.attrs["activation"] = attr_s("gelu");
+    l.outputs[0] = n.outputs[0];  // the Linear comes first, so the order stays topological
+    drop[k] = true;
+  }
+  if (std::none_of(drop.begin(), drop.end(), [](bool d) { return d; })) return;
+  std::vector<Node> kept;
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
+  g.nodes = std::move(kept);
+  compact_values(g);
+}
+
+namespace {
+
+// An einsum equation with its letters renamed in order of first appearance and spaces dropped:
+// "b h i d, b h j d -> b h i j" -> "abcd,abed->abce".
+std::string canonical_einsum(const std::string& eq) {
+  std::string r;
+  std::map<char, char> name;
+  for (char c : eq) {
+    if (c == ' ') continue;
+    if (std::isalpha((unsigned char)c)) {
+      if (!name.count(c)) name[c] = (char)('a' + name.size());
+      r.push_back(name[c]);
+    } else {
+      r.push_back(c);
+    }
+  }
+  return r;
+}
+
+// The window-attention match, value ids of the pattern (see fuse_window_attention).
+struct AttnMatch {
+  int x = -1, wq = -1, wk = -1, wv = -1, wo = -1, bo = -1, residual = -1;
+  int out_node = -1;  // the node whose output the fused node writes
+  int64_t heads = 0, th = 0, tw = 0;
+  bool strided = false;
+  float scale = 1;
+  Tensor bias;  // (heads, T, T)
+};
+
+const std::vector<int64_t> kLocalPerm{0, 2, 4, 1, 3, 5};    // (B, A, C, D, a, c): windows (A, C)
+const std::vector<int64_t> kStridedPerm{0, 3, 5, 1, 2, 4};  // (B, a, c, D, A, C): windows (a, c)
+
+bool node_is(const Graph& g, int k, const char* op) { return k >= 0 && g.nodes[k].op == op; }
+
+// q, k or v as the attention reads it: Reshape(Transpose(Reshape(Linear(x3, W), (nW, heads,
+// dh, th, tw)), (0, 1, 3, 4, 2)), (nW, heads, T, dh)). Returns the Linear's node or -1.
+int head_split_linear(const Graph& g, const Uses& u, int v) {
+  const int r2 = u.only_for(v, 1);
+  if (!node_is(g, r2, "Reshape")) return -1;
+  const int tr = u.only_for(g.nodes[r2].inputs[0], 1);
+  if (!node_is(g, tr, "Transpose") || g.nodes[tr].ints("perm") != std::vector<int64_t>{0, 1, 3, 4, 2}) return -1;
+  const int r1 = u.only_for(g.nodes[tr].inputs[0], 1);
+  if (!node_is(g, r1, "Reshape")) return -1;
+  const int lin = u.only_for(g.nodes[r1].inputs[0], 1);
+  if (!node_is(g, lin, "Linear")) return -1;
+  const Node& l = g.nodes[lin];
+  const Shape& ls = g.values[l.outputs[0]].shape;    // (nW, I, th, tw)
+  const Shape& s1 = g.values[g.nodes[r1].outputs[0]].shape;  // (nW, heads, dh, th, tw)
+  const Shape& s3 = g.values[v].shape;                // (nW, heads, T, dh)
+  if (ls.size() != 4 || s1.size() != 5 || s3.size() != 4 || l.i("axis", -1) != 1 || l.has("activation") ||
+      (l.inputs.size() > 2 && l.inputs[2] >= 0) || !g.values[l.inputs[1]].is_const())
+    return -1;
+  if (s1 != Shape{ls[0], s1[1], ls[1] / s1[1], ls[2], ls[3]} || s3 != Shape{ls[0], s1[1], ls[2] * ls[3], s1[2]})
+    return -1;
+  return lin;
+}
+
+bool match_window_attention(const Graph& g, const Uses& u, int softmax, AttnMatch& m) {
+  const Node& sm = g.nodes[softmax];
+  const Shape& ps = g.values[sm.outputs[0]].shape;  // (nW, heads, T, T)
+  if (ps.size() != 4 || (sm.i("axis", -1) != -1 && sm.i("axis", -1) != 3)) return false;
+  // scores + bias
+  const int add = u.only_for(sm.inputs[0], 1);
+  if (!node_is(g, add, "Add")) return false;
+  int e1 = -1, bias = -1;
+  for (int side = 0; side < 2 && e1 < 0; ++side) {
+    const int k = u.only_for(g.nodes[add].inputs[side], 1);
+    if (node_is(g, k, "Einsum") && g.values[g.nodes[add].inputs[1 - side]].is_const()) {
+      e1 = k;
+      bias = g.nodes[add].inputs[1 - side];
+    }
+  }
+  if (e1 < 0 || canonical_einsum(g.nodes[e1].s("equation", "")) != "abcd,abed->abce") return false;
+  const int mul = u.only_for(g.nodes[e1].inputs[0], 1);
+  if (!node_is(g, mul, "Mul") || !const_f32_scalar(g, g.nodes[mul].inputs[1], &m.scale)) return false;
+  // P v
+  if (u.is_output[sm.outputs[0]] || u.readers[sm.outputs[0]].size() != 1) return false;
+  const int e2 = u.readers[sm.outputs[0]][0];
+  if (!node_is(g, e2, "Einsum") || g.nodes[e2].inputs[0] != sm.outputs[0] ||
+      canonical_einsum(g.nodes[e2].s("equation", "")) != "abcd,abde->abce")
+    return false;
+  const int lq = head_split_linear(g, u, g.nodes[mul].inputs[0]);
+  const int lk = head_split_linear(g, u, g.nodes[e1].inputs[1]);
+  const int lv = head_split_linear(g, u, g.nodes[e2].inputs[1]);
+  if (lq < 0 || lk < 0 || lv < 0) return false;
+  const int x3 = g.nodes[lq].inputs[0];
+  if (g.nodes[lk].inputs[0] != x3 || g.nodes[lv].inputs[0] != x3 || u.is_output[x3] || u.readers[x3].size() != 3)
+    return false;
+  m.wq = g.nodes[lq].inputs[1];
+  m.wk = g.nodes[lk].inputs[1];
+  m.wv = g.nodes[lv].inputs[1];
+  const Shape& s3 = g.values[g.nodes[e1].inputs[1]].shape;  // (nW, heads, T, dh)
+  m.heads = s3[1];
+  const int64_t T = s3[2];
+  // windows: x3 = Reshape(Transpose(Reshape(x, 6-D), perm))
+  const int xt = u.producer[x3];
+  if (!node_is(g, xt, "Reshape")) return false;
+  const int tr = u.only_for(g.nodes[xt].inputs[0], 1);
+  if (!node_is(g, tr, "Transpose")) return false;
+  const std::vector<int64_t> perm = g.nodes[tr].ints("perm");
+  m.strided = perm == kStridedPerm;
+  if (perm != kLocalPerm && !m.strided) return false;
+  const int r6 = u.only_for(g.nodes[tr].inputs[0], 1);
+  if (!node_is(g, r6, "Reshape")) return false;
+  m.x = g.nodes[r6].inputs[0];
+  const Shape& xs = g.values[m.x].shape;            // (B, D, H, W)
+  const Shape& s6 = g.values[g.nodes[r6].outputs[0]].shape;  // (B, D, A, a, C, c)
+  const Shape& s3x = g.values[x3].shape;            // (nW, D, th, tw)
+  if (xs.size() != 4 || s6.size() != 6 || s6[0] != xs[0] || s6[1] != xs[1] || s6[2] * s6[3] != xs[2] ||
+      s6[4] * s6[5] != xs[3] || g.values[m.x].dtype != DType::F32)
+    return false;
+  m.th = m.strided ? s6[2] : s6[3];
+  m.tw = m.strided ? s6[4] : s6[5];
+  if (s3x != Shape{xs[0] * xs[2] * xs[3] / (m.th * m.tw), xs[1], m.th, m.tw} || m.th * m.tw != T) return false;
+  // back: Reshape(Transpose(Reshape(o, (nW, heads, th, tw, dh)), (0, 1, 4, 2, 3)), (nW, I, th, tw))
+  const int o1 = u.only_for(g.nodes[e2].outputs[0], 1) < 0 ? -1 : u.readers[g.nodes[e2].outputs[0]][0];
+  if (!node_is(g, o1, "Reshape")) return false;
+  const int o2 = u.readers[g.nodes[o1].outputs[0]].size() == 1 ? u.readers[g.nodes[o1].outputs[0]][0] : -1;
+  if (!node_is(g, o2, "Transpose") || g.nodes[o2].ints("perm") != std::vector<int64_t>{0, 1, 4, 2, 3}) return false;
+  const int o3 = u.readers[g.nodes[o2].outputs[0]].size() == 1 ? u.readers[g.nodes[o2].outputs[0]][0] : -1;
+  if (!node_is(g, o3, "Reshape")) return false;
+  const int lo = u.readers[g.nodes[o3].outputs[0]].size() == 1 ? u.readers[g.nodes[o3].outputs[0]][0] : -1;
+  if (!node_is(g, lo, "Linear") || g.nodes[lo].i("axis", -1) != 1 || g.nodes[lo].has("activation") ||
+      g.nodes[lo].inputs[0] != g.nodes[o3].outputs[0] || !g.values[g.nodes[lo].inputs[1]].is_const())
+    return false;
+  const int64_t I = g.values[m.wq].shape[0];
+  if (g.values[g.nodes[o1].outputs[0]].shape != Shape{s3[0], m.heads, m.th, m.tw, I / m.heads} ||
+      g.values[g.nodes[o3].outputs[0]].shape != Shape{s3[0], I, m.th, m.tw})
+    return false;
+  m.wo = g.nodes[lo].inputs[1];
+  m.bo = g.nodes[lo].inputs.size() > 2 ? g.nodes[lo].inputs[2] : -1;
+  if (m.bo >= 0 && !g.values[m.bo].is_const()) return false;
+  // and back to the image: Reshape(Transpose(Reshape(y, 6-D), inverse perm), (B, D, H, W))
+  for (int k : {o1, o2, o3, lo})
+    if (u.is_output[g.nodes[k].outputs[0]] || u.readers[g.nodes[k].outputs[0]].size() != 1) return false;
+  const int y6 = u.readers[g.nodes[lo].outputs[0]][0];
+  if (!node_is(g, y6, "Reshape") || g.values[g.nodes[y6].outputs[0]].shape != g.values[g.nodes[tr].outputs[0]].shape)
+    return false;
+  const int yt = u.only_for(g.nodes[y6].outputs[0], 1) < 0 ? -1 : u.readers[g.nodes[y6].outputs[0]][0];
+  std::vector<int64_t> inv(6);
+  for (int i = 0; i < 6; ++i) inv[perm[i]] = i;
+  if (!node_is(g, yt, "Transpose") || g.nodes[yt].ints("perm") != inv) return false;
+  const int yr = u.only_for(g.nodes[yt].outputs[0], 1) < 0 ? -1 : u.readers[g.nodes[yt].outputs[0]][0];
+  if (!node_is(g, yr, "Reshape") || g.values[g.nodes[yr].outputs[0]].shape != xs) return false;
+  m.out_node = yr;
+  // an Add of the residual folds in
+  const int yv = g.nodes[yr].outputs[0];
+  if (!u.is_output[yv] && u.readers[yv].size() == 1 && node_is(g, u.readers[yv][0], "Add")) {
+    const Node& ra = g.nodes[u.readers[yv][0]];
+    const int r = other_input(ra, yv);
+    if (r >= 0 && r != yv && g.values[r].shape == xs && g.values[r].dtype == DType::F32) {
+      m.residual = r;
+      m.out_node = u.readers[yv][0];
+    }
+  }
+  // the bias as (heads, T, T)
+  const Value& bv = g.values[bias];
+  Shape bs = bv.shape;
+  if (bv.dtype != DType::F32 || bs.size() > 4) return false;
+  bs.insert(bs.begin(), 4 - bs.size(), 1);
+  if (bs[0] != 1 || (bs[1] != 1 && bs[1] != m.heads) || (bs[2] != 1 && bs[2] != T) || (bs[3] != 1 && bs[3] != T))
+    return false;
+  m.bias = Tensor(DType::F32, {m.heads, T, T});
+  const float* src = bv.constant->data<float>();
+  for (int64_t h = 0; h < m.heads; ++h)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j)
+        m.bias.data<float>()[(h * T + i) * T + j] =
+            src[((bs[1] == 1 ? 0 : h) * bs[2] + (bs[2] == 1 ? 0 : i)) * bs[3] + (bs[3] == 1 ? 0 : j)];
+  return true;
+}
+
+}  // namespace
+
+void fuse_window_attention(Graph& g) {
+  Uses u(g);
+  std::vector<std::pair<int, Node>> fused;  // node index to replace, fused node
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    AttnMatch m;
+    if (g.nodes[k].op != "Softmax" || !match_window_attention(g, u, (int)k, m)) continue;
+    Node n;
+    n.op = "WindowAttention";
+    n.name = g.nodes[m.out_node].name + "/WindowAttention";
+    n.inputs = {m.x, m.wq, m.wk, m.wv, m.wo, m.bo,
+                g.add_constant(g.nodes[k].name + "/position_bias", std::move(m.bias)), m.residual};
+    n.outputs = g.nodes[m.out_node].outputs;
+    n.attrs["heads"] = attr_i(m.heads);
+    n.attrs["scale"] = attr_f(m.scale);
+    n.attrs["window"] = attr_ints({m.th, m.tw});
+    n.attrs["strided"] = attr_i(m.strided ? 1 : 0);
+    fused.push_back({m.out_node, std::move(n)});
+  }
+  if (fused.empty()) return;
+  for (auto& [k, n] : fused) g.nodes[k] = std::move(n);
+  eliminate_dead_nodes(g);
+}
+
+void conv_channels_last(Graph& g) {
+  // spatial convs the oneDNN path runs channels-last (kernels/cpu/dnnl.cpp, make_conv)
+  auto eligible = [&](const Node& n) {
+    if (n.op != "Conv" || n.inputs.size() < 2 || n.inputs[0] < 0 || n.inputs[1] < 0) return false;
+    const Value& x = g.values[n.inputs[0]];
+    const Value& w = g.values[n.inputs[1]];
+    if (x.shape.size() != 4 || x.dtype != DType::F32 || x.is_const() || !w.is_const() || n.i("group", 1) != 1)
+      return false;
+    const std::string ap = n.s("auto_pad", "NOTSET");
+    const std::vector<int64_t> pads = n.ints("pads", {0, 0, 0, 0});
+    const bool pointwise = w.shape[2] == 1 && w.shape[3] == 1 &&
+                           n.ints("strides", {1, 1}) == std::vector<int64_t>{1, 1} &&
+                           std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
+    return (ap == "NOTSET" || ap.empty()) && !pointwise;
+  };
+  std::map<int, int> nhwc_of;  // value -> its channels-last Transpose's output
+  std::vector<Node> out;
+  for (Node& n : g.nodes) {
+    if (!eligible(n)) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    const int x = n.inputs[0];
+    if (!nhwc_of.count(x)) {
+      Node t;
+      t.op = "Transpose";
+      t.name = n.name + "/to_channels_last";
+      t.attrs["perm"] = attr_ints({0, 2, 3, 1});
+      t.inputs = {x};
+      t.outputs = {add_value(g, g.values[x].name + "/channels_last")};
+      set_shapes(g, t);
+      nhwc_of[x] = t.outputs[0];
+      out.push_back(std::move(t));
+    }
+    Node back;
+    back.op = "Transpose";
+    back.name = n.name + "/to_channels_first";
+    back.attrs["perm"] = attr_ints({0, 3, 1, 2});
+    back.outputs = n.outputs;
+    n.op = "ConvChannelsLast";
+    n.attrs["channels_last_output"] = attr_i(1);
+    n.inputs[0] = nhwc_of[x];
+    n.outputs = {add_value(g, n.name + "_output_channels_last")};
+    set_shapes(g, n);
+    back.inputs = n.outputs;
+    out.push_back(std::move(n));
+    out.push_back(std::move(back));
+  }
+  g.nodes = std::move(out);
+}
+
+void depth_to_space_channels_last(Graph& g) {
+  Uses u(g);
+  std::vector<bool> drop(g.nodes.size(), false);
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    Node& d2s = g.nodes[k];
+    if (d2s.op != "DepthToSpace" || d2s.inputs.empty()) continue;
+    const int first = u.only_for(d2s.inputs[0], 1);
+    const int o = d2s.outputs[0];
+    if (!node_is(g, first, "Transpose") || g.nodes[first].ints("perm") != std::vector<int64_t>{0, 3, 1, 2} ||
+        u.is_output[o] || u.readers[o].size() != 1)
+      continue;
+    const int last = u.readers[o][0];
+    if (!node_is(g, last, "Transpose") || g.nodes[last].ints("perm") != std::vector<int64_t>{0, 2, 3, 1}) continue;
+    d2s.op = "DepthToSpaceChannelsLast";
+    d2s.inputs = g.nodes[first].inputs;
+    d2s.outputs = g.nodes[last].outputs;  // comes before the readers of the Transpose's output
+    drop[first] = drop[last] = true;
+  }
+  if (std::none_of(drop.begin(), drop.end(), [](bool d) { return d; })) return;
+  std::vector<Node> kept;
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
+  g.nodes = std::move(kept);
+  compact_values(g);
+}
+
+void mark_constant_weights(Graph& g) {
+  for (Node& n : g.nodes)
+    if ((n.op == "Conv" || n.op == "ConvTranspose" || n.op == "ConvChannelsLast" || n.op == "Linear") &&
+        n.inputs.size() > 1 &&
+        n.inputs[1] >= 0 &&
+        g.values[n.inputs[1]].is_const())
+      n.attrs["constant_weights"] = attr_i(1);
+}
+
+void use_bf16(Graph& g) {
+  for (Node& n : g.nodes)
+    if (n.op == "Conv" || n.op == "ConvChannelsLast" || n.op == "Linear") n.attrs["precision"] = attr_s("bf16");
+}
+
+void optimize_for_cpu(Graph& g, Precision precision) {
+  remove_identity_ops(g);
+  fold_pad_into_conv(g);
+  split_conv_output_phases(g);
+  fuse_gelu(g);
+  fuse_channel_layernorm(g);
+  fuse_linear_gelu(g);
+  fuse_window_attention(g);
+  conv_channels_last(g);
+  depth_to_space_channels_last(g);
+  mark_constant_weights(g);
+  if (precision == Precision::BF16) use_bf16(g);
+}
+
+}  // namespace wxe

@@ -1,0 +1,86 @@
+// CPU fusion passes: Graph -> Graph rewrites that leave the numbers the same (up to float
+// rounding) and let the CPU fast kernels do less work. Each pass runs and is tested alone;
+// optimize_for_cpu() runs them all. They run on a simplified graph (static shapes) and after
+// the tensor-parallel sharding (the executor applies them to its own copy of the graph, so
+// `wxe infer --tp` shards the plain graph), and they leave alone what they do not recognise.
+//
+// The fused ops are CPU ops (kernels/cpu) with a shape rule, a plain reference kernel and a
+// fast kernel, like every other op:
+//   ChannelLayerNorm(x, g, b; epsilon)  LayerNorm over axis 1 of (N, C, ...): CREDIT's
+//                                        channel LayerNorm, g and b with C elements
+//   Gelu(x)                              the ONNX op (approximate "none")
+//   Linear(..., activation="gelu")       Linear followed by Gelu
+//   WindowAttention(x, Wq, Wk, Wv, Wo, bo, bias, residual; ...)  see fuse_window_attention
+//   ConvChannelsLast(x, W, b)            Conv of a channels-last (N, H, W, C) input (and output)
+//   DepthToSpaceChannelsLast(x)          DepthToSpace of a channels-last tensor
+#pragma once
+#include "engine/ir/graph.h"
+
+namespace wxe {
+
+// Pad (mode constant, value 0, spatial axes only) feeding a Conv: the pads move into the
+// Conv's pads; the Pad goes when nothing else reads it.
+void fold_pad_into_conv(Graph& g);
+
+// A 2-D Conv with stride 2, at most 4 output channels, a kernel of at least 8 and an even
+// output size becomes a stride-4 Conv with 4x the output channels (one per output phase
+// (y % 2, x % 2); the kernel grows by 2 and is zero where the phase shifts it) followed by
+// DepthToSpace(CRD, 2). Same sums in the same order; oneDNN pads output channels to 16, so
+// the narrow conv wasted 3/4 of its work.
+void split_conv_output_phases(Graph& g);
+
+// Ops that copy their input unchanged go (their readers read the input): Resize to the
+// input's own size (nearest or linear, any coordinate mode but tf_crop_and_resize) and
+// Concat of one input.
+void remove_identity_ops(Graph& g);
+
+// Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5 (as torch exports nn.GELU) becomes Gelu(x).
+void fuse_gelu(Graph& g);
+
+// CREDIT's channel LayerNorm as exported, (x - mean) / sqrt(var + eps) * g + b over axis 1
+// (ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div, Mul, Add), becomes ChannelLayerNorm.
+void fuse_channel_layernorm(Graph& g);
+
+// Linear whose only reader is a Gelu becomes Linear with activation "gelu".
+void fuse_linear_gelu(Graph& g);
+
+// CREDIT's window attention (short: contiguous windows; long: strided tokens) as exported,
+// from the image to the image:
+//   x (B, D, H, W) -> Reshape (B, D, A, a, C, c) -> Transpose -> Reshape (windows, D, th, tw)
+//   -> Linear q, k, v (axis 1, no bias) -> per head: Reshape, Transpose, Reshape (windows,
+//   heads, T, dh) -> q * scale -> Einsum q k^T + bias -> Softmax -> Einsum with v -> Reshape,
+//   Transpose, Reshape -> Linear out (axis 1) -> Reshape, Transpose, Reshape (B, D, H, W)
+//   [-> Add residual]
+// becomes WindowAttention(x, Wq, Wk, Wv, Wo, bo, bias, residual) (kernels/cpu/window_attention.h).
+void fuse_window_attention(Graph& g);
+
+// Every spatial Conv (not 1x1) becomes Transpose(0, 2, 3, 1) -> ConvChannelsLast with a
+// channels-last output -> Transpose(0, 3, 1, 2): oneDNN runs these convs channels-last
+// anyway, and as graph nodes the layout changes are planned activations rather than scratch
+// the conv kernel keeps, and convs reading one tensor share its Transpose (CREDIT's
+// cross-embedding layers read one input with 2 to 4 kernel sizes).
+void conv_channels_last(Graph& g);
+
+// Transpose(0, 3, 1, 2) -> DepthToSpace -> Transpose(0, 2, 3, 1), with nothing else reading
+// the intermediates (a pixel-shuffle between two channels-last convs), becomes one
+// DepthToSpaceChannelsLast.
+void depth_to_space_channels_last(Graph& g);
+
+// Conv, ConvTranspose, ConvChannelsLast and Linear nodes whose weights are constants get the
+// attribute constant_weights = 1: their fast kernel may keep the weights reordered for oneDNN
+// (or converted to bf16) between runs (kernels/cpu/dnnl.cpp). Only for graphs whose constants nothing writes while they run
+// (inference; not an optimizer updating weights in place).
+void mark_constant_weights(Graph& g);
+
+enum class Precision { F32, BF16 };
+
+// Conv, ConvChannelsLast and Linear nodes get the attribute precision = "bf16": their oneDNN
+// kernel multiplies bfloat16 activations and weights, accumulating in float32 (about 3
+// significant digits per product instead of 7; twice as fast where the CPU has avx512_bf16).
+// The attention scores and everything else stay float32.
+void use_bf16(Graph& g);
+
+// All of the above, in order (use_bf16 only for Precision::BF16).
+void optimize_for_cpu(Graph& g, Precision precision = Precision::F32);
+
+}  // namespace wxe

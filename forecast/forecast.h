@@ -1,0 +1,42 @@
+// `wxe forecast CONFIG.yml`: an autoregressive rollout from initial conditions read from the
+// config's data files (data/era5.h), denormalised and written as CF-convention netCDF.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "data/era5.h"
+#include "parallel/mesh.h"
+#include "train/finetune.h"
+
+namespace wxe {
+
+struct ForecastArgs {
+  std::string config, model, weights, init, output, plan;
+  int steps = 1;
+  int threads = 0;
+  std::string device = "cpu";  // a backend (engine/exec/backend.h): "cpu" or "cuda"
+  bool reference = false;
+  bool progress = true;
+};
+
+// The rollout from x0 = data.input_window(init) (history_len steps): step k (0-based) runs
+// y_k = model(x_k); x_{k+1} is x_k slid by one step (slide_window), the new step being x_k's
+// newest with its prognostic channels replaced by y_k's (still normalised) and its dynamic
+// forcing read at init + (k+1)*dt; static channels are kept. emit(k, y_k) gets the
+// normalised output.
+void rollout(const Era5Data& data, Tensor x0, int64_t init, int steps, const std::function<Tensor(const Tensor&)>& model,
+             const std::function<void(int, const Tensor&)>& emit);
+
+// Loads the model (sharded over mesh->tp when tp > 1), runs the rollout and, on rank 0,
+// writes the forecast. Returns the exit code.
+int run_forecast(const ForecastArgs& a, Mesh* mesh = nullptr);
+
+// `wxe finetune CONFIG.yml`: the config's data (samples over start_datetime..end_datetime),
+// save_loc, forecast_len, trainer and loss keys into fc, except the values whose command-line
+// flag was given (given("--lr") true: the flag overrides). Prints the config's warnings;
+// writes channel_schema.yaml into the save folder (rank 0: lead).
+void finetune_from_config(const std::string& config, FinetuneConfig& fc,
+                          const std::function<bool(const std::string&)>& given, bool lead);
+
+}  // namespace wxe

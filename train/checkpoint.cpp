@@ -1,0 +1,164 @@
+// Fine-tuning checkpoints written and read back by the Trainer (train/trainer.h): one
+// process writes model/optimizer/ema.safetensors and trainer_state.json into a temporary
+// directory renamed into place; a mesh writes a sharded checkpoint (parallel/sharded_checkpoint.h).
+// Reading either layout is load/checkpoint.h.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/io/file_util.h"
+#include "engine/io/json.h"
+#include "engine/io/safetensors.h"
+#include "load/checkpoint.h"
+#include "load/model.h"
+#include "parallel/sharded_checkpoint.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace wxe {
+
+std::string step_dir_name(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step_%06lld", (long long)step);
+  return b;
+}
+
+std::string Trainer::save_checkpoint() {
+  WXE_CHECK(!cfg_.save.empty(), "no --save directory");
+  const fs::path root(cfg_.save), final_dir = root / step_dir_name(step_);
+  const bool lead = !mesh_ || mesh_->rank == 0, sharded = mesh_ && mesh_->world > 1;
+  std::error_code ec;
+  if (lead) {
+    fs::create_directories(root, ec);
+    WXE_CHECK(!ec, cfg_.save, ": cannot create the directory: ", ec.message());
+  }
+  const std::string step = std::to_string(step_);
+  sync_to_host();
+  std::vector<Tensor> m = gather_moments(adam_.exp_avg().empty() ? Tensor::zeros(DType::F32, {zS_}) : adam_.exp_avg()[0]);
+  std::vector<Tensor> v = gather_moments(adam_.exp_avg_sq().empty() ? Tensor::zeros(DType::F32, {zS_}) : adam_.exp_avg_sq()[0]);
+  const AdamWConfig& c = adam_.config();
+  std::map<std::string, std::string> meta = {
+      {"step", step}, {"adam_step", std::to_string(adam_.steps())}, {"seed", std::to_string(cfg_.seed)},
+      {"lr", str(cfg_.schedule.lr)}, {"beta1", str(c.beta1)}, {"beta2", str(c.beta2)}, {"eps", str(c.eps)},
+      {"weight_decay", str(c.weight_decay)}, {"source", cfg_.model}, {"written_by", "wxe finetune"},
+      {"accum", std::to_string(cfg_.accum)}, {"forecast_len", std::to_string(cfg_.forecast_len)}};
+  NamedTensors opt, ema;
+  for (size_t i = 0; i < trainable_.size(); ++i) {
+    const std::string& name = graph_.values[trainable_[i]].name;
+    if (!m.empty()) {
+      opt.push_back({"exp_avg." + name, m[i]});
+      opt.push_back({"exp_avg_sq." + name, v[i]});
+    }
+    if (ema_) ema.push_back({"ema." + name, ema_->shadow()[i]});
+  }
+  if (sharded) {
+    // every tensor once: a tp shard from dp rank 0 of its tp column, a replicated one from rank 0
+    std::vector<ShardPiece> pieces;
+    auto add = [&](const std::string& name, const std::string& param, const Tensor& t) {
+      ShardPiece p{name, t.shape, {}, t, mesh_->rank == 0};
+      auto it = slices_.find(param);
+      if (it != slices_.end()) {
+        p.slice = it->second;
+        p.global_shape[p.slice.axis] *= p.slice.parts;
+        p.owner = dp_rank_ == 0;
+      }
+      pieces.push_back(p);
+    };
+    for (auto& [n, t] : host_parameters()) add(n, n, t);
+    for (NamedTensors* list : {&opt, &ema})
+      for (auto& [n, t] : *list) add(n, n.substr(n.find('.') + 1), t);
+    if (lead && fs::exists(final_dir) && !is_sharded_checkpoint(final_dir.string()))
+      fs::remove_all(final_dir, ec);  // the same step saved by one process before
+    save_sharded(final_dir.string(), pieces, *mesh_->world_comm, meta);
+  } else {
+    const fs::path tmp = root / (step_dir_name(step_) + ".tmp" + std::to_string(getpid()));
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    WXE_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
+    write_safetensors((tmp / "model.safetensors").string(), host_parameters(),
+                      {{"format", "pt"}, {"step", step}, {"source", cfg_.model}, {"written_by", "wxe finetune"}});
+    write_safetensors((tmp / "optimizer.safetensors").string(), opt, meta);
+    if (ema_) {
+      for (auto& e : ema) e.first = e.first.substr(4);
+      write_safetensors((tmp / "ema.safetensors").string(), ema, {{"format", "pt"}, {"step", step}});
+    }
+    std::string js = "{\"step\": " + step + ", \"seed\": " + std::to_string(cfg_.seed) + ", \"model\": ";
+    json_string(js, cfg_.model);
+    js += ", \"data\": ";
+    json_string(js, cfg_.data);
+    js += ", \"accum\": " + std::to_string(cfg_.accum) + ", \"forecast_len\": " + std::to_string(cfg_.forecast_len) + "}\n";
+    write_file_atomic((tmp / "trainer_state.json").string(), js);
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp, final_dir, ec);
+    WXE_CHECK(!ec, final_dir.string(), ": cannot move the checkpoint into place: ", ec.message());
+  }
+  if (lead) {
+    write_file_atomic((root / "latest").string(), step_dir_name(step_) + "\n");
+    // keep the newest `keep` checkpoints; remove what saves killed mid-write left (step_N.tmp*:
+    // this save's own is in place by now)
+    std::vector<std::string> dirs;
+    for (auto& e : fs::directory_iterator(root)) {
+      std::string n = e.path().filename().string();
+      if (!e.is_directory() || n.rfind("step_", 0) != 0) continue;
+      if (n.find(".tmp") != std::string::npos) {
+        note("wxe: removing %s, left by an interrupted save\n", (root / n).string().c_str());
+        fs::remove_all(root / n, ec);
+      } else if (n.find(".old") == std::string::npos) {
+        dirs.push_back(n);
+      }
+    }
+    std::sort(dirs.begin(), dirs.end());
+    for (size_t i = 0; i + std::max(cfg_.keep, 1) < dirs.size(); ++i)
+      if (dirs[i] != step_dir_name(step_)) fs::remove_all(root / dirs[i], ec);
+  }
+  if (mesh_ && mesh_->world > 1) mesh_->world_comm->barrier();
+  return final_dir.string();
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  TrainCheckpoint ck = open_train_checkpoint(dir);
+  auto slice_of = [&](const std::string& param) {
+    auto it = slices_.find(param);
+    return it == slices_.end() ? TensorSlice{} : it->second;
+  };
+  for (auto& [name, t] : host_parameters()) {
+    Tensor src = ck.get(name, slice_of(name));
+    WXE_CHECK(src.numel() == t.numel() && src.dtype == t.dtype, dir, ": '", name, "' is ", shape_str(src.shape),
+              ", the model's is ", shape_str(t.shape));
+    std::memcpy(const_cast<Tensor&>(t).raw(), src.raw(), t.nbytes());  // in place: the executor shares it
+  }
+  std::vector<Tensor> m, v;
+  std::vector<const Tensor*> pm, pv;
+  for (int p : trainable_) {
+    const std::string& name = graph_.values[p].name;
+    m.push_back(ck.get("exp_avg." + name, slice_of(name)));
+    v.push_back(ck.get("exp_avg_sq." + name, slice_of(name)));
+    WXE_CHECK(m.back().numel() == graph_.values[p].constant->numel(), dir, ": optimizer state of '", name,
+              "' does not fit the parameter");
+  }
+  for (size_t i = 0; i < m.size(); ++i) {
+    pm.push_back(&m[i]);
+    pv.push_back(&v[i]);
+  }
+  std::map<std::string, std::string>& meta = ck.meta;
+  WXE_CHECK(meta.count("adam_step") || meta.count("step"), dir, ": no optimizer step in the metadata");
+  const int64_t t = std::stoll(meta.count("adam_step") ? meta["adam_step"] : meta["step"]);
+  adam_.set_state(t, {pack_block(pm, dp_rank_)}, {pack_block(pv, dp_rank_)});
+  if (ema_)
+    for (size_t i = 0; i < trainable_.size(); ++i) {
+      const std::string& name = graph_.values[trainable_[i]].name;
+      ema_->shadow()[i] = ck.get("ema." + name, slice_of(name)).clone().reshaped(graph_.values[trainable_[i]].shape);
+    }
+  WXE_CHECK(meta.count("step"), dir, ": no step in the metadata");
+  step_ = std::stoll(meta["step"]);
+  if (dev_) {  // the host's state is the newer now
+    exec_->reload_constants();
+    dev_state_.ready = false;
+  }
+  note("wxe: resumed from %s (step %lld)\n", dir.c_str(), (long long)step_);
+}
+}  // namespace wxe

@@ -1,0 +1,259 @@
+// `wxe finetune` and `wxe bench --train` over a Trainer (train/trainer.h): the loop with
+// progress, training_log.csv, loss_curve.png and checkpoints.
+#include "train/finetune.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/io/npy.h"
+#include "importers/onnx/onnx_import.h"
+#include "load/model.h"
+
+namespace fs = std::filesystem;
+
+namespace wxe {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double peak_rss_mb() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;
+}
+
+std::string fmt_time(double s) {
+  char b[32];
+  int64_t t = (int64_t)std::llround(std::max(0.0, s));
+  if (t >= 3600)
+    std::snprintf(b, sizeof b, "%lld:%02lld:%02lld", (long long)(t / 3600), (long long)(t / 60 % 60), (long long)(t % 60));
+  else
+    std::snprintf(b, sizeof b, "%lld:%02lld", (long long)(t / 60), (long long)(t % 60));
+  return b;
+}
+
+// One fixed input and a zero target (wxe bench --train).
+class FixedSource : public SampleSource {
+ public:
+  FixedSource(Tensor x, Tensor y) : x_(std::move(x)), y_(std::move(y)) {}
+  int64_t size() const override { return 1; }
+  Sample get(int64_t) const override { return {x_, {y_}, {x_}}; }
+  std::string describe() const override { return "one fixed input, zero target"; }
+
+ private:
+  Tensor x_, y_;
+};
+
+
+struct LogRow {
+  int64_t step;
+  double loss, lr, grad_norm, samples_per_s, seconds;
+  std::string tail;  // validation columns: "" or ",v1,v2..." (FinetuneConfig::validate)
+};
+
+const char* kCsvHeader = "step,loss,lr,grad_norm,samples_per_s,step_seconds";
+
+std::string csv_row(const LogRow& r) {
+  char b[256];
+  std::snprintf(b, sizeof b, "%lld,%.9g,%.9g,%.9g,%.4g,%.4g", (long long)r.step, r.loss, r.lr, r.grad_norm,
+                r.samples_per_s, r.seconds);
+  return b + r.tail;
+}
+
+// Rows of an existing log up to `upto` (a resumed run rewrites what came after its checkpoint).
+std::vector<LogRow> read_log(const std::string& path, int64_t upto) {
+  std::vector<LogRow> rows;
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  while (std::getline(f, line)) {
+    LogRow r{};
+    if (std::sscanf(line.c_str(), "%lld,%lf,%lf,%lf,%lf,%lf", (long long*)&r.step, &r.loss, &r.lr, &r.grad_norm,
+                    &r.samples_per_s, &r.seconds) == 6 &&
+        r.step <= upto) {
+      size_t p = 0;
+      for (int commas = 0; commas < 6 && p != std::string::npos; ++commas) p = line.find(',', p + (commas > 0));
+      r.tail = p == std::string::npos ? "" : line.substr(p);
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+void write_log(const std::string& path, const std::vector<LogRow>& rows, const std::vector<std::string>& extra) {
+  std::string s = std::string(kCsvHeader);
+  for (const std::string& c : extra) s += "," + c;
+  s += "\n";
+  for (auto& r : rows) s += csv_row(r) + "\n";
+  write_file_atomic(path, s);
+}
+
+void plot(const FinetuneConfig& cfg, const std::vector<LogRow>& rows) {
+  if (!cfg.plot) return;
+  std::vector<double> steps, loss;
+  for (auto& r : rows) {
+    steps.push_back((double)r.step);
+    loss.push_back(r.loss);
+  }
+  try {
+    cfg.plot((fs::path(cfg.save) / "loss_curve.png").string(), "wxe finetune " + fs::path(cfg.model).filename().string(),
+             steps, loss);
+  } catch (const Error& e) {
+    note("wxe: warning: loss curve not drawn: %s\n", e.what());
+  }
+}
+
+}  // namespace
+
+int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
+  WXE_CHECK(cfg.steps >= 1, "--steps must be at least 1");
+  WXE_CHECK(!cfg.save.empty(), "--save DIR is required");
+  auto t_start = std::chrono::steady_clock::now();
+  std::unique_ptr<SampleSource> data = cfg.open_data ? cfg.open_data() : open_npy_dir(cfg.data, cfg.forecast_len);
+  note("wxe: data: %s\n", data->describe().c_str());
+  Trainer t(cfg, std::move(data), mesh);
+  const bool lead = !mesh || mesh->rank == 0;
+  if (mesh && mesh->tp > 1)
+    note("wxe: tensor parallel over %d ranks: %d column- and %d row-parallel layers, %d + %d all-reduces per "
+         "forward + backward, %zu parameters sharded\n",
+         mesh->tp, t.tp_stats().column, t.tp_stats().row, t.tp_stats().all_reduces, t.tp_stats().copies,
+         t.tp_slices().size());
+  if (mesh && mesh->world > 1)
+    note("wxe: mesh dp %d x tp %d: %d micro-batches per step per data-parallel group; optimizer state %.1f MiB "
+         "per rank\n",
+         mesh->dp, mesh->tp, cfg.accum / mesh->dp, t.optimizer_bytes() / 1048576.0);
+  note("wxe: training %lld parameters (%zu tensors); %zu nodes; accum %d, forecast_len %d\n",
+       (long long)t.trainable_count(), t.executor().trainable().size(), t.graph().nodes.size(), cfg.accum,
+       cfg.forecast_len);
+  const std::string log_path = (fs::path(cfg.save) / "training_log.csv").string();
+  std::vector<LogRow> rows = cfg.resume ? read_log(log_path, t.steps_done()) : std::vector<LogRow>{};
+  if (lead) {
+    fs::create_directories(cfg.save);
+    write_log(log_path, rows, cfg.validate ? cfg.validate_columns : std::vector<std::string>{});
+  }
+  const bool had_checkpoint = fs::exists(fs::path(cfg.save) / "latest");
+  const bool tty = isatty(fileno(stderr));
+  const int64_t first = t.steps_done();
+  double run_s = 0;
+  std::string last_ckpt;
+  if (first >= cfg.steps) note("wxe: already at step %lld of %lld\n", (long long)first, (long long)cfg.steps);
+  while (t.steps_done() < cfg.steps) {
+    StepLog s;
+    try {
+      s = t.step();
+    } catch (const NonFiniteLoss& e) {  // every rank sees the same all-reduced loss: all stop here
+      if (!lead) return 4;
+      if (tty && cfg.progress) std::fprintf(stderr, "\n");
+      std::fprintf(stderr, "wxe: error: %s\n", e.what());
+      fs::path latest = fs::path(cfg.save) / "latest";
+      if (fs::exists(latest)) {
+        std::ifstream f(latest);
+        std::string n;
+        f >> n;
+        std::fprintf(stderr, "wxe: the last good checkpoint is %s\n", (fs::path(cfg.save) / n).c_str());
+      } else {
+        std::fprintf(stderr, "wxe: no checkpoint was written\n");
+      }
+      return 4;
+    }
+    run_s += s.seconds;
+    rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, ""});
+    if (cfg.validate) {
+      std::string& tail = rows.back().tail;
+      if ((cfg.validate_every > 0 && s.step % cfg.validate_every == 0) || s.step == cfg.steps) {
+        std::vector<double> v = cfg.validate([&](const Tensor& x) { return t.predict(x); });
+        WXE_ASSERT(v.size() == cfg.validate_columns.size());
+        for (double d : v) tail += str(",", d);
+      } else {
+        tail = std::string(cfg.validate_columns.size(), ',');
+      }
+    }
+    if (lead) {
+      std::ofstream f(log_path, std::ios::app);
+      f << csv_row(rows.back()) << "\n";
+    }
+    const int64_t done = s.step - first, left = cfg.steps - s.step;
+    const double eta = run_s / done * left;
+    if (cfg.progress && !g_quiet) {
+      if (tty) {
+        const int width = 24, fill = (int)(width * s.step / cfg.steps);
+        std::fprintf(stderr, "\r[%s%s] step %lld/%lld  loss %.4e  lr %.2e  %.2f samples/s  ETA %s   ",
+                     std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), (long long)s.step,
+                     (long long)cfg.steps, s.loss, s.lr, s.samples / s.seconds, fmt_time(eta).c_str());
+        if (!left) std::fprintf(stderr, "\n");
+      } else {
+        std::fprintf(stderr, "wxe: step %lld/%lld loss %.6e lr %.3e grad_norm %.3e %.2f samples/s ETA %s\n",
+                     (long long)s.step, (long long)cfg.steps, s.loss, s.lr, s.grad_norm, s.samples / s.seconds,
+                     fmt_time(eta).c_str());
+      }
+    }
+    if (cfg.save_every > 0 && s.step % cfg.save_every == 0 && left > 0) {
+      last_ckpt = t.save_checkpoint();
+      if (lead) plot(cfg, rows);
+    }
+  }
+  if (t.steps_done() > first || !had_checkpoint) last_ckpt = t.save_checkpoint();
+  if (!lead) return 0;
+  plot(cfg, rows);
+  std::printf("trained %lld steps in %.1f s; final loss %.6g; checkpoint %s; log %s; peak RSS %.0f MB\n",
+              (long long)(t.steps_done() - first), seconds_since(t_start), rows.empty() ? NAN : rows.back().loss,
+              last_ckpt.empty() ? "(unchanged)" : last_ckpt.c_str(), log_path.c_str(), peak_rss_mb());
+  return 0;
+}
+
+int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
+                    int runs, bool json, const std::string& device) {
+  WXE_CHECK(runs >= 1, "--runs must be at least 1");
+  Tensor x = read_npy(input);
+  // the output shape comes from a throwaway import; the target is zeros of it
+  Graph probe = import_onnx(model);
+  WXE_CHECK(probe.inputs.size() == 1, model, ": bench --train needs a model with one input");
+  prepare_graph(probe, {{probe.values[probe.inputs[0]].name, {x.dtype, x.shape}}});
+  Tensor y = Tensor::zeros(DType::F32, probe.values[probe.outputs[0]].shape);
+  FinetuneConfig cfg;
+  cfg.model = model;
+  cfg.weights = weights;
+  cfg.threads = threads;
+  cfg.schedule.lr = 1e-4;
+  cfg.device = device;
+  Trainer t(cfg, std::make_unique<FixedSource>(x, y));
+  t.step();  // warm-up
+  std::map<std::string, OpProfile> warm = t.executor().profile();
+  std::vector<double> ms;
+  for (int r = 0; r < runs; ++r) {
+    StepLog s = t.step();
+    ms.push_back(s.seconds * 1e3);
+    std::fprintf(stderr, "wxe: training step %d/%d: %.1f ms (loss %.4g)\n", r + 1, runs, ms.back(), s.loss);
+  }
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  std::vector<std::pair<double, std::string>> by_op;
+  for (auto& [op, p] : t.executor().profile()) by_op.push_back({(p.ms - warm[op].ms) / runs, op});
+  std::sort(by_op.rbegin(), by_op.rend());
+  if (!by_op.empty()) std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");  // none on a device
+  for (size_t i = 0; i < by_op.size() && i < 20; ++i) std::printf("%-36s %10.2f\n", by_op[i].second.c_str(), by_op[i].first);
+  std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
+              "device %s; %lld trainable parameters\n",
+              runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(),
+              (long long)t.trainable_count());
+  if (json)
+    std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"threads\": %d, \"runs\": %d, "
+                "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f}\n",
+                model.c_str(), device.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb());
+  return 0;
+}
+
+}  // namespace wxe

@@ -1,0 +1,87 @@
+// Training building blocks that do not depend on the graph: AdamW, learning-rate schedules,
+// global-norm gradient clipping, EMA of the weights. Parameters and gradients are float32
+// tensors that pair up by index. Every reduction sums fixed blocks in a fixed order, so the
+// results do not depend on the thread count (a resumed run repeats an uninterrupted one bit
+// for bit).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "engine/exec/train_kernels.h"
+#include "engine/ir/tensor.h"
+
+namespace wxe {
+
+struct AdamWConfig {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.01;
+};
+
+// PyTorch torch.optim.AdamW (no amsgrad), float32 element math in the order of PyTorch's CPU
+// single-tensor path, scalars computed in double and rounded to float32 as PyTorch does:
+//   p *= 1 - lr*wd;  m = lerp(m, g, 1 - b1);  v = b2*v + (1-b2)*g*g;  t += 1;
+//   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+// Weight decay on every parameter. One step counter t for all parameters.
+class AdamW {
+ public:
+  explicit AdamW(AdamWConfig c);
+  // params[i] and grads[i] pair up (same shape). The moments of all parameters are created
+  // (zeros) on the first step; later steps must pass the same parameters in the same order.
+  void step(const std::vector<Tensor*>& params, const std::vector<const Tensor*>& grads, double lr);
+  // Counts one step and returns its scalars, for a caller that updates state it holds itself
+  // (a device's buffers, through TrainKernels::adamw).
+  AdamWScalars next_step(double lr);
+  int64_t steps() const { return t_; }  // t: optimizer steps done
+  // State for checkpoints: exp_avg / exp_avg_sq per parameter index, plus t. A round trip
+  // through set_state is bit-exact.
+  std::vector<Tensor>& exp_avg() { return m_; }
+  std::vector<Tensor>& exp_avg_sq() { return v_; }
+  void set_state(int64_t t, std::vector<Tensor> m, std::vector<Tensor> v);
+  const AdamWConfig& config() const { return c_; }
+
+ private:
+  AdamWConfig c_;
+  int64_t t_ = 0;
+  std::vector<Tensor> m_, v_;  // per parameter, shaped like it
+};
+
+enum class ScheduleKind { Constant, LinearWarmupCosine };
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::Constant;
+  double lr = 1e-3, min_lr = 0;
+  int64_t warmup_steps = 0, total_steps = 1;
+  // lr of optimizer step `step` (0-based: the first update is step 0).
+  // LinearWarmupCosine: step < warmup: lr * step / warmup (so 0 at step 0);
+  // else p = min(1, (step - warmup) / max(1, total - warmup)),
+  //      min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi p)).
+  double lr_at(int64_t step) const;
+};
+
+// torch.nn.utils.clip_grad_norm_(norm_type=2): total = sqrt(sum over all grads of g^2),
+// accumulated in double. With max_norm > 0 the factor is max_norm / (total + 1e-6) in float32
+// (as PyTorch computes it) and every gradient is multiplied by it when it is below 1 (that is,
+// when total + 1e-6 > max_norm). Returns total (before clipping). A non-finite total is
+// returned as is and nothing is scaled.
+double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm);
+// Sum of g^2 over a set of gradients (double), the square of the global L2 norm: the
+// distributed version all-reduces it across shards before the square root.
+double grad_norm_squared(const std::vector<const Tensor*>& grads);
+// Multiplies every gradient by `factor` (float32), as clip_grad_norm does.
+void scale_grads(const std::vector<Tensor*>& grads, float factor);
+
+// EMA of parameters: shadow = decay * shadow + (1 - decay) * p after every optimizer step
+// (float32, coefficients rounded to float32); the shadow starts as a copy of the parameters.
+class Ema {
+ public:
+  Ema(double decay, const std::vector<const Tensor*>& params);
+  void update(const std::vector<const Tensor*>& params);
+  std::vector<Tensor>& shadow() { return shadow_; }
+  double decay() const { return decay_; }
+
+ private:
+  double decay_;
+  std::vector<Tensor> shadow_;
+};
+
+}  // namespace wxe

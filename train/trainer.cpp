@@ -1,0 +1,391 @@
+// The Trainer (train/trainer.h): building the training graph, one optimizer step (forward,
+// backward, clipping, AdamW, EMA), evaluation, and the device-resident state. ZeRO's packing
+// is train/zero.cpp, checkpoints train/checkpoint.cpp.
+#include "train/trainer.h"
+
+#include <chrono>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "importers/onnx/onnx_import.h"
+#include "load/model.h"
+#include "parallel/collective_ops.h"
+#include "parallel/shard.h"
+
+namespace fs = std::filesystem;
+
+namespace wxe {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, Mesh* mesh)
+    : cfg_(cfg), data_(std::move(data)), mesh_(mesh), adam_(cfg.adam) {
+  if (mesh_) {
+    dp_ = mesh_->dp;
+    dp_rank_ = mesh_->dp_rank;
+    tp_ = mesh_->tp;
+    tp_rank_ = mesh_->tp_rank;
+  }
+  WXE_CHECK(cfg.accum >= 1, "--accum must be at least 1");
+  WXE_CHECK(cfg.accum % dp_ == 0, "--accum ", cfg.accum, " micro-batches cannot be divided over ", dp_,
+            " data-parallel groups; make it a multiple of ", dp_);
+  WXE_CHECK(cfg.forecast_len >= 1, "--forecast-len must be at least 1");
+  WXE_CHECK(data_ && data_->size() > 0, "no training samples");
+  graph_ = import_onnx(cfg.model);
+  WXE_CHECK(graph_.inputs.size() == 1, cfg.model, ": fine-tuning needs a model with one input, it has ",
+            graph_.inputs.size());
+  input_name_ = graph_.values[graph_.inputs[0]].name;
+  Sample first = data_->get(0);
+  LoadOptions lo;
+  lo.weights = cfg.weights;
+  lo.training = true;
+  prepare_model(graph_, {{input_name_, {first.input.dtype, first.input.shape}}}, lo);
+  WXE_CHECK(graph_.outputs.size() >= 1, cfg.model, ": the model has no output");
+  const Shape out_shape = graph_.values[graph_.outputs[0]].shape;
+  WXE_CHECK(first.targets.size() == (size_t)cfg.forecast_len, cfg.data, ": a sample has ", first.targets.size(),
+            " target steps, the rollout has forecast_len ", cfg.forecast_len);
+  WXE_CHECK(first.targets[0].shape == out_shape, cfg.data, ": targets are ", shape_str(first.targets[0].shape),
+            ", the model's output is ", shape_str(out_shape));
+  if (tp_ > 1) {  // Megatron: this rank's heads and feed-forward columns; CopyToTP / AllReduceTP at the seams
+    TpPlan plan = plan_for(graph_, cfg.plan, tp_, true);
+    slices_ = parameter_slices(plan, graph_, tp_, tp_rank_);
+    tp_stats_ = shard_training_graph(graph_, plan, tp_, tp_rank_);
+    set_tp_communicator(mesh_->tp_comm.get());
+  }
+  for (int v : trainable_parameters(graph_)) {
+    const std::string& name = graph_.values[v].name;
+    bool frozen = std::any_of(cfg.freeze.begin(), cfg.freeze.end(), [&](const std::string& p) { return glob_match(p, name); });
+    if (!frozen) trainable_.push_back(v);
+  }
+  for (const std::string& p : cfg.freeze) {
+    bool any = false;
+    for (int v : trainable_parameters(graph_)) any = any || glob_match(p, graph_.values[v].name);
+    WXE_CHECK(any, "--freeze '", p, "' matches no parameter of ", cfg.model);
+  }
+  WXE_CHECK(!trainable_.empty(), cfg.model, ": every parameter is frozen; nothing to train");
+  for (int v : trainable_) {
+    const int64_t n = graph_.values[v].constant->numel(), c = (n + dp_ - 1) / dp_;
+    zn_.push_back(n);
+    zc_.push_back(c);
+    zoff_.push_back(zS_);
+    zS_ += c;
+  }
+  if (mesh_ && mesh_->world > 1) check_same_plan();
+  ExecOptions opt;
+  opt.threads = cfg.threads;
+  opt.kernels = cfg.reference ? KernelKind::Reference : KernelKind::Fast;
+  opt.optimize = false;
+  opt.device = cfg.device;
+  opt.profile = cfg.device == "cpu";  // on a device, timing per op would wait for every kernel
+  exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
+  if (cfg.device != "cpu") dev_ = &backend_for(cfg.device);
+  if (!exec_->host_nodes().empty()) {
+    std::map<std::string, int> by_op;  // "Op, pass" -> nodes
+    for (const std::string& s : exec_->host_nodes()) ++by_op[s.substr(s.rfind('(') + 1, s.size() - s.rfind('(') - 2)];
+    std::string list;
+    for (auto& [k, c] : by_op) list += str(list.empty() ? "" : ", ", k, " x", c);
+    note("wxe: --device %s: %zu kernels run on the host (no %s kernel yet): %s\n", cfg.device.c_str(),
+         exec_->host_nodes().size(), cfg.device.c_str(), list.c_str());
+  }
+  if (!cfg.plain_mse) {
+    NpyDirInfo info;
+    if (!cfg.data.empty() && !cfg.open_data) info = read_npy_dir_info(cfg.data);
+    if (!cfg.lat.empty()) info.lat = cfg.lat;
+    if (!cfg.channel_weights.empty()) info.channel_weights = cfg.channel_weights;
+    const int64_t h = out_shape.size() >= 2 ? out_shape[out_shape.size() - 2] : 1;
+    if (info.lat.empty()) info.lat = regular_latitudes(h);
+    WXE_CHECK((int64_t)info.lat.size() == h, cfg.data, "/lat.npy: ", info.lat.size(), " latitudes, the output has ", h,
+              " rows");
+    loss_w_.lat_weights = latitude_weights(info.lat);
+    loss_w_.channel_weights = info.channel_weights;
+  }
+  if (cfg.ema) {
+    std::vector<const Tensor*> ps;
+    for (int v : trainable_) ps.push_back(graph_.values[v].constant.get());
+    ema_ = std::make_unique<Ema>(cfg.ema_decay, ps);
+  }
+  if (cfg.resume && !cfg.save.empty()) {
+    fs::path latest = fs::path(cfg.save) / "latest";
+    if (fs::exists(latest)) {
+      std::ifstream f(latest);
+      std::string name;
+      f >> name;
+      load_checkpoint((fs::path(cfg.save) / name).string());
+    } else {
+      note("wxe: --resume: no checkpoint in %s yet; starting at step 0\n", cfg.save.c_str());
+    }
+  }
+}
+
+// Every rank must have built the same plan (same parameters, shapes and shards), or the
+// collectives would pair up unrelated tensors: a hash, gathered and compared before the first one.
+void Trainer::check_same_plan() {
+  std::string text = str("tp", tp_, "dp", dp_);
+  for (int v : trainable_) {
+    const Value& x = graph_.values[v];
+    text += x.name + shape_str(x.shape);
+    auto it = slices_.find(x.name);
+    if (it != slices_.end()) text += str("/", it->second.axis, "/", it->second.parts, "/", it->second.groups);
+  }
+  check_same_on_all_ranks(*mesh_, fingerprint(text), "training plan");  // parallel/mesh.h
+}
+
+int64_t Trainer::trainable_count() const {
+  int64_t n = 0;
+  for (int v : trainable_) n += graph_.values[v].constant->numel();
+  return n;
+}
+
+size_t Trainer::optimizer_bytes() const { return 2 * (size_t)zS_ * sizeof(float); }  // exp_avg, exp_avg_sq
+
+int64_t Trainer::sample_index(int64_t micro) {
+  const int64_t n = data_->size(), epoch = micro / n;
+  if (!cfg_.shuffle) return micro % n;
+  if (epoch != perm_epoch_) {
+    perm_.resize(n);
+    std::iota(perm_.begin(), perm_.end(), 0);
+    std::mt19937_64 rng(cfg_.seed * 1000003ull + (uint64_t)epoch);
+    for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates, defined here so every platform agrees
+      int64_t k = (int64_t)(rng() % (uint64_t)(i + 1));
+      std::swap(perm_[i], perm_[k]);
+    }
+    perm_epoch_ = epoch;
+  }
+  return perm_[micro % n];
+}
+
+Tensor Trainer::predict(const Tensor& x) {
+  // PyTorch's eval forward: spectral norm divides by u . (W_mat v) with the stored u and v, no
+  // power iteration (which would also move u and v, the training state)
+  std::vector<std::pair<Attr*, int64_t>> saved;
+  for (Node& n : graph_.nodes)
+    if (n.op == "SpectralNorm" || n.op == "SpectralNormTP") {
+      Attr& a = n.attrs["power_iterations"];
+      saved.push_back({&a, a.i});
+      a = attr_i(0);
+    }
+  Tensor y = exec_->forward({{input_name_, x}}).at(0).clone();
+  for (auto& [a, iters] : saved) *a = attr_i(iters);
+  return y;
+}
+
+StepLog Trainer::step() {
+  auto t0 = std::chrono::steady_clock::now();
+  StepLog log;
+  log.lr = cfg_.schedule.lr_at(step_);
+  const int64_t channels_in = graph_.values[graph_.inputs[0]].shape[1];
+  const int64_t channels_out = graph_.values[graph_.outputs[0]].shape[1];
+  const int64_t prognostic = cfg_.prognostic >= 0 ? cfg_.prognostic : std::min(channels_in, channels_out);
+  WXE_CHECK(prognostic <= std::min(channels_in, channels_out), "--prognostic ", prognostic, " exceeds the ",
+            std::min(channels_in, channels_out), " channels input and output share");
+  // this dp group's micro-batches: j = dp_rank, dp_rank + dp, ... of the step's `accum`
+  double loss_sum = 0;
+  for (int j = dp_rank_; j < cfg_.accum; j += dp_) {
+    Sample s = data_->get(sample_index(step_ * cfg_.accum + j));
+    Tensor x = s.input, pred;
+    for (int k = 0; k < cfg_.forecast_len; ++k) {
+      if (k > 0) {  // step k's input slid into the window, its prognostic channels the prediction (detached)
+        x = slide_window(x, s.forcing[k]);
+        feed_back(x, pred, prognostic);
+      }
+      std::vector<Tensor> outs = exec_->forward({{input_name_, x}});
+      pred = outs[0];
+      std::vector<Tensor> gout(outs.size());
+      gout[0] = Tensor(DType::F32, pred.shape);
+      loss_sum += weighted_mse(pred, s.targets[k], loss_w_, &gout[0], 1.0 / cfg_.accum);
+      exec_->backward(gout);
+    }
+    log.samples += (int)x.shape[0];
+  }
+  // ZeRO-1: the gradient summed over dp, each rank keeping its own block of every parameter
+  Tensor gshard;
+  if (dev_) {
+    if (!dev_state_.ready) to_device();
+    device_gradient_shard();
+  } else {
+    std::vector<const Tensor*> grads;
+    for (const Tensor& g : exec_->grads()) grads.push_back(&g);
+    gshard = reduce_scatter_grads(grads);
+  }
+  const TrainKernels& k = dev_ ? *dev_->train_kernels() : cpu_train_kernels();
+  float* gflat = dev_ ? dev_state_.g.data<float>() : gshard.data<float>();
+  // loss over every micro-batch and rollout step; global gradient norm with each parameter
+  // counted once: tp-sharded ones summed over tp, replicated ones from tp rank 0
+  std::vector<int64_t> bounds = zoff_;  // parameter p's block: [zoff_[p], zoff_[p] + zc_[p])
+  bounds.push_back(zS_);
+  std::vector<double> sq(trainable_.size());
+  k.segment_sum_squares(gflat, bounds, sq.data());
+  double sq_sharded = 0, sq_replicated = 0;
+  for (size_t p = 0; p < trainable_.size(); ++p)
+    (slices_.count(graph_.values[trainable_[p]].name) ? sq_sharded : sq_replicated) += sq[p];
+  double total_sq = sq_sharded + sq_replicated;
+  if (mesh_ && mesh_->world > 1) {
+    Tensor v(DType::F64, {3});
+    v.data<double>()[0] = sq_sharded;
+    v.data<double>()[1] = tp_rank_ == 0 ? sq_replicated : 0.0;
+    v.data<double>()[2] = tp_rank_ == 0 ? loss_sum : 0.0;  // tp ranks computed the same loss
+    mesh_->world_comm->all_reduce_sum(v);
+    total_sq = v.data<double>()[0] + v.data<double>()[1];
+    loss_sum = v.data<double>()[2];
+  }
+  log.loss = loss_sum / (cfg_.accum * cfg_.forecast_len);
+  log.grad_norm = std::sqrt(total_sq);
+  if (!std::isfinite(log.loss) || !std::isfinite(log.grad_norm)) {
+    exec_->zero_grad();
+    throw NonFiniteLoss(str("step ", step_ + 1, ": the loss is ", log.loss, " and the gradient norm ", log.grad_norm,
+                            "; stopped before updating the parameters"));
+  }
+  if (cfg_.grad_max_norm > 0) {  // torch.nn.utils.clip_grad_norm_
+    const float factor = (float)cfg_.grad_max_norm / (float)(log.grad_norm + 1e-6);
+    if (factor < 1.f) k.scale(gflat, zS_, factor);
+  }
+  if (dev_) {
+    device_update(log.lr);
+  } else {
+    std::vector<Tensor*> params;
+    std::vector<const Tensor*> cparams;
+    for (int v : trainable_) {
+      params.push_back(graph_.values[v].constant.get());
+      cparams.push_back(graph_.values[v].constant.get());
+    }
+    Tensor pshard = pack_block(cparams, dp_rank_);
+    adam_.step({&pshard}, {&gshard}, log.lr);
+    gather_blocks(pshard, params, false);
+    if (ema_) ema_->update(cparams);
+  }
+  exec_->zero_grad();
+  if (dev_) dev_->synchronize();  // the step's time includes its queued kernels
+  log.samples *= dp_;  // every dp group did as many
+  log.step = ++step_;
+  log.seconds = seconds_since(t0);
+  return log;
+}
+
+Tensor Trainer::device_zeros(int64_t n) const {
+  Tensor t = dev_->empty(DType::F32, {n});
+  dev_->train_kernels()->fill(t.data<float>(), n, 0.f);
+  return t;
+}
+
+void Trainer::to_device() {
+  Backend& b = *dev_;
+  DeviceState& d = dev_state_;
+  d.p = device_zeros(zS_);
+  d.g = device_zeros(zS_);
+  for (size_t p = 0; p < trainable_.size(); ++p) {  // this rank's block of each parameter
+    auto [a, e] = block_range(p, dp_rank_);
+    b.copy_on_device(d.p.data<float>() + zoff_[p], exec_->device_param(p).data<float>() + a, (e - a) * sizeof(float));
+  }
+  if (adam_.exp_avg().empty()) {
+    d.m = device_zeros(zS_);
+    d.v = device_zeros(zS_);
+  } else {
+    d.m = b.upload(adam_.exp_avg()[0]);
+    d.v = b.upload(adam_.exp_avg_sq()[0]);
+  }
+  d.ema.clear();
+  if (ema_)
+    for (const Tensor& s : ema_->shadow()) d.ema.push_back(b.upload(s));
+  d.ready = true;
+}
+
+void Trainer::sync_to_host() {
+  if (!dev_) return;
+  exec_->params_to_host();  // also spectral norm's u and v, which a forward alone moves
+  if (!dev_state_.ready) return;
+  adam_.set_state(adam_.steps(), {dev_->download(dev_state_.m)}, {dev_->download(dev_state_.v)});
+  if (ema_)
+    for (size_t i = 0; i < dev_state_.ema.size(); ++i)
+      ema_->shadow()[i] = dev_->download(dev_state_.ema[i]).reshaped(ema_->shadow()[i].shape);
+}
+
+bool Trainer::dp_on_device() const {
+  return dp_ > 1 && (mesh_->dp_comm->takes_device_buffers() || dev_->device() == DeviceKind::CPU);
+}
+
+void Trainer::device_gradient_shard() {
+  float* g = dev_state_.g.data<float>();
+  if (dp_ == 1) {
+    for (size_t p = 0; p < trainable_.size(); ++p)
+      dev_->copy_on_device(g + zoff_[p], exec_->grads()[p].raw(), zn_[p] * sizeof(float));
+    return;
+  }
+  if (dp_on_device()) {  // every dp rank's block of every gradient, then the reduce-scatter there
+    Tensor all = device_zeros(dp_ * zS_);
+    for (int b = 0; b < dp_; ++b)
+      for (size_t p = 0; p < trainable_.size(); ++p) {
+        auto [a, e] = block_range(p, b);
+        dev_->copy_on_device(all.data<float>() + b * zS_ + zoff_[p], exec_->grads()[p].data<float>() + a,
+                             (e - a) * sizeof(float));
+      }
+    dev_->synchronize();  // the communicator reads what the device's queue wrote
+    mesh_->dp_comm->reduce_scatter_sum(all, dev_state_.g);
+    return;
+  }
+  std::vector<Tensor> host;
+  std::vector<const Tensor*> grads;
+  for (const Tensor& t : exec_->grads()) host.push_back(dev_->download(t));
+  for (const Tensor& t : host) grads.push_back(&t);
+  Tensor shard = reduce_scatter_grads(grads);
+  dev_->copy_to_device(g, shard.raw(), shard.nbytes());
+}
+
+void Trainer::device_update(double lr) {
+  const TrainKernels& k = *dev_->train_kernels();
+  DeviceState& d = dev_state_;
+  k.adamw(adam_.next_step(lr), d.p.data<float>(), d.g.data<float>(), d.m.data<float>(), d.v.data<float>(), zS_);
+  if (dp_ == 1) {
+    for (size_t p = 0; p < trainable_.size(); ++p)
+      dev_->copy_on_device(exec_->device_param(p).raw(), d.p.data<float>() + zoff_[p], zn_[p] * sizeof(float));
+  } else if (dp_on_device()) {
+    Tensor all = device_zeros(dp_ * zS_);
+    dev_->synchronize();
+    mesh_->dp_comm->all_gather(d.p, all);
+    for (int b = 0; b < dp_; ++b)
+      for (size_t p = 0; p < trainable_.size(); ++p) {
+        auto [a, e] = block_range(p, b);
+        dev_->copy_on_device(exec_->device_param(p).data<float>() + a, all.data<float>() + b * zS_ + zoff_[p],
+                             (e - a) * sizeof(float));
+      }
+  } else {  // all-gather the blocks on the host, then each parameter to the device whole
+    std::vector<Tensor*> params;
+    for (int v : trainable_) params.push_back(graph_.values[v].constant.get());
+    gather_blocks(dev_->download(d.p), params, false);
+    for (size_t p = 0; p < trainable_.size(); ++p)
+      dev_->copy_to_device(exec_->device_param(p).raw(), params[p]->raw(), params[p]->nbytes());
+  }
+  if (ema_) {
+    const float decay = (float)ema_->decay(), w = (float)(1 - ema_->decay());
+    for (size_t p = 0; p < trainable_.size(); ++p)
+      k.ema(d.ema[p].data<float>(), exec_->device_param(p).data<float>(), zn_[p], decay, w);
+  }
+}
+
+NamedTensors Trainer::parameters() {
+  sync_to_host();
+  return host_parameters();
+}
+
+NamedTensors Trainer::host_parameters() const {
+  NamedTensors r;
+  std::vector<int> uses = graph_.use_counts();
+  for (size_t v = 0; v < graph_.values.size(); ++v) {
+    const Value& x = graph_.values[v];
+    if (x.is_param && x.is_const() && uses[v] && x.dtype == DType::F32) r.push_back({x.name, *x.constant});
+  }
+  return r;
+}
+
+}  // namespace wxe

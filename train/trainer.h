@@ -1,0 +1,185 @@
+// Fine-tuning on one process: the training graph (engine/passes/passes.h prepare_training_graph),
+// autograd (engine/exec/autograd.h), CREDIT's latitude-weighted MSE, AdamW with a schedule,
+// gradient clipping and accumulation, optional EMA, multi-step rollouts, checkpoints that
+// resume bit for bit.
+//
+// One optimizer step: for each of `accum` micro-batches, for each of `forecast_len` rollout
+// steps: forward, loss against that step's target, backward of loss / accum (gradients sum
+// over rollout steps and average over micro-batches); the prediction's first `prognostic`
+// channels are fed back (detached) into the next step's input, the other input channels
+// (forcing, static) come from the data. Then clip by global norm, AdamW at the schedule's lr,
+// EMA. The logged loss is the mean over micro-batches and rollout steps.
+// Micro-batch j of step s reads sample (s * accum + j) of an endless sequence over the data:
+// in order, or with `shuffle` a permutation per epoch seeded by (seed, epoch), so a resumed
+// run reads what the uninterrupted one would have.
+//
+// Checkpoints: SAVE/step_NNNNNN/ holds model.safetensors (trained parameters and
+// spectral-norm buffers, loadable by safetensors.torch.load_file), optimizer.safetensors
+// (exp_avg.NAME, exp_avg_sq.NAME; metadata: step and hyper-parameters), ema.safetensors
+// when EMA is on, and trainer_state.json; SAVE/latest names the newest complete one and is
+// replaced last (atomic rename), so a killed save leaves the previous checkpoint in force.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+#include "engine/exec/autograd.h"
+#include "engine/io/glob.h"  // glob_match, for --freeze
+#include "engine/io/samples.h"
+#include "engine/io/safetensors.h"
+#include "engine/passes/layout_rules.h"
+#include "load/checkpoint.h"
+#include "parallel/mesh.h"
+#include "parallel/shard.h"
+#include "train/loss.h"
+#include "train/optim.h"
+
+namespace wxe {
+
+struct FinetuneConfig {
+  std::string model, weights, data, save;
+  bool resume = false;
+  int64_t steps = 100;             // optimizer steps in total (a resumed run continues to it)
+  int accum = 1;                   // micro-batches per optimizer step, over all dp groups together
+  int forecast_len = 1;            // rollout steps per sample
+  int prognostic = -1;             // channels fed back in rollouts; -1: min(C_in, C_out)
+  AdamWConfig adam;
+  Schedule schedule;               // its lr is the base lr
+  double grad_max_norm = 1.0;      // <= 0: no clipping
+  bool ema = false;
+  double ema_decay = 0.999;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  bool plain_mse = false;          // no latitude / channel weights
+  std::vector<std::string> freeze; // parameter-name globs
+  std::string plan;                // tensor-parallel plan file (parallel/shard.h), with tp > 1
+  int threads = 0;
+  bool reference = false;          // reference kernels only
+  std::string device = "cpu";      // a backend (engine/exec/backend.h): "cpu" or "cuda"
+  int64_t save_every = 0;          // 0: only at the end
+  int keep = 2;                    // checkpoints kept
+  bool progress = true;            // progress bar / log lines on stderr
+  // A sample source other than the .npy directory `data` (CREDIT configs, data/era5.h), with
+  // the latitudes (degrees) and per-output-channel loss weights that go with it (empty: the
+  // .npy directory's, or a regular grid and 1).
+  std::function<std::unique_ptr<SampleSource>()> open_data;
+  std::vector<double> lat, channel_weights;
+  // Validation: every `validate_every` optimizer steps and after the last, validate(predict)
+  // returns one value per `validate_columns` entry, appended to that step's row of
+  // training_log.csv (other rows leave them empty). Every rank calls it.
+  int64_t validate_every = 0;
+  std::vector<std::string> validate_columns;
+  std::function<std::vector<double>(const std::function<Tensor(const Tensor&)>&)> validate;
+  // Draws SAVE/loss_curve.png (path, title, steps, losses); the command line passes PLplot's.
+  std::function<void(const std::string&, const std::string&, const std::vector<double>&,
+                     const std::vector<double>&)>
+      plot;
+};
+
+struct StepLog {
+  int64_t step = 0;                // 1-based: optimizer steps done
+  double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
+  int samples = 0;
+};
+
+class Trainer {
+ public:
+  // Loads the model (training graph) and weights; with cfg.resume and a checkpoint in
+  // cfg.save, continues from it. With a mesh (null: a world of one) the micro-batches are
+  // divided over the dp groups, gradients summed over them, and the optimizer state sharded
+  // over them (ZeRO-1). With tp > 1 each tp group holds one copy of the model sharded
+  // Megatron style (parallel/shard.h shard_training_graph): attention heads and feed-forward
+  // columns split over the tp ranks, replicated parameters' gradients equal on all of them.
+  Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, Mesh* mesh = nullptr);
+  // One optimizer step. Fails with a message (and leaves parameters as they were before the
+  // step's update) if the loss or the gradient norm is not finite.
+  StepLog step();
+  // The model being trained, forward on one input (validation): outputs[0], as PyTorch's eval
+  // mode computes it (spectral norm from the stored u and v, which stay as they were; no power
+  // iteration). Gradients are untouched.
+  Tensor predict(const Tensor& x);
+  // Writes SAVE/step_NNNNNN atomically and points SAVE/latest at it; returns its path.
+  // One process: model/optimizer/ema.safetensors. Under a mesh of more than one rank: a
+  // sharded checkpoint (parallel/sharded_checkpoint.h; every tensor under the names of
+  // open_train_checkpoint, tp shards as pieces, AdamW moments gathered over dp first), which
+  // any mesh (one process too) resumes from. Collective under a mesh.
+  std::string save_checkpoint();
+  int64_t steps_done() const { return step_; }
+  // Trained parameters by name (training names: SN layers legacy, others Linear layout), as
+  // this rank holds them (tensor-parallel shards). On a device, the device's values are copied
+  // into the graph first.
+  NamedTensors parameters();
+  // Bytes of optimizer state (AdamW moments) this rank holds.
+  size_t optimizer_bytes() const;
+  const Graph& graph() const { return graph_; }
+  const GradExecutor& executor() const { return *exec_; }
+  int64_t trainable_count() const;
+  // What tensor parallelism did (zero without it) and which parameters are sharded how.
+  const ShardStats& tp_stats() const { return tp_stats_; }
+  const std::map<std::string, TensorSlice>& tp_slices() const { return slices_; }
+
+ private:
+  FinetuneConfig cfg_;
+  std::unique_ptr<SampleSource> data_;
+  Mesh* mesh_ = nullptr;
+  int dp_ = 1, dp_rank_ = 0, tp_ = 1, tp_rank_ = 0;
+  std::map<std::string, TensorSlice> slices_;  // tp-sharded parameters: this rank's block of each
+  ShardStats tp_stats_;
+  Graph graph_;
+  std::unique_ptr<GradExecutor> exec_;
+  std::vector<int> trainable_;       // value ids
+  std::vector<int> buffers_;         // spectral-norm u/v value ids (saved, not trained)
+  AdamW adam_;
+  std::unique_ptr<Ema> ema_;
+  LossWeights loss_w_;
+  int64_t step_ = 0;
+  std::string input_name_;
+  std::vector<int64_t> perm_;        // shuffle permutation of the current epoch
+  int64_t perm_epoch_ = -1;
+  // ZeRO-1 over dp: every trainable parameter (n[p] elements here) is cut into dp blocks of
+  // c[p] = ceil(n[p] / dp); this rank owns block dp_rank of each. The optimizer runs on one flat
+  // tensor of S = sum c[p] elements (block p at off[p], zero padded).
+  std::vector<int64_t> zn_, zc_, zoff_;
+  int64_t zS_ = 0;
+  std::pair<int64_t, int64_t> block_range(size_t p, int block) const;  // [a, b) of parameter p in `block`
+  Tensor pack_block(const std::vector<const Tensor*>& per_param, int block) const;    // (S)
+  void unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const;
+  // This rank's block (S) of the gradients summed over dp (a reduce-scatter).
+  Tensor reduce_scatter_grads(const std::vector<const Tensor*>& grads) const;
+  // Every dp rank's block (shard: this rank's) into the whole tensors per_param (a dp
+  // all-gather); with lead_only, only dp rank 0 unpacks (the others return false).
+  bool gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per_param, bool lead_only) const;
+  // Per parameter, whole (dp all-gather), on dp rank 0; other dp ranks get none (they own
+  // no moment in a checkpoint) and keep no whole copies.
+  std::vector<Tensor> gather_moments(const Tensor& shard);
+  void load_checkpoint(const std::string& dir);
+  void check_same_plan();
+  NamedTensors host_parameters() const;  // the graph's copies (parameters() without the sync)
+  // On a device (cfg.device other than "cpu"): this rank's flat blocks of parameters,
+  // gradient and AdamW moments, and the EMA shadows, live in the device's memory between
+  // steps and are updated there by its train_kernels(); the host copies (graph constants,
+  // adam_, ema_) are refreshed by sync_to_host() (checkpoints, parameters()). Under dp > 1 the
+  // gradient reduce-scatter and the parameter all-gather run on the device's buffers when the
+  // dp communicator takes them (NCCL; or the device's memory is the host's), else through
+  // host copies.
+  Backend* dev_ = nullptr;
+  struct DeviceState {
+    Tensor p, g, m, v;        // (S) each
+    std::vector<Tensor> ema;  // per trainable parameter
+    bool ready = false;       // false: the host's state is newer (start, checkpoint load)
+  } dev_state_;
+  void to_device();
+  bool dp_on_device() const;
+  Tensor device_zeros(int64_t n) const;  // (n) float32 zeros in the device's memory
+  void sync_to_host();
+  void device_gradient_shard();   // dev_state_.g = this rank's block of the dp-summed gradient
+  void device_update(double lr);  // AdamW, the parameters back into the executor, EMA
+  int64_t sample_index(int64_t micro);
+};
+// A non-finite loss or gradient norm (the same on every rank: both are all-reduced).
+struct NonFiniteLoss : Error {
+  using Error::Error;
+};
+}  // namespace wxe

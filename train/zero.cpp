@@ -1,0 +1,68 @@
+// ZeRO-1 over the dp ranks (train/trainer.h): every trainable parameter cut into dp blocks,
+// this rank's blocks packed into one flat tensor the optimizer updates; the gradient
+// reduce-scatter and the parameter and moment all-gathers.
+#include <algorithm>
+#include <cstring>
+
+#include "train/trainer.h"
+
+namespace wxe {
+
+std::pair<int64_t, int64_t> Trainer::block_range(size_t p, int block) const {
+  const int64_t a = std::min(zn_[p], block * zc_[p]);
+  return {a, std::min(zn_[p], a + zc_[p])};
+}
+
+Tensor Trainer::pack_block(const std::vector<const Tensor*>& per_param, int block) const {
+  Tensor flat = Tensor::zeros(DType::F32, {zS_});
+  for (size_t p = 0; p < per_param.size(); ++p) {
+    auto [a, b] = block_range(p, block);
+    std::memcpy(flat.data<float>() + zoff_[p], per_param[p]->data<float>() + a, (b - a) * sizeof(float));
+  }
+  return flat;
+}
+
+void Trainer::unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const {
+  for (size_t p = 0; p < per_param.size(); ++p) {
+    auto [a, b] = block_range(p, block);
+    std::memcpy(per_param[p]->data<float>() + a, flat.data<float>() + zoff_[p], (b - a) * sizeof(float));
+  }
+}
+
+Tensor Trainer::reduce_scatter_grads(const std::vector<const Tensor*>& grads) const {
+  if (dp_ == 1) return pack_block(grads, 0);
+  Tensor all(DType::F32, {dp_ * zS_}), shard(DType::F32, {zS_});
+  for (int d = 0; d < dp_; ++d) {
+    Tensor part = pack_block(grads, d);
+    std::memcpy(all.data<float>() + d * zS_, part.raw(), part.nbytes());
+  }
+  mesh_->dp_comm->reduce_scatter_sum(all, shard);
+  return shard;
+}
+
+bool Trainer::gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per_param, bool lead_only) const {
+  if (dp_ == 1) {
+    unpack_block(shard, 0, per_param);
+    return true;
+  }
+  Tensor all(DType::F32, {dp_ * zS_});
+  mesh_->dp_comm->all_gather(shard, all);
+  if (lead_only && dp_rank_ != 0) return false;
+  for (int d = 0; d < dp_; ++d) {
+    Tensor part(DType::F32, {zS_});
+    std::memcpy(part.raw(), all.data<float>() + d * zS_, zS_ * sizeof(float));
+    unpack_block(part, d, per_param);
+  }
+  return true;
+}
+
+std::vector<Tensor> Trainer::gather_moments(const Tensor& shard) {
+  std::vector<Tensor> whole;
+  std::vector<Tensor*> ptrs;
+  for (int v : trainable_) whole.push_back(Tensor::zeros(DType::F32, graph_.values[v].shape));
+  for (Tensor& t : whole) ptrs.push_back(&t);
+  if (!gather_blocks(shard, ptrs, true)) return {};  // dp rank 0 writes the moments (save_checkpoint)
+  return whole;
+}
+
+}  // namespace wxe
