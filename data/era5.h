@@ -1,3 +1,4 @@
+// Layer: data/ (CREDIT data formats), over engine/ only.
 // CREDIT's ERA5 data (gen2 "local" dataset): netCDF/zarr files per year, channels concatenated
 // exactly as CREDIT does, normalised by the config's scaler; forecasts written as netCDF.
 //

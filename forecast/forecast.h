@@ -1,3 +1,4 @@
+// Layer: library (forecast/), over train/, load/, data/ and engine/.
 // `wxe forecast CONFIG.yml`: an autoregressive rollout from initial conditions read from the
 // config's data files (data/era5.h), denormalised and written as CF-convention netCDF.
 #pragma once

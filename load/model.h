@@ -1,3 +1,4 @@
+// Layer: library (load/), over parallel/, importers/ and engine/; train/ and forecast/ build on it.
 // Loading a model, shared by every command (infer, bench, finetune): import the ONNX file,
 // bind the input shapes, rewrite to the Linear layout, load weights, and (inference) fold.
 #pragma once

@@ -1,3 +1,4 @@
+// Layer: models/ (model-family knowledge) registers into engine/ir/module_roles.h.
 // CREDIT's module names: the one table the passes (engine/passes/passes.h), the checkpoint layout rules
 // (engine/passes/layout_rules.h), the fusion and the tensor-parallel plan (parallel/shard.h) read,
 // through engine/ir/module_roles.h.

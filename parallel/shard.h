@@ -1,3 +1,4 @@
+// Layer: parallel/ (communicators, mesh, sharding, collectives), over engine/ only.
 // Tensor-parallel plan and sharding pass (Megatron style), on a graph after simplify().
 //
 // Plan: in every attention block to_q, to_k, to_v are column-parallel and to_out row-parallel,

@@ -1,4 +1,6 @@
 // wxe command line: inspect and run CREDIT wxformer-style ONNX models.
+// Layer: the top (tools/): options, progress and exit codes; the work is the library's (load/,
+// train/, forecast/) over parallel/, importers/, data/ and engine/.
 #include <CLI/CLI.hpp>
 #include <cstring>
 #include <functional>

@@ -1,3 +1,4 @@
+// Layer: library (train/), over load/, parallel/ and engine/.
 // Fine-tuning on one process: the training graph (engine/passes/passes.h prepare_training_graph),
 // autograd (engine/exec/autograd.h), CREDIT's latitude-weighted MSE, AdamW with a schedule,
 // gradient clipping and accumulation, optional EMA, multi-step rollouts, checkpoints that

@@ -1,3 +1,4 @@
+// Layer: engine/exec, over engine/ir and engine/passes (the backends' own fusions).
 // Runs a simplified graph: nodes in their (topological) order, view ops (Reshape, Squeeze,
 // ...) as aliases of their input. On a device other than the CPU (ExecOptions.device, a
 // backend from engine/exec/backend.h) the kernels come from that backend's table, the graph is

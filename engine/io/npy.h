@@ -1,3 +1,4 @@
+// Layer: engine/io (file formats), over engine/ir.
 // .npy files (NumPy format 1.0/2.0/3.0), C order, little-endian.
 #pragma once
 #include <string>

@@ -1,3 +1,6 @@
+// Layer: engine (the bottom). engine/ir is the IR; engine/io file formats, engine/passes graph
+// rewrites, engine/exec execution and backends, engine/math math shared with device code.
+// engine/ includes nothing outside engine/; kernels and collectives register into its tables.
 // Graph IR: plain data. Values are edges (named tensors with static type and shape, and a
 // constant payload when known); nodes are ONNX-style ops reading and writing values by index.
 #pragma once

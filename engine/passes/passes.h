@@ -1,3 +1,4 @@
+// Layer: engine/passes, over engine/ir and engine/io.
 // Graph -> Graph passes. Each can run and be tested alone; simplify() runs them in order.
 #pragma once
 #include <map>

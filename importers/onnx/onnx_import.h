@@ -1,3 +1,4 @@
+// Layer: importers/ (ONNX and PyTorch files in), over engine/ only.
 // ONNX ModelProto -> wxe Graph.
 #pragma once
 #include <string>

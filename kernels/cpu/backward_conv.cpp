@@ -29,6 +29,7 @@
 
 #include "engine/ir/ops.h"
 #include "kernels/cpu/backward_conv.h"
+#include "kernels/cpu/backward_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 
@@ -397,9 +398,6 @@ bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float
   return true;
 }
 
-void fill_zero(Tensor* t) {
-  if (t) std::fill(t->data<float>(), t->data<float>() + t->numel(), 0.f);
-}
 
 void conv_backward_registered(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin) {
   conv_backward(n, in, out, gout, gin, KernelKind::Fast);

@@ -40,6 +40,18 @@ void split_same_pads(int64_t total, bool upper, int64_t* begin, int64_t* end) {
   *end = total - *begin;
 }
 
+void window_pads(const Node& n, const std::string& op, const std::string& auto_pad, int64_t begin, int64_t end,
+                 int64_t in, int64_t stride, int64_t extent, int64_t* pb, int64_t* pe) {
+  if (auto_pad == "NOTSET") {
+    *pb = begin;
+    *pe = end;
+    WXE_CHECK(*pb >= 0 && *pe >= 0, "node ", n.name, " (", op, "): negative pads");
+  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    const int64_t o = (in + stride - 1) / stride;
+    split_same_pads(std::max<int64_t>(0, (o - 1) * stride + extent - in), auto_pad == "SAME_UPPER", pb, pe);
+  }
+}
+
 ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool transpose) {
   const char* op = transpose ? "ConvTranspose" : "Conv";
   WXE_CHECK(x.size() >= 3 && x.size() <= 5, "node ", n.name, " (", op,
@@ -108,14 +120,7 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool trans
               "): strides, dilations and kernel sizes must be >= 1");
     const int64_t ext = (g.k[a] - 1) * g.d[a] + 1;
     if (!transpose) {
-      if (ap == "NOTSET") {
-        g.pb[a] = pads[i];
-        g.pe[a] = pads[i + ns];
-        WXE_CHECK(g.pb[a] >= 0 && g.pe[a] >= 0, "node ", n.name, " (Conv): negative pads");
-      } else if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
-        const int64_t o = (g.in[a] + g.s[a] - 1) / g.s[a];
-        split_same_pads(std::max<int64_t>(0, (o - 1) * g.s[a] + ext - g.in[a]), ap == "SAME_UPPER", &g.pb[a], &g.pe[a]);
-      }
+      window_pads(n, op, ap, pads[i], pads[i + ns], g.in[a], g.s[a], ext, &g.pb[a], &g.pe[a]);
       const int64_t span = g.in[a] + g.pb[a] + g.pe[a] - ext;
       WXE_CHECK(span >= 0, "node ", n.name, " (Conv): kernel extent ", ext,
                 " larger than the padded input ", g.in[a] + g.pb[a] + g.pe[a], " (input ",

@@ -1,3 +1,4 @@
+// Layer: kernels/ register into engine/'s op tables; they know no file format, mesh or command.
 // Registration entry points of the CPU op groups; register_cpu_kernels() calls them all.
 #pragma once
 #include <vector>

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,28 @@ inline void require_f32(const Node& n, const std::vector<const Tensor*>& in) {
     if (in[i])
       WXE_CHECK(in[i]->dtype == DType::F32, "node ", n.name, " (", n.op, "): input ", i,
                 " is ", dtype_name(in[i]->dtype), ", only float32 is supported");
+}
+
+// The op's reference kernel (what the fast path runs on what it does not take).
+inline void reference(const Node& n, const std::vector<const Tensor*>& in,
+               const std::vector<Tensor*>& out) {
+  kernel_for(n.op, KernelKind::Reference)(n, in, out);
+}
+
+// Every present input and every output is float32.
+inline bool all_f32(const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  for (auto* t : in)
+    if (t && t->dtype != DType::F32) return false;
+  for (auto* t : out)
+    if (t->dtype != DType::F32) return false;
+  return true;
+}
+
+// A float's bits: an exact attribute value for cache keys.
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
 }
 
 // ---- Einsum (linalg.cpp) ----
@@ -65,6 +88,11 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w, bool trans
 std::vector<int64_t> ints_attr(const Node& n, const char* name, size_t len, int64_t def);
 std::string auto_pad_of(const Node& n);
 void split_same_pads(int64_t total, bool upper, int64_t* begin, int64_t* end);
+// The begin/end pads of one spatial axis of a sliding window (Conv, pooling) of extent
+// (k - 1) * d + 1: auto_pad NOTSET takes `begin`/`end` (negative: an error naming the node as
+// `op`); SAME_UPPER/SAME_LOWER pad so that the output is ceil(in / stride); VALID leaves them.
+void window_pads(const Node& n, const std::string& op, const std::string& auto_pad, int64_t begin, int64_t end,
+                 int64_t in, int64_t stride, int64_t extent, int64_t* pb, int64_t* pe);
 
 // ---- oneDNN (2.6) plumbing ----
 // One CPU engine and one in-order stream for the whole process (the CPU runtime is OpenMP,

@@ -54,15 +54,9 @@ PoolGeom pool_geometry(const Node& n, const Shape& x) {
     WXE_CHECK(g.k[a] >= 1 && g.s[a] >= 1 && g.d[a] >= 1, "node ", n.name,
               " (", n.op, "): kernel sizes, strides and dilations must be >= 1");
     const int64_t ext = (g.k[a] - 1) * g.d[a] + 1;
-    if (ap == "NOTSET") {
-      g.pb[a] = pads[i];
-      g.pe[a] = pads[i + ns];
-      WXE_CHECK(g.pb[a] >= 0 && g.pe[a] >= 0, "node ", n.name, " (", n.op, "): negative pads");
+    window_pads(n, n.op, ap, pads[i], pads[i + ns], g.in[a], g.s[a], ext, &g.pb[a], &g.pe[a]);
+    if (ap == "NOTSET")
       WXE_CHECK(g.pb[a] < ext && g.pe[a] < ext, "node ", n.name, " (", n.op, "): pads must be smaller than the kernel");
-    } else if (ap != "VALID") {
-      const int64_t o = (g.in[a] + g.s[a] - 1) / g.s[a];
-      split_same_pads(std::max<int64_t>(0, (o - 1) * g.s[a] + ext - g.in[a]), ap == "SAME_UPPER", &g.pb[a], &g.pe[a]);
-    }
     const int64_t span = g.in[a] + g.pb[a] + g.pe[a] - ext;
     WXE_CHECK(span >= 0, "node ", n.name, " (", n.op, "): kernel extent ", ext, " larger than the padded input ",
               g.in[a] + g.pb[a] + g.pe[a]);

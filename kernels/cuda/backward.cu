@@ -406,36 +406,13 @@ void resize_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, 
   if (!gin[0]) return;
   zero(gin[0]);
   if (!gout[0]) return;
-  const Tensor& x = *in[0];
-  NCHECK(x.rank() <= kMaxRank, "rank ", x.rank(), " > ", kMaxRank);
-  Tensor shape_only;
-  shape_only.dtype = x.dtype;
-  shape_only.shape = x.shape;
-  Ins hin = in;
-  hin[0] = &shape_only;
-  const auto taps = cpu::resize_axis_taps(n, hin, out[0]->shape);
-  std::vector<int> k;
-  std::vector<std::vector<int64_t>> ti;
-  std::vector<std::vector<float>> tw;
-  for (const auto& t : taps) {
-    k.push_back(t.k);
-    ti.push_back(t.idx);
-    tw.push_back(t.w);
-  }
-  ResizeIndex r;
-  std::vector<int64_t> idx;
-  std::vector<float> w;
-  NCHECK(make_resize(x.shape, out[0]->shape, k, ti, tw, &r, &idx, &w), "rank ", x.rank(), " > ", kMaxRank);
+  const ResizeTaps t = resize_taps(n, in, out[0]->shape);
   const int64_t total = out[0]->numel();
   if (total == 0) return;
-  const size_t ib = idx.size() * sizeof(int64_t), wb = w.size() * sizeof(float);
-  Scratch buf(ib + wb + 16);
-  uint8_t* b = (uint8_t*)buf.p;
-  CUDA_CHECK(cudaMemcpyAsync(b, idx.data(), ib, cudaMemcpyHostToDevice, ctx().stream));
-  CUDA_CHECK(cudaMemcpyAsync(b + ib, w.data(), wb, cudaMemcpyHostToDevice, ctx().stream));
-  CUDA_CHECK(cudaStreamSynchronize(ctx().stream));  // pageable sources: wait before the vectors go
-  resize_bw_kernel<<<blocks_for(total), kThreads, 0, ctx().stream>>>(r, total, (const int64_t*)b,
-                                                                     (const float*)(b + ib), gout[0]->data<float>(),
+  Scratch buf(t.bytes());
+  t.upload(buf.p);
+  resize_bw_kernel<<<blocks_for(total), kThreads, 0, ctx().stream>>>(t.r, total, (const int64_t*)buf.p,
+                                                                     t.weights(buf.p), gout[0]->data<float>(),
                                                                      gin[0]->data<float>());
   CUDA_LAUNCHED();
 }

@@ -84,6 +84,19 @@ void launch_bias_act(float* y, const float* bias, int64_t P, int64_t N, int64_t 
 
 // y = x padded as p says (constant value where p gives no source), y contiguous.
 void launch_pad(const PadIndex& p, int64_t total, const float* x, float* y, float value);
+// Resize's taps for the device (pointwise.cu): cpu::resize_axis_taps (from the input's shape and
+// the host inputs roi, scales, sizes) as a ResizeIndex, with the taps' int64 indices and float32
+// weights to copy into device memory of bytes() (upload; the weights at weights(dev)).
+struct ResizeTaps {
+  ResizeIndex r;
+  std::vector<int64_t> idx;
+  std::vector<float> w;
+  size_t idx_bytes() const { return idx.size() * sizeof(int64_t); }
+  size_t bytes() const { return idx_bytes() + w.size() * sizeof(float) + 16; }
+  const float* weights(const void* dev) const { return (const float*)((const uint8_t*)dev + idx_bytes()); }
+  void upload(void* dev) const;  // waits for the copies: the sources are pageable
+};
+ResizeTaps resize_taps(const Node& n, const Ins& in, const Shape& out);
 // y (contiguous, total elements) = the einsum of up to 3 operands (EinsumIndex in index_math.h).
 void launch_einsum_generic(const EinsumIndex& e, const std::vector<const float*>& src, float* y, int64_t total);
 

@@ -26,24 +26,18 @@ void gemm_rowmajor(int64_t batch, int64_t M, int64_t N, int64_t K, const float* 
   // row-major C = A B  <=>  column-major C^T = B^T A^T
   const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int ldb = (int)(tb ? K : N), lda = (int)(ta ? M : K), ldc = (int)N;
-  if (bf16) {  // the handle's pedantic math mode would hold the products to float32
-    const cublasComputeType_t ct = CUBLAS_COMPUTE_32F_FAST_16BF;
-    CUBLAS_CHECK(cublasSetMathMode(ctx().blas, CUBLAS_DEFAULT_MATH));
-    if (batch == 1)
-      CUBLAS_CHECK(cublasGemmEx(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, ldb, A,
-                                CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT));
-    else
-      CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F,
-                                              ldb, sb, A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc,
-                                              (int)batch, ct, CUBLAS_GEMM_DEFAULT));
-    CUBLAS_CHECK(cublasSetMathMode(ctx().blas, CUBLAS_PEDANTIC_MATH));
-    return;
-  }
+  // float32: cublasSgemm's compute type under the handle's pedantic math mode; bf16: the
+  // default math mode, which the pedantic one would hold to float32 products
+  const cublasComputeType_t ct = bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  if (bf16) CUBLAS_CHECK(cublasSetMathMode(ctx().blas, CUBLAS_DEFAULT_MATH));
   if (batch == 1)
-    CUBLAS_CHECK(cublasSgemm(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+    CUBLAS_CHECK(cublasGemmEx(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F,
+                              lda, &beta, C, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT));
   else
-    CUBLAS_CHECK(cublasSgemmStridedBatched(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, ldb, sb, A, lda,
-                                           sa, &beta, C, ldc, sc, (int)batch));
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, ldb,
+                                            sb, A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc, (int)batch, ct,
+                                            CUBLAS_GEMM_DEFAULT));
+  if (bf16) CUBLAS_CHECK(cublasSetMathMode(ctx().blas, CUBLAS_PEDANTIC_MATH));
 }
 
 // ---------------------------------------------------------------- Linear
@@ -269,6 +263,60 @@ struct ConvPlan {
   size_t ws = 0;
 };
 
+
+// One pass of a planned convolution: the forward, the backward to the data (also a
+// ConvTranspose's forward), the backward to the filter.
+enum class Pass { Fwd, Data, Filter };
+
+struct Algo {
+  int algo = -1;                          // the pass's cudnnConvolution*Algo_t
+  cudnnMathType_t math = CUDNN_FMA_MATH;  // the math type it was timed with
+  size_t ws = 0;                          // workspace bytes
+};
+
+// The first (fastest) algorithm of cuDNN's list that succeeded, is deterministic, needs at
+// most 1 GiB of workspace and computes in float32 FMA (or any math with tf32).
+template <class Perf>
+bool pick(const Perf* perf, int found, bool tf32, Algo* a) {
+  constexpr size_t kMaxWs = size_t(1) << 30;
+  for (int i = 0; i < found; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && (tf32 || perf[i].mathType == CUDNN_FMA_MATH) &&
+        perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
+      a->algo = (int)perf[i].algo;
+      a->math = perf[i].mathType;
+      return true;
+    }
+  return false;
+}
+
+// The algorithm and workspace of one pass over p's descriptors; false when cuDNN has none.
+bool find_algo(const ConvPlan& p, Pass pass, bool tf32, Algo* a) {
+  int found = 0;
+  if (pass == Pass::Fwd) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
+                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
+    if (!pick(perf, found, tf32, a)) return false;
+    CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(ctx().dnn, p.x, p.w, p.conv, p.y,
+                                                        (cudnnConvolutionFwdAlgo_t)a->algo, &a->ws));
+  } else if (pass == Pass::Data) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
+                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
+    if (!pick(perf, found, tf32, a)) return false;
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx().dnn, p.w, p.y, p.conv, p.x,
+                                                             (cudnnConvolutionBwdDataAlgo_t)a->algo, &a->ws));
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx().dnn, p.x, p.y, p.conv, p.w,
+                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf));
+    if (!pick(perf, found, tf32, a)) return false;
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx().dnn, p.x, p.y, p.conv, p.w,
+                                                               (cudnnConvolutionBwdFilterAlgo_t)a->algo, &a->ws));
+  }
+  return true;
+}
+
 std::mutex plan_mu;
 std::map<std::string, ConvPlan>& plans() {
   static std::map<std::string, ConvPlan> p;
@@ -322,38 +370,11 @@ const ConvPlan& conv_plan(const Node& n, const cpu::ConvGeom& g, const Shape& xs
                                               CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   CUDNN_CHECK(cudnnSetConvolutionGroupCount(p.conv, (int)g.group));
   CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, math));  // FMA: no TF32
-  constexpr size_t kMaxWs = size_t(1) << 30;
-  int found = 0;
-  bool ok = false;
-  if (!g.transpose) {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
-                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
-    for (int i = 0; i < found && !ok; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && (tf32 || perf[i].mathType == CUDNN_FMA_MATH) &&
-          perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
-        p.algo = perf[i].algo;
-        p.math = perf[i].mathType;
-        ok = true;
-      }
-    if (ok)
-      CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(ctx().dnn, p.x, p.w, p.conv, p.y,
-                                                          (cudnnConvolutionFwdAlgo_t)p.algo, &p.ws));
-  } else {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
-                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
-    for (int i = 0; i < found && !ok; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && (tf32 || perf[i].mathType == CUDNN_FMA_MATH) &&
-          perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
-        p.algo = perf[i].algo;
-        p.math = perf[i].mathType;
-        ok = true;
-      }
-    if (ok)
-      CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx().dnn, p.w, p.y, p.conv, p.x,
-                                                               (cudnnConvolutionBwdDataAlgo_t)p.algo, &p.ws));
-  }
+  Algo a;
+  const bool ok = find_algo(p, g.transpose ? Pass::Data : Pass::Fwd, tf32, &a);
+  p.algo = a.algo;
+  p.math = a.math;
+  p.ws = a.ws;
   NCHECK(ok, "cuDNN has no deterministic float32 algorithm for this convolution");
   // the algorithm runs with the math type it was timed with
   CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.math));
@@ -577,10 +598,6 @@ void einsum_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, 
 
 // cuDNN algorithms for the backward passes of a plan, picked once per plan: deterministic and
 // float32 FMA math, as the forward's.
-struct Algo {
-  int algo = -1;
-  size_t ws = 0;
-};
 struct BwdAlgos {
   Algo fwd, data, filter;
 };
@@ -589,52 +606,12 @@ std::map<const ConvPlan*, BwdAlgos>& bwd_algos() {
   return m;
 }
 
-template <class Perf>
-bool pick(const Perf* perf, int found, Algo* a) {
-  constexpr size_t kMaxWs = size_t(1) << 30;
-  for (int i = 0; i < found; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_FMA_MATH &&
-        perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= kMaxWs) {
-      a->algo = (int)perf[i].algo;
-      return true;
-    }
-  return false;
-}
-
-enum class Pass { Fwd, Data, Filter };
-
 Algo algo_for(const Node& n, const ConvPlan& p, Pass pass) {
   std::lock_guard<std::mutex> lk(plan_mu);
   BwdAlgos& b = bwd_algos()[&p];
   Algo& a = pass == Pass::Fwd ? b.fwd : pass == Pass::Data ? b.data : b.filter;
   if (a.algo >= 0) return a;
-  int found = 0;
-  bool ok = false;
-  if (pass == Pass::Fwd) {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
-                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
-    ok = pick(perf, found, &a);
-    if (ok)
-      CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(ctx().dnn, p.x, p.w, p.conv, p.y,
-                                                          (cudnnConvolutionFwdAlgo_t)a.algo, &a.ws));
-  } else if (pass == Pass::Data) {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
-                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
-    ok = pick(perf, found, &a);
-    if (ok)
-      CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx().dnn, p.w, p.y, p.conv, p.x,
-                                                               (cudnnConvolutionBwdDataAlgo_t)a.algo, &a.ws));
-  } else {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx().dnn, p.x, p.y, p.conv, p.w,
-                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf));
-    ok = pick(perf, found, &a);
-    if (ok)
-      CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx().dnn, p.x, p.y, p.conv, p.w,
-                                                                 (cudnnConvolutionBwdFilterAlgo_t)a.algo, &a.ws));
-  }
+  const bool ok = find_algo(p, pass, false, &a);
   if (!ok) {
     a.algo = -1;
     NCHECK(false, "cuDNN has no deterministic float32 (FMA) algorithm for this convolution's backward pass");

@@ -288,6 +288,21 @@ void pad_op(const Node& n, const Ins& in, const Outs& out) {
 void resize_op(const Node& n, const Ins& in, const Outs& out) {
   require_f32(n, {in[0]});
   const Tensor& x = *in[0];
+  const ResizeTaps t = resize_taps(n, in, out[0]->shape);
+  const int64_t total = out[0]->numel();
+  if (total == 0) return;
+  uint8_t* buf = (uint8_t*)workspace(t.bytes());
+  t.upload(buf);
+  resize_kernel<<<blocks_for(total), kThreads, 0, ctx().stream>>>(t.r, total, (const int64_t*)buf,
+                                                                  t.weights(buf), x.data<float>(),
+                                                                  out[0]->data<float>());
+  CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+ResizeTaps resize_taps(const Node& n, const Ins& in, const Shape& out) {
+  const Tensor& x = *in[0];
   NCHECK(x.rank() <= kMaxRank, "rank ", x.rank(), " > ", kMaxRank);
   // the taps read only the input's shape and the host inputs (roi, scales, sizes)
   Tensor shape_only;
@@ -295,34 +310,25 @@ void resize_op(const Node& n, const Ins& in, const Outs& out) {
   shape_only.shape = x.shape;
   Ins hin = in;
   hin[0] = &shape_only;
-  const auto taps = cpu::resize_axis_taps(n, hin, out[0]->shape);
   std::vector<int> k;
   std::vector<std::vector<int64_t>> ti;
   std::vector<std::vector<float>> tw;
-  for (const auto& t : taps) {
+  for (const auto& t : cpu::resize_axis_taps(n, hin, out)) {
     k.push_back(t.k);
     ti.push_back(t.idx);
     tw.push_back(t.w);
   }
-  ResizeIndex r;
-  std::vector<int64_t> idx;
-  std::vector<float> w;
-  NCHECK(make_resize(x.shape, out[0]->shape, k, ti, tw, &r, &idx, &w), "rank ", x.rank(), " > ", kMaxRank);
-  const int64_t total = out[0]->numel();
-  if (total == 0) return;
-  const size_t ib = idx.size() * sizeof(int64_t), wb = w.size() * sizeof(float);
-  uint8_t* buf = (uint8_t*)workspace(ib + wb + 16);
-  CUDA_CHECK(cudaMemcpyAsync(buf, idx.data(), ib, cudaMemcpyHostToDevice, ctx().stream));
-  CUDA_CHECK(cudaMemcpyAsync(buf + ib, w.data(), wb, cudaMemcpyHostToDevice, ctx().stream));
-  // pageable sources: wait before the vectors go
-  CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
-  resize_kernel<<<blocks_for(total), kThreads, 0, ctx().stream>>>(r, total, (const int64_t*)buf,
-                                                                  (const float*)(buf + ib), x.data<float>(),
-                                                                  out[0]->data<float>());
-  CUDA_LAUNCHED();
+  ResizeTaps t;
+  NCHECK(make_resize(x.shape, out, k, ti, tw, &t.r, &t.idx, &t.w), "rank ", x.rank(), " > ", kMaxRank);
+  return t;
 }
 
-}  // namespace
+void ResizeTaps::upload(void* dev) const {
+  uint8_t* b = (uint8_t*)dev;
+  CUDA_CHECK(cudaMemcpyAsync(b, idx.data(), idx.size() * sizeof(int64_t), cudaMemcpyHostToDevice, ctx().stream));
+  CUDA_CHECK(cudaMemcpyAsync(b + idx_bytes(), w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice, ctx().stream));
+  CUDA_CHECK(cudaStreamSynchronize(ctx().stream));  // pageable sources: wait before the vectors go
+}
 
 void launch_copy(const Walk& w, const void* src, void* dst, size_t es) {
   if (w.count == 0) return;

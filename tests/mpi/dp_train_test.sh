@@ -8,19 +8,10 @@ set -u
 mpiexec=$1 wxe=$2 src=$3
 d=$src/tests/data
 model=$d/crossformer_tiny_snbaked_opset17.onnx
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
 run() { timeout 300 "$mpiexec" --oversubscribe "$@"; }
 common=(--data "$d/train/series" --accum 4 --lr 1e-3 --threads 1 --schedule linear-warmup-cosine --warmup-steps 1)
-
-# losses of steps 1..3 from a log
-losses() { tail -n +2 "$1/training_log.csv" | cut -d, -f2; }
-# same_losses A B: every loss within rtol 1e-5
-same_losses() {
-  paste <(losses "$1") <(losses "$2") | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($2 < 0 ? -$2 : $2)) bad = 1; n++ }
-    END { exit (bad || n != 3) }'
-}
+nsteps=3
+. "$src/tests/mpi/train_lib.sh"
 
 "$wxe" finetune "$model" "${common[@]}" --save "$tmp/dp1" --steps 3 >/dev/null 2>"$tmp/err" || { echo "FAIL dp1 run"; cat "$tmp/err"; exit 1; }
 for n in 2 4; do

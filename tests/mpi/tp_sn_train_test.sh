@@ -14,23 +14,10 @@ set -u
 mpiexec=$1 wxe=$2 compare=$3 src=$4
 d=$src/tests/data
 model=$d/crossformer_tiny_opset17.onnx
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fails=$((fails + 1)); }
-mpi() { local n=$1; shift; timeout 300 "$mpiexec" --oversubscribe -n "$n" "$wxe" finetune "$model" "${common[@]}" "$@"; }
 common=(--data "$d/train/series" --accum 2 --lr 1e-3 --threads 1 --schedule linear-warmup-cosine --warmup-steps 2
         --steps 4 --save-every 2 --keep 3 --shuffle --seed 3)
-
-losses() { tail -n +2 "$1/training_log.csv" | cut -d, -f2; }
-same_losses() {
-  paste <(losses "$1") <(losses "$2") | awk '{ d = $1 - $2; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2
-    if (d > 1e-5 * m) bad = 1; n++ } END { exit (bad || n != 4) }'
-}
-resume_copy() {
-  mkdir -p "$2" && cp -r "$1/step_000002" "$2/" && cp "$1/training_log.csv" "$2/" && echo step_000002 >"$2/latest"
-}
+nsteps=4 resume_at=step_000002
+. "$src/tests/mpi/train_lib.sh"
 
 "$wxe" finetune "$model" "${common[@]}" --save "$tmp/tp1" >/dev/null 2>"$tmp/err" || { echo "FAIL tp1 run"; cat "$tmp/err"; exit 1; }
 for tp in 2; do
