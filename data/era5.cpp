@@ -293,7 +293,11 @@ size_t Era5Data::time_index(DataFile& f, const std::string& var, int64_t t) cons
     if (!f.has("time")) fail(f.path(), ": variable '", var, "': the file has no time coordinate");
     auto [unit, base] = time_units(f.attr("time", "units"), f.path() + ": time");
     std::vector<int64_t> ts;
-    for (double v : f.read("time")) ts.push_back(base + (int64_t)std::llround(v * unit));
+    for (double v : f.read("time")) {
+      if (!std::isfinite(v) || std::fabs(v * unit) > 1e15)  // a fill value, or beyond any calendar
+        fail(f.path(), ": time value ", v, " is missing or out of range");
+      ts.push_back(base + (int64_t)std::llround(v * unit));
+    }
     it = times_.emplace(f.path(), ts).first;
   }
   const std::vector<int64_t>& ts = it->second;
@@ -327,6 +331,10 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
     w_ = w;
     lat_ = f.read(d[d.size() - 2]);
     lon_ = f.read(d.back());
+    for (double v : lat_)
+      if (!(v >= -90 && v <= 90)) fail(f.path(), ": latitude ", v, " in '", d[d.size() - 2], "' is not in [-90, 90]");
+    for (double v : lon_)
+      if (!std::isfinite(v)) fail(f.path(), ": longitude ", v, " in '", d.back(), "' is missing");
   }
   if (h != h_ || w != w_)
     fail(f.path(), ": variable '", c.var, "' is ", h, "x", w, ", the grid is ", h_, "x", w_);

@@ -230,6 +230,7 @@ const ZarrStore::Array& ZarrStore::array(const std::string& var) const {
   if (fv.type == Json::Num) {
     a->has_fill = true;
     a->fill = a->kind == 'f' ? parse_double(fv.s, za + ": fill_value") : (double)parse_int64(fv.s, za + ": fill_value");
+    if (a->kind == 'f' && a->itemsize == 4) a->fill = (double)(float)a->fill;  // compared in the array's dtype
   } else if (fv.type == Json::Str && a->kind == 'f' && (fv.s == "NaN" || fv.s == "Infinity" || fv.s == "-Infinity")) {
     a->has_fill = true;
     a->fill = fv.s == "NaN" ? std::nan("") : fv.s == "Infinity" ? INFINITY : -INFINITY;
@@ -331,7 +332,7 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
         c += (size_t)(idx[d] - ci[d] * a.chunks[d]) * cstride[d];
       }
       double v = element(a, raw.data() + c * (size_t)a.itemsize);
-      if (a.has_fill && a.kind == 'f' && (v == a.fill || (std::isnan(a.fill) && std::isnan(v)))) v = std::nan("");
+      if (a.has_fill && a.kind != 'b' && (v == a.fill || (std::isnan(a.fill) && std::isnan(v)))) v = std::nan("");
       out[o] = v;
       size_t d = rank;
       while (d-- > 0) {

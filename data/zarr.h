@@ -11,8 +11,9 @@
 // - Every chunk file must decompress to exactly the chunk's size (chunks x itemsize; edge
 //   chunks are stored whole, as the spec says). A chunk larger than the machine's memory is
 //   refused before it is read.
-// - fill_value: elements equal to a float array's fill_value read as NaN (xarray decodes them
-//   so: they are missing values), which the data layer then refuses.
+// - fill_value: elements equal to the array's fill_value read as NaN, as xarray (CREDIT's
+//   reader) decodes them: they are missing values, which the data layer then refuses (zarr's
+//   default fill_value 0 makes zeros missing, for xarray as here).
 // - A missing chunk is an error naming its file. (The zarr spec reads a missing chunk as
 //   fill_value; for model inputs that is a silent wrong answer, so wxe refuses it.)
 // - Chunk files and metadata must be regular files: a FIFO is an error, not a hang.
