@@ -336,10 +336,10 @@ struct Reader {
     c->batches_per_epoch = ranged<int64_t>(t["batches_per_epoch"], "trainer.batches_per_epoch", 0, 0, kMaxCount);
     c->valid_batches_per_epoch =
         ranged<int64_t>(t["valid_batches_per_epoch"], "trainer.valid_batches_per_epoch", 0, 0, kMaxCount);
-    const char* ek = t["epochs"] ? "trainer.epochs" : "trainer.num_epoch";
-    c->epochs = ranged<int64_t>(t[ek], ek, 1, 1, kMaxCount);
+    const char* ek = t["epochs"] ? "epochs" : "num_epoch";
+    c->epochs = ranged<int64_t>(t[ek], std::string("trainer.") + ek, 1, 1, kMaxCount);
     if (c->batches_per_epoch > kMaxCount / c->epochs)
-      fail(where(ek), ": ", c->epochs, " x trainer.batches_per_epoch ", c->batches_per_epoch, " steps is more than ",
+      fail(where(std::string("trainer.") + ek), ": ", c->epochs, " x trainer.batches_per_epoch ", c->batches_per_epoch, " steps is more than ",
            kMaxCount);
     c->load_weights = get<bool>(t["load_weights"], "trainer.load_weights", false);
     c->load_optimizer = get<bool>(t["load_optimizer"], "trainer.load_optimizer", false);
