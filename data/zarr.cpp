@@ -292,7 +292,7 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
   if (!total) return out;
   int64_t chunk_elems = 1;
   for (int64_t c : a.chunks) chunk_elems *= c;
-  std::string raw((size_t)chunk_elems * (size_t)a.itemsize, '\0');
+  const size_t chunk_bytes = (size_t)chunk_elems * (size_t)a.itemsize;
   // the chunks the slab touches, in order: chunk index ranges per dim
   std::vector<int64_t> lo(rank), hi(rank), ci(rank);
   for (size_t d = 0; d < rank; ++d) {
@@ -306,18 +306,27 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
     ostride[d - 1] = ostride[d] * count[d];
     cstride[d - 1] = cstride[d] * (size_t)a.chunks[d];
   }
+  const bool mask = a.has_fill && a.kind != 'b';
   for (;;) {
     std::string key;
     for (size_t d = 0; d < rank; ++d) key += (d ? a.separator : "") + std::to_string(ci[d]);
     if (rank == 0) key = "0";
     const std::string file = a.dir + "/" + key;
-    std::error_code ec;
-    if (!fs::exists(file, ec))
-      fail(file, ": missing chunk of variable '", a.name, "' (the zarr spec would read it as fill_value; wxe needs every chunk)");
-    // a compressed chunk is at most a little larger than its data
-    const std::string src = read_regular_file(file, raw.size() + raw.size() / 8 + 4096);
-    decode_chunk(a.compressor, src, raw, file);
-    // copy the intersection of this chunk with the slab
+    // the last chunk decoded is kept: reading a 3D variable level by level decodes each chunk once
+    if (cached_file_ != file) {
+      cached_file_.clear();
+      std::error_code ec;
+      if (!fs::exists(file, ec))
+        fail(file, ": missing chunk of variable '", a.name,
+             "' (the zarr spec would read it as fill_value; wxe needs every chunk)");
+      // a compressed chunk is at most a little larger than its data
+      const std::string src = read_regular_file(file, chunk_bytes + chunk_bytes / 8 + 4096);
+      cached_.assign(chunk_bytes, '\0');
+      decode_chunk(a.compressor, src, cached_, file);
+      cached_file_ = file;
+    }
+    const char* raw = cached_.data();
+    // copy the intersection of this chunk with the slab, a run along the last dim at a time
     std::vector<int64_t> b(rank), e(rank), idx(rank);
     for (size_t d = 0; d < rank; ++d) {
       const int64_t c0 = ci[d] * a.chunks[d];
@@ -325,16 +334,19 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
       e[d] = std::min<int64_t>(c0 + a.chunks[d], (int64_t)(start[d] + count[d]));
       idx[d] = b[d];
     }
+    const int64_t run = rank ? e[rank - 1] - b[rank - 1] : 1;
     for (;;) {
       size_t o = 0, c = 0;
       for (size_t d = 0; d < rank; ++d) {
         o += (size_t)(idx[d] - (int64_t)start[d]) * ostride[d];
         c += (size_t)(idx[d] - ci[d] * a.chunks[d]) * cstride[d];
       }
-      double v = element(a, raw.data() + c * (size_t)a.itemsize);
-      if (a.has_fill && a.kind != 'b' && (v == a.fill || (std::isnan(a.fill) && std::isnan(v)))) v = std::nan("");
-      out[o] = v;
-      size_t d = rank;
+      for (int64_t r = 0; r < run; ++r) {
+        double v = element(a, raw + (c + (size_t)r) * (size_t)a.itemsize);
+        if (mask && (v == a.fill || (std::isnan(a.fill) && std::isnan(v)))) v = std::nan("");
+        out[o + (size_t)r] = v;
+      }
+      size_t d = rank ? rank - 1 : 0;  // the last dim is done by the run
       while (d-- > 0) {
         if (++idx[d] < e[d]) break;
         idx[d] = b[d];

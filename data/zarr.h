@@ -62,6 +62,7 @@ class ZarrStore : public DataFile {
   std::string dir_;
   Json attrs_;  // the group's .zattrs
   mutable std::map<std::string, std::unique_ptr<Array>> arrays_;
+  mutable std::string cached_file_, cached_;  // the last chunk decoded: its file and bytes
 };
 
 // The bytes of a regular file, at most max_bytes (an Error naming the file otherwise: missing,
