@@ -255,3 +255,27 @@ TEST(Credit2026, FifosInDataFoldersAreErrors) {
   fs::remove(nc);
   fs::remove_all(dir);
 }
+
+// A forecast's second step takes the first prediction re-normalised from the target side
+// (the postblock's inverse scaler) to the input side, as CREDIT's rollout does.
+TEST(Credit2026, RolloutFeedsPredictionsBackOnTheInputScale) {
+  Era5Data d(read_credit_config(kDir + "/credit2026_preprocess.yml"));
+  const int64_t t = parse_datetime("2021-01-01T00", "t");
+  Tensor x0 = d.input(t);
+  Tensor y = d.target(t + 6 * 3600);  // any prediction: the truth
+  Tensor second;
+  int calls = 0;
+  rollout(d, x0, t, 2, [&](const Tensor& x) {
+    if (calls++) second = x.clone();
+    return y;
+  }, [](int, const Tensor&) {});
+  ASSERT_EQ(calls, 2);
+  const auto& in = d.input_channels();
+  const auto& out = d.target_channels();
+  for (int k = 0; k < d.prognostic_channels(); ++k) {
+    const float pm = (float)out[k].post_mean, ps = (float)out[k].post_std, m = (float)in[k].mean, s = (float)in[k].std;
+    ASSERT_NE(pm, m);
+    for (int64_t i = 0; i < 2048; i += 97)
+      EXPECT_EQ(second.data<float>()[k * 2048 + i], (y.data<float>()[k * 2048 + i] * ps + pm - m) / s) << k << " " << i;
+  }
+}
