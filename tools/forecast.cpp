@@ -212,7 +212,10 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
       std::max<int64_t>(1, open_era5_samples(data, c.start, c.end, L)->size() / c.train_batch_size);
   const int64_t epoch_batches = c.batches_per_epoch > 0 ? std::min(c.batches_per_epoch, data_batches) : data_batches;
   const int64_t A = c.grad_accum_every;
-  if (!given("--steps")) fc.steps = c.epochs * ((epoch_batches + A - 1) / A);
+  const int64_t epoch_steps = (epoch_batches + A - 1) / A;
+  WXE_CHECK(given("--steps") || c.epochs <= ((int64_t)1 << 40) / epoch_steps, config, ": trainer.epochs ", c.epochs,
+            " x ", epoch_steps, " optimizer steps per epoch is more than 2^40 steps");
+  if (!given("--steps")) fc.steps = c.epochs * epoch_steps;
   if (!given("--schedule") && c.use_scheduler) {
     // CREDIT steps linear-warmup-cosine once per batch: the config's warmup_steps and
     // total_steps count batches, so optimizer step j takes the lr of the batch that ends it.
