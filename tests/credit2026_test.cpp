@@ -278,4 +278,12 @@ TEST(Credit2026, RolloutFeedsPredictionsBackOnTheInputScale) {
     for (int64_t i = 0; i < 2048; i += 97)
       EXPECT_EQ(second.data<float>()[k * 2048 + i], (y.data<float>()[k * 2048 + i] * ps + pm - m) / s) << k << " " << i;
   }
+  // training rollouts get the same re-normalisation from the config
+  FinetuneConfig fc;
+  fc.save = tmp_path("rollout_save");
+  finetune_from_config(kDir + "/credit2026_preprocess.yml", fc, [](const std::string& f) { return f == "--save"; }, false);
+  ASSERT_TRUE(fc.to_input);
+  Tensor a = fc.to_input(y), b = d.prediction_to_input(y);
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+  EXPECT_GT(max_abs_diff(a, y), 1e-3);
 }
