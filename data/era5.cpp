@@ -238,10 +238,12 @@ void Era5Data::load_scaler() {
     for (ChannelInfo& c : k ? out_ : in_) {
       if (!pick(c, side[k], src, c.mean, c.std) && !src.empty())
         warn(str("no ", k ? "target" : "input", " scaler for variable '", c.var, "': passed through unnormalised"));
-      c.post_mean = c.mean;
-      c.post_std = c.std;
-      if (k && has_post && !pick(c, post[1], cfg_.post_scaler_json, c.post_mean, c.post_std))
-        warn(str("postblocks: no inverse scaler for variable '", c.var, "': left normalised in forecasts (as CREDIT)"));
+      // the postblock's statistics where it selects the variable, else the preblock's target side
+      // (CREDIT's postblock leaves such a variable normalised; its netCDF writer de-normalises all)
+      if (!k || !has_post || !pick(c, post[1], cfg_.post_scaler_json, c.post_mean, c.post_std)) {
+        c.post_mean = c.mean;
+        c.post_std = c.std;
+      }
     }
 }
 

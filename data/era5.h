@@ -30,7 +30,7 @@ struct ChannelInfo {
   // target side for targets); (0, 1) where it has none
   double mean = 0, std = 1;
   // targets: the statistics that de-normalise predictions (the postblock's inverse scaler where
-  // the config has one, else mean and std)
+  // it selects the variable, else mean and std)
   double post_mean = 0, post_std = 1;
 };
 

@@ -75,8 +75,12 @@ TEST(Credit2026, ConvertConfigReadsUnchanged) {
   const int64_t t = parse_datetime("2021-01-01T06", "t");
   EXPECT_EQ(max_abs_diff(d.input(t), flat.input(t)), 0.0);
   EXPECT_EQ(max_abs_diff(d.target(t), flat.target(t)), 0.0);
-  // the postblock selects the prognostic variables only: CREDIT leaves tp normalised
-  EXPECT_TRUE(has_warning(d.warnings, "'tp': left normalised in forecasts"));
+  // the postblock selects the prognostic variables only: tp is de-normalised with the preblock's
+  // target side (physical units in every forecast variable)
+  const ChannelInfo& tp = d.target_channels().back();
+  ASSERT_EQ(tp.var, "tp");
+  EXPECT_EQ(tp.post_mean, tp.mean);
+  EXPECT_EQ(tp.post_std, tp.std);
   // the flat form and the per_step form side by side are an error
   const std::string e = error_of([&] {
     read_credit_config(config_with("mixed", {{"preblocks:\n", "preblocks:\n  per_step:\n    c:\n      type: \"concat\"\n"}}));
