@@ -364,6 +364,9 @@ struct Reader {
     if (!is_map(l, "loss")) return;
     known(l, "loss.", {"training_loss", "validation_loss", "use_latitude_weights", "latitude_weights",
                        "use_variable_weights", "variable_weights", "use_power_loss", "use_spectral_loss"});
+    // CREDIT 2026's loss.type base scores physical-unit postblock outputs: another loss
+    if (l["type"]) fail(where("loss.type"), ": '", printable(get<std::string>(l["type"], "loss.type", "")),
+                        "' is not implemented (wxe's loss is CREDIT's default: training_loss on normalised outputs)");
     const std::string tl = get<std::string>(l["training_loss"], "loss.training_loss", "mse");
     if (tl != "mse") fail(where("loss.training_loss"), ": '", tl, "' is not implemented (mse)");
     if (get<bool>(l["use_power_loss"], "loss.use_power_loss", false)) fail(where("loss.use_power_loss"), ": not implemented");
