@@ -3,22 +3,35 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <set>
 
 #include "engine/ir/error.h"
+#include "engine/io/json.h"
 
 namespace fs = std::filesystem;
 
 namespace wxe {
 
+namespace {
+constexpr int64_t kMaxTimestep = 366 * 86400;
+}
+
 int64_t parse_datetime(const std::string& s, const std::string& what) {
   int Y = 0, M = 0, D = 0, h = 0, m = 0, sec = 0;
   char sep = 0;
-  const int n = std::sscanf(s.c_str(), "%4d-%2d-%2d%c%2d:%2d:%2d", &Y, &M, &D, &sep, &h, &m, &sec);
-  const bool ok = (n == 3 && s.size() == 10) || (n >= 5 && (sep == 'T' || sep == ' '));
+  int used = 0;
+  const int n = std::sscanf(s.c_str(), "%4d-%2d-%2d%n%c%2d%n:%2d%n:%2d%n", &Y, &M, &D, &used, &sep, &h, &used, &m, &used,
+                            &sec, &used);
+  // the whole string (no trailing characters), digits only where numbers go
+  bool digits = s.size() >= 10;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (i != 4 && i != 7 && i != 10 && i != 13 && i != 16 && !std::isdigit((unsigned char)s[i])) digits = false;
+  const bool ok = digits && (size_t)used == s.size() && Y >= 1 &&
+                  ((n == 3 && s.size() == 10) || (n >= 5 && (sep == 'T' || sep == ' ') && s.size() >= 13));
   if (!ok || M < 1 || M > 12 || D < 1 || D > 31 || h > 23 || m > 59 || sec > 59)
     fail(what, ": '", s, "' is not a date-time (YYYY-MM-DD[THH[:MM[:SS]]])");
   std::tm tm{};
@@ -45,13 +58,15 @@ int64_t parse_timestep(const std::string& s, const std::string& what) {
   while (i < s.size() && std::isdigit((unsigned char)s[i])) ++i;
   std::string unit = s.substr(i);
   for (char& c : unit) c = (char)std::tolower((unsigned char)c);
-  const int64_t n = i ? std::stoll(s.substr(0, i)) : 0;
   int64_t mult = 0;
   if (unit == "h" || unit == "hour" || unit == "hours") mult = 3600;
   else if (unit == "d" || unit == "day" || unit == "days") mult = 86400;
   else if (unit == "min" || unit == "t") mult = 60;
   else if (unit == "s") mult = 1;
-  if (!n || !mult) fail(what, ": '", s, "' is not a timestep (such as 6h, 1d, 30min)");
+  if (!i || !mult) fail(what, ": '", printable(s), "' is not a timestep (such as 6h, 1d, 30min)");
+  const int64_t n = parse_int64(s.substr(0, i), str(what, ": '", printable(s), "'"));
+  // at most a year: times are seconds since 1970 plus steps of it, far from int64's end
+  if (n < 1 || n > kMaxTimestep / mult) fail(what, ": '", printable(s), "' is not between 1 s and 366 days");
   return n * mult;
 }
 
@@ -60,9 +75,16 @@ namespace {
 struct Reader {
   std::string file;
   CreditConfig* c;
+  bool pre_scaler_ = false, post_scaler_ = false;
 
   std::string where(const std::string& key) const { return file + ": " + key; }
 
+  // A section that is given must be a mapping (`preblocks: "x"` is an error, not "no scaler").
+  bool is_map(const YAML::Node& n, const std::string& key) {
+    if (!n || n.IsNull()) return false;
+    if (!n.IsMap()) fail(where(key), ": expected a mapping of keys, found '", printable(YAML::Dump(n)), "'");
+    return true;
+  }
   // Unknown keys of a mapping are warnings naming them.
   void known(const YAML::Node& n, const std::string& prefix, const std::set<std::string>& keys) {
     if (!n || !n.IsMap()) return;
@@ -77,8 +99,15 @@ struct Reader {
     try {
       return n.as<T>();
     } catch (const YAML::Exception&) {
-      fail(where(key), ": bad value '", YAML::Dump(n), "'");
+      fail(where(key), ": bad value '", printable(YAML::Dump(n)), "'");
     }
+  }
+  // A number in [lo, hi] (finite), else an error naming the key and the value.
+  template <class T>
+  T ranged(const YAML::Node& n, const std::string& key, const T& dflt, T lo, T hi) {
+    const T v = get<T>(n, key, dflt);
+    if (!(v >= lo && v <= hi)) fail(where(key), ": ", v, " is not in [", lo, ", ", hi, "]");
+    return v;
   }
   std::vector<std::string> strings(const YAML::Node& n, const std::string& key) {
     if (!n || n.IsNull()) return {};
@@ -92,22 +121,22 @@ struct Reader {
   }
 
   void group(const YAML::Node& n, const std::string& key, VarGroup& g) {
-    if (!n || n.IsNull()) return;
+    if (!is_map(n, key)) return;
     known(n, key + ".", {"vars_3D", "vars_2D", "path", "filename_time_format"});
     g.vars_3D = strings(n["vars_3D"], key + ".vars_3D");
     g.vars_2D = strings(n["vars_2D"], key + ".vars_2D");
     g.path = path(n["path"], key + ".path");
     const std::string tf = get<std::string>(n["filename_time_format"], key + ".filename_time_format", "");
-    if (!tf.empty()) {  // CREDIT's form: the '*' of the path is the time in this format
+    if (!tf.empty()) {  // CREDIT's form: the '*' of the path starts with the time in this format
       const size_t star = g.path.find('*');
       if (star == std::string::npos) fail(where(key + ".filename_time_format"), ": the path has no '*' to put it in");
-      g.path.replace(star, 1, tf);
+      g.path.replace(star, 1, tf + "*");  // era5_* -> era5_%Y*: era5_2020.nc
     }
     if (!g.empty() && g.path.empty()) fail(where(key + ".path"), ": missing");
   }
 
   void data(const YAML::Node& d) {
-    if (!d || !d.IsMap()) fail(where("data"), ": missing");
+    if (!is_map(d, "data")) fail(where("data"), ": missing");
     known(d, "data.", {"source", "start_datetime", "end_datetime", "valid_start_datetime", "valid_end_datetime",
                        "timestep", "history_len", "forecast_len", "valid_history_len", "valid_forecast_len",
                        "mean_path", "std_path", "scaler_path"});
@@ -118,13 +147,17 @@ struct Reader {
     c->source = src.begin()->first.as<std::string>();
     const std::string p = "data.source." + c->source;
     const YAML::Node s = src.begin()->second;
+    is_map(s, p);
     known(s, p + ".", {"dataset_type", "level_coord", "levels", "variables", "history_len", "grid_type"});
     c->dataset_type = get<std::string>(s["dataset_type"], p + ".dataset_type", "local");
     if (c->dataset_type != "local")
       fail(where(p + ".dataset_type"), ": '", c->dataset_type, "' is not implemented (wxe reads 'local' netCDF/zarr files)");
     c->level_coord = get<std::string>(s["level_coord"], p + ".level_coord", "level");
     c->levels = get<std::vector<double>>(s["levels"], p + ".levels", {});
+    for (double l : c->levels)
+      if (!std::isfinite(l)) fail(where(p + ".levels"), ": ", l, " is not a level");
     const YAML::Node v = s["variables"];
+    is_map(v, p + ".variables");
     known(v, p + ".variables.", {"prognostic", "diagnostic", "dynamic_forcing", "static"});
     group(v["prognostic"], p + ".variables.prognostic", c->prognostic);
     group(v["diagnostic"], p + ".variables.diagnostic", c->diagnostic);
@@ -135,12 +168,16 @@ struct Reader {
                        !c->dynamic_forcing.vars_3D.empty() || !c->statics.vars_3D.empty();
     if (any3d && c->levels.empty()) fail(where(p + ".levels"), ": 3D variables need a list of levels");
     c->history_len = get<int>(s["history_len"], p + ".history_len", get<int>(d["history_len"], "data.history_len", 1));
-    if (c->history_len < 1) fail(where("data.history_len"), ": ", c->history_len, " must be at least 1");
+    if (c->history_len < 1 || c->history_len > 1000)
+      fail(where("data.history_len"), ": ", c->history_len, " is not in [1, 1000]");
     if (d["valid_history_len"] && get<int>(d["valid_history_len"], "data.valid_history_len", 1) != c->history_len)
       fail(where("data.valid_history_len"), ": differs from history_len ", c->history_len,
            " (the model takes one window length)");
     c->forecast_len = get<int>(d["forecast_len"], "data.forecast_len", 1);
-    if (c->forecast_len < 1) fail(where("data.forecast_len"), ": must be at least 1");
+    if (c->forecast_len < 1 || c->forecast_len > 100000)
+      fail(where("data.forecast_len"), ": ", c->forecast_len, " is not in [1, 100000]");
+    if (d["valid_forecast_len"])
+      c->valid_forecast_len = ranged<int>(d["valid_forecast_len"], "data.valid_forecast_len", 1, 1, 100000);
     c->timestep = parse_timestep(get<std::string>(d["timestep"], "data.timestep", "6h"), where("data.timestep"));
     auto dt = [&](const char* k) {
       const std::string s = get<std::string>(d[k], std::string("data.") + k, "");
@@ -156,50 +193,154 @@ struct Reader {
     c->scaler_json = path(d["scaler_path"], "data.scaler_path");
   }
 
+  // A bridgescaler_transform block: its scaler file and the variables it scales (full keys
+  // "era5/prognostic/3d/T" or partial paths "era5/prognostic"; none listed: all).
+  void scaler_block(const YAML::Node& a, const std::string& p, const char* method, std::string& file,
+                    std::vector<std::string>& vars, std::vector<std::string>* data_types) {
+    is_map(a, p + ".args");
+    known(a, p + ".args.", {"scaler_path", "variables", "method", "scaler_type", "scaler_params", "data_types",
+                            "spatial_variables", "key"});
+    const std::string m = get<std::string>(a["method"], p + ".args.method", method);
+    if (m != method) fail(where(p + ".args.method"), ": '", m, "' is not implemented here (", method, ")");
+    const std::string st = get<std::string>(a["scaler_type"], p + ".args.scaler_type", "standard");
+    if (st != "standard") fail(where(p + ".args.scaler_type"), ": '", st, "' is not implemented (standard)");
+    if (!strings(a["spatial_variables"], p + ".args.spatial_variables").empty())
+      fail(where(p + ".args.spatial_variables"), ": grid-wise scaling is not implemented");
+    if (data_types ? pre_scaler_ : post_scaler_) fail(where(p), ": a second scaler block (wxe applies one)");
+    (data_types ? pre_scaler_ : post_scaler_) = true;
+    file = path(a["scaler_path"], p + ".args.scaler_path");
+    if (file.empty()) fail(where(p + ".args.scaler_path"), ": missing");
+    vars = strings(a["variables"], p + ".args.variables");
+    if (data_types) {
+      *data_types = strings(a["data_types"], p + ".args.data_types");
+      for (const std::string& d : *data_types)
+        if (d != "input" && d != "target") fail(where(p + ".args.data_types"), ": '", d, "' is not input or target");
+    }
+  }
+
+  void preblock(const std::string& p, const YAML::Node& b) {
+    is_map(b, p);
+    known(b, p + ".", {"type", "args"});
+    const std::string type = get<std::string>(b["type"], p + ".type", "");
+    const YAML::Node a = b["args"];
+    if (type == "bridgescaler_transform") {
+      scaler_block(a, p, "transform", c->scaler_json, c->scaler_vars, &c->scaler_data_types);
+    } else if (type == "era5_normalizer") {
+      is_map(a, p + ".args");
+      known(a, p + ".args.", {"mean_path", "std_path"});
+      c->mean_nc = path(a["mean_path"], p + ".args.mean_path");
+      c->std_nc = path(a["std_path"], p + ".args.std_path");
+    } else if (type == "concat" || type == "to_device") {  // what wxe does anyway
+      c->warnings.push_back(where(p) + ": " + type + " ignored (wxe concatenates the channels in CREDIT's order)");
+    } else {
+      fail(where(p + ".type"), ": preblock '", type, "' is not implemented (bridgescaler_transform, era5_normalizer, concat)");
+    }
+  }
+
+  // CREDIT 2026's layout preblocks.{ic_only, per_step}.<name>, or the flat preblocks.<name>.
   void preblocks(const YAML::Node& pb) {
-    if (!pb || pb.IsNull()) return;
+    if (!is_map(pb, "preblocks")) return;
+    const bool sections = pb["per_step"] || pb["ic_only"];
     for (auto it = pb.begin(); it != pb.end(); ++it) {
-      const std::string p = "preblocks." + it->first.as<std::string>();
-      const YAML::Node b = it->second;
-      known(b, p + ".", {"type", "args"});
-      const std::string type = get<std::string>(b["type"], p + ".type", "");
-      const YAML::Node a = b["args"];
-      if (type == "bridgescaler_transform") {
-        known(a, p + ".args.", {"scaler_path", "variables", "method"});
-        const std::string method = get<std::string>(a["method"], p + ".args.method", "transform");
-        if (method != "transform") fail(where(p + ".args.method"), ": '", method, "' is not implemented");
-        if (!strings(a["variables"], p + ".args.variables").empty())
-          fail(where(p + ".args.variables"), ": a subset of variables is not implemented (leave it empty)");
-        c->scaler_json = path(a["scaler_path"], p + ".args.scaler_path");
-      } else if (type == "era5_normalizer") {
-        known(a, p + ".args.", {"mean_path", "std_path"});
-        c->mean_nc = path(a["mean_path"], p + ".args.mean_path");
-        c->std_nc = path(a["std_path"], p + ".args.std_path");
-      } else {
-        fail(where(p + ".type"), ": preblock '", type, "' is not implemented (bridgescaler_transform, era5_normalizer)");
+      const std::string k = it->first.as<std::string>();
+      if (!sections) {
+        preblock("preblocks." + k, it->second);
+        continue;
+      }
+      if (k != "per_step" && k != "ic_only")
+        fail(where("preblocks." + k), ": expected only the sections per_step and ic_only (as CREDIT 2026)");
+      if (!is_map(it->second, "preblocks." + k)) continue;
+      for (auto jt = it->second.begin(); jt != it->second.end(); ++jt) {
+        const std::string p = "preblocks." + k + "." + jt->first.as<std::string>();
+        if (k == "ic_only") {  // run once on the initial conditions: only the no-ops are known
+          const std::string type = is_map(jt->second, p) ? get<std::string>(jt->second["type"], p + ".type", "") : "";
+          if (type != "concat" && type != "to_device") fail(where(p + ".type"), ": ic_only preblock '", type, "' is not implemented");
+        }
+        preblock(p, jt->second);
       }
     }
   }
 
+  // postblocks.per_step: reconstruct (what wxe does) and the inverse scaler of the forecast.
+  void postblocks(const YAML::Node& pb) {
+    if (!is_map(pb, "postblocks")) return;
+    for (auto it = pb.begin(); it != pb.end(); ++it) {
+      const std::string k = it->first.as<std::string>();
+      if (k != "per_step" && k != "post_rollout")
+        fail(where("postblocks." + k), ": expected only the sections per_step and post_rollout (as CREDIT 2026)");
+      if (!is_map(it->second, "postblocks." + k)) continue;
+      for (auto jt = it->second.begin(); jt != it->second.end(); ++jt) {
+        const std::string p = "postblocks." + k + "." + jt->first.as<std::string>();
+        const YAML::Node b = jt->second;
+        is_map(b, p);
+        known(b, p + ".", {"type", "args"});
+        const std::string type = get<std::string>(b["type"], p + ".type", "");
+        const YAML::Node a = b["args"];
+        // blocks writing y_target_processed serve loss.type base, which wxe does not implement
+        const std::string key = is_map(a, p + ".args") ? get<std::string>(a["key"], p + ".args.key", "y_processed") : "y_processed";
+        const std::string out = a && a.IsMap() ? get<std::string>(a["out_key"], p + ".args.out_key", "y_processed") : "y_processed";
+        if (k == "per_step" && type == "reconstruct" && out == "y_processed") {
+          known(a, p + ".args.", {"detach", "in_key", "out_key"});
+        } else if (k == "per_step" && type == "bridgescaler_transform" && key == "y_processed") {
+          scaler_block(a, p, "inverse_transform", c->post_scaler_json, c->post_scaler_vars, nullptr);
+        } else {
+          fail(where(p + ".type"), ": postblock '", type, "' is not implemented (per_step: reconstruct, bridgescaler_transform)");
+        }
+      }
+    }
+  }
+
+  // CREDIT 2026 reads validation from validation_data (all of data's keys, source inherited).
+  void validation_data(const YAML::Node& v) {
+    if (!is_map(v, "validation_data")) return;
+    known(v, "validation_data.", {"source", "start_datetime", "end_datetime", "timestep", "history_len", "forecast_len",
+                                  "valid_history_len", "valid_forecast_len", "valid_start_datetime", "valid_end_datetime",
+                                  "mean_path", "std_path", "scaler_path", "retain_graph", "backprop_on_timestep"});
+    auto dt = [&](const char* k) {
+      const std::string s = get<std::string>(v[k], std::string("validation_data.") + k, "");
+      return s.empty() ? (int64_t)0 : parse_datetime(s, where(std::string("validation_data.") + k));
+    };
+    if (v["start_datetime"]) c->valid_start = dt("start_datetime");
+    if (v["end_datetime"]) c->valid_end = dt("end_datetime");
+    if (v["history_len"] && get<int>(v["history_len"], "validation_data.history_len", 1) != c->history_len)
+      fail(where("validation_data.history_len"), ": differs from data.history_len ", c->history_len,
+           " (the model takes one window length)");
+    if (v["timestep"] &&
+        parse_timestep(get<std::string>(v["timestep"], "validation_data.timestep", ""), where("validation_data.timestep")) !=
+            c->timestep)
+      fail(where("validation_data.timestep"), ": differs from data.timestep");
+    if (v["forecast_len"])
+      c->valid_forecast_len = ranged<int>(v["forecast_len"], "validation_data.forecast_len", 1, 1, 100000);
+  }
+
   void trainer(const YAML::Node& t) {
-    if (!t || t.IsNull()) return;
+    if (!is_map(t, "trainer")) return;
     known(t, "trainer.", {"learning_rate", "weight_decay", "use_scheduler", "scheduler", "grad_max_norm",
                           "grad_accum_every", "use_ema", "ema_decay", "train_batch_size", "valid_batch_size",
                           "batches_per_epoch", "valid_batches_per_epoch", "epochs", "num_epoch", "load_weights",
                           "load_optimizer", "load_scaler", "load_scheduler", "seed", "type", "mode", "amp",
                           "save_backup_weights", "save_best_weights", "thread_workers", "valid_thread_workers"});
-    c->learning_rate = get<double>(t["learning_rate"], "trainer.learning_rate", c->learning_rate);
-    c->weight_decay = get<double>(t["weight_decay"], "trainer.weight_decay", c->weight_decay);
-    c->grad_max_norm = get<double>(t["grad_max_norm"], "trainer.grad_max_norm", c->grad_max_norm);
-    c->grad_accum_every = get<int>(t["grad_accum_every"], "trainer.grad_accum_every", 1);
-    c->train_batch_size = get<int>(t["train_batch_size"], "trainer.train_batch_size", 1);
-    if (c->grad_accum_every < 1) fail(where("trainer.grad_accum_every"), ": must be at least 1");
-    if (c->train_batch_size < 1) fail(where("trainer.train_batch_size"), ": must be at least 1");
+    const double big = 1e30;
+    const int64_t kMaxCount = (int64_t)1 << 40;  // steps, batches: products of two stay far from overflow
+    c->learning_rate = ranged<double>(t["learning_rate"], "trainer.learning_rate", c->learning_rate, 0, big);
+    c->weight_decay = ranged<double>(t["weight_decay"], "trainer.weight_decay", c->weight_decay, 0, big);
+    c->grad_max_norm = ranged<double>(t["grad_max_norm"], "trainer.grad_max_norm", c->grad_max_norm, 0, big);
+    // one micro-batch per sample: their product is wxe's --accum (an int)
+    c->grad_accum_every = ranged<int>(t["grad_accum_every"], "trainer.grad_accum_every", 1, 1, 1 << 20);
+    c->train_batch_size = ranged<int>(t["train_batch_size"], "trainer.train_batch_size", 1, 1, 1 << 20);
+    if ((int64_t)c->grad_accum_every * c->train_batch_size > (1 << 20))
+      fail(where("trainer.grad_accum_every"), ": ", c->grad_accum_every, " x trainer.train_batch_size ",
+           c->train_batch_size, " micro-batches per step is more than ", 1 << 20);
     c->use_ema = get<bool>(t["use_ema"], "trainer.use_ema", false);
-    c->ema_decay = get<double>(t["ema_decay"], "trainer.ema_decay", c->ema_decay);
-    c->batches_per_epoch = get<int64_t>(t["batches_per_epoch"], "trainer.batches_per_epoch", 0);
-    c->valid_batches_per_epoch = get<int64_t>(t["valid_batches_per_epoch"], "trainer.valid_batches_per_epoch", 0);
-    c->epochs = get<int64_t>(t["epochs"], "trainer.epochs", get<int64_t>(t["num_epoch"], "trainer.num_epoch", 1));
+    c->ema_decay = ranged<double>(t["ema_decay"], "trainer.ema_decay", c->ema_decay, 0, 1);
+    c->batches_per_epoch = ranged<int64_t>(t["batches_per_epoch"], "trainer.batches_per_epoch", 0, 0, kMaxCount);
+    c->valid_batches_per_epoch =
+        ranged<int64_t>(t["valid_batches_per_epoch"], "trainer.valid_batches_per_epoch", 0, 0, kMaxCount);
+    const char* ek = t["epochs"] ? "epochs" : "num_epoch";
+    c->epochs = ranged<int64_t>(t[ek], std::string("trainer.") + ek, 1, 1, kMaxCount);
+    if (c->batches_per_epoch > kMaxCount / c->epochs)
+      fail(where(std::string("trainer.") + ek), ": ", c->epochs, " x trainer.batches_per_epoch ", c->batches_per_epoch, " steps is more than ",
+           kMaxCount);
     c->load_weights = get<bool>(t["load_weights"], "trainer.load_weights", false);
     c->load_optimizer = get<bool>(t["load_optimizer"], "trainer.load_optimizer", false);
     c->seed = get<uint64_t>(t["seed"], "trainer.seed", c->seed);
@@ -207,33 +348,41 @@ struct Reader {
     c->use_scheduler = get<bool>(t["use_scheduler"], "trainer.use_scheduler", false);
     const YAML::Node s = t["scheduler"];
     if (c->use_scheduler) {
+      is_map(s, "trainer.scheduler");
       known(s, "trainer.scheduler.", {"scheduler_type", "warmup_steps", "total_steps", "min_lr"});
       const std::string type = get<std::string>(s["scheduler_type"], "trainer.scheduler.scheduler_type", "");
       if (type != "linear-warmup-cosine")
         fail(where("trainer.scheduler.scheduler_type"), ": '", type, "' is not implemented (linear-warmup-cosine)");
-      c->warmup_steps = get<int64_t>(s["warmup_steps"], "trainer.scheduler.warmup_steps", 0);
-      c->total_steps = get<int64_t>(s["total_steps"], "trainer.scheduler.total_steps", 0);
-      c->min_lr = get<double>(s["min_lr"], "trainer.scheduler.min_lr", 0.0);
+      // CREDIT's LinearWarmupCosineScheduler defaults; counted in batches
+      c->warmup_steps = ranged<int64_t>(s["warmup_steps"], "trainer.scheduler.warmup_steps", 1000, 0, kMaxCount);
+      c->total_steps = ranged<int64_t>(s["total_steps"], "trainer.scheduler.total_steps", 500000, 0, kMaxCount);
+      c->min_lr = ranged<double>(s["min_lr"], "trainer.scheduler.min_lr", 1e-5, 0, big);
     }
   }
 
   void loss(const YAML::Node& l) {
-    if (!l || l.IsNull()) return;
+    if (!is_map(l, "loss")) return;
     known(l, "loss.", {"training_loss", "validation_loss", "use_latitude_weights", "latitude_weights",
                        "use_variable_weights", "variable_weights", "use_power_loss", "use_spectral_loss"});
+    // CREDIT 2026's loss.type base scores physical-unit postblock outputs: another loss
+    if (l["type"]) fail(where("loss.type"), ": '", printable(get<std::string>(l["type"], "loss.type", "")),
+                        "' is not implemented (wxe's loss is CREDIT's default: training_loss on normalised outputs)");
     const std::string tl = get<std::string>(l["training_loss"], "loss.training_loss", "mse");
     if (tl != "mse") fail(where("loss.training_loss"), ": '", tl, "' is not implemented (mse)");
     if (get<bool>(l["use_power_loss"], "loss.use_power_loss", false)) fail(where("loss.use_power_loss"), ": not implemented");
     if (get<bool>(l["use_spectral_loss"], "loss.use_spectral_loss", false))
       fail(where("loss.use_spectral_loss"), ": not implemented");
     c->use_latitude_weights = get<bool>(l["use_latitude_weights"], "loss.use_latitude_weights", false);
+    if (l["latitude_weights"])
+      c->warnings.push_back(where("loss.latitude_weights") +
+                            ": ignored (wxe weighs rows by cos(latitude) of the data's own latitudes)");
     c->use_variable_weights = get<bool>(l["use_variable_weights"], "loss.use_variable_weights", false);
     const YAML::Node vw = l["variable_weights"];
-    if (vw && vw.IsMap())
+    if (is_map(vw, "loss.variable_weights"))
       for (auto it = vw.begin(); it != vw.end(); ++it) {
         const std::string k = it->first.as<std::string>();
         const std::string name = k.substr(k.rfind('/') + 1);  // "era5/prognostic/3d/T" or "T"
-        c->variable_weights[name] = get<double>(it->second, "loss.variable_weights." + k, 1.0);
+        c->variable_weights[name] = ranged<double>(it->second, "loss.variable_weights." + k, 1.0, 0, 1e30);
       }
   }
 };
@@ -256,11 +405,16 @@ CreditConfig read_credit_config(const std::string& path) {
   if (!root.IsMap()) fail(path, ": not a YAML mapping");
   Reader r{path, &c};
   try {
-    r.known(root, "", {"save_loc", "seed", "data", "trainer", "loss", "preblocks", "model", "predict", "pbs"});
+    r.known(root, "", {"save_loc", "seed", "data", "validation_data", "trainer", "loss", "preblocks", "postblocks",
+                       "model", "predict", "pbs"});
+    if (root["model"])
+      c.warnings.push_back(path + ": model: ignored (the model is the --model ONNX export; its architecture is in the graph)");
     c.seed = r.get<uint64_t>(root["seed"], "seed", 0);
     c.save_loc = r.path(root["save_loc"], "save_loc");
     r.data(root["data"]);
+    r.validation_data(root["validation_data"]);
     r.preblocks(root["preblocks"]);
+    r.postblocks(root["postblocks"]);
     r.trainer(root["trainer"]);
     r.loss(root["loss"]);
   } catch (const YAML::Exception& e) {

@@ -29,15 +29,24 @@ struct CreditConfig {
   int64_t valid_start = 0, valid_end = 0;  // data.valid_start/end_datetime; 0: no validation
   int64_t timestep = 6 * 3600;           // data.timestep, seconds
   int history_len = 1, forecast_len = 1;
+  int valid_forecast_len = 0;  // data.valid_forecast_len or validation_data.forecast_len; 0: forecast_len
   // the scaler: preblocks bridgescaler_transform (scaler_path) or era5_normalizer (mean_path,
   // std_path), or the gen1 data.mean_path / data.std_path
   std::string scaler_json, mean_nc, std_nc;
+  std::vector<std::string> scaler_vars;        // args.variables: full keys or partial paths; empty: all
+  std::vector<std::string> scaler_data_types;  // args.data_types (input, target); empty: both
+  // postblocks.per_step bridgescaler_transform (inverse_transform): its file's target side
+  // de-normalises the forecast's variables it selects
+  std::string post_scaler_json;
+  std::vector<std::string> post_scaler_vars;
   std::string save_loc;
   // trainer.*
   double learning_rate = 1e-3, weight_decay = 0.0, grad_max_norm = 1.0, ema_decay = 0.999;
   bool use_scheduler = false, use_ema = false, load_weights = false, load_optimizer = false;
-  int64_t warmup_steps = 0, total_steps = 0;  // trainer.scheduler (linear-warmup-cosine)
-  double min_lr = 0.0;
+  // trainer.scheduler (linear-warmup-cosine), counted in batches as CREDIT's trainer steps it
+  // once per batch; CREDIT's defaults
+  int64_t warmup_steps = 1000, total_steps = 500000;
+  double min_lr = 1e-5;
   int grad_accum_every = 1, train_batch_size = 1;
   int64_t batches_per_epoch = 0, epochs = 1, valid_batches_per_epoch = 0;
   uint64_t seed = 0;

@@ -14,6 +14,7 @@
 
 #include "engine/ir/error.h"
 #include "engine/io/glob.h"
+#include "data/zarr.h"
 #include "engine/io/json.h"
 
 namespace fs = std::filesystem;
@@ -76,38 +77,48 @@ const VarGroup& Era5Data::group(const std::string& t) const {
   return cfg_.dynamic_forcing;
 }
 
-void Era5Data::load_scaler() {
-  // per variable: mean and std per configured level (3D) or one value (2D)
-  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> stats;
-  const size_t nl = cfg_.levels.size();
-  if (!cfg_.scaler_json.empty()) {
-    std::ifstream f(cfg_.scaler_json, std::ios::binary);
-    if (!f) fail(cfg_.scaler_json, ": cannot read the scaler");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    Json j = parse_json(ss.str(), cfg_.scaler_json, "scaler JSON");
-    if (j.type != Json::Obj) fail(cfg_.scaler_json, ": not a JSON object of scalers");
-    // mean_x_ / var_x_: a list of numbers, or numpy's {"__numpy__": base64, "dtype", "shape"}
-    // as bridgescaler writes a tensor scaler
-    auto nums = [&](const Json& e, const std::string& key, const char* k) {
-      const Json* a = e.get(k);
-      std::vector<double> v;
-      if (a && a->type == Json::Arr) {
-        for (const Json& x : a->items) {
-          if (x.type != Json::Num) fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " is not numbers");
-          v.push_back(std::stod(x.s));
-        }
-        return v;
+namespace {
+
+using Stats = std::pair<std::vector<double>, std::vector<double>>;  // mean, std per level (or one)
+
+// Does a scaler block's `variables` select this scaler key? Full keys ("era5/prognostic/3d/T"),
+// partial paths ("era5/prognostic") and, for a flat scaler file's bare names, the name; none
+// listed: all (CREDIT's _parse_variable_selection).
+bool selected(const std::vector<std::string>& sel, const std::string& key) {
+  if (sel.empty()) return true;
+  for (const std::string& s : sel) {
+    if (key == s || (key.size() > s.size() && key.compare(0, s.size(), s) == 0 && key[s.size()] == '/')) return true;
+    if (key.find('/') == std::string::npos && s.substr(s.rfind('/') + 1) == key) return true;
+  }
+  return false;
+}
+
+// A bridgescaler JSON (save_scaler_dict: {data_type: {source: {"source/field_type/3d/VAR": "<the
+// scaler's own JSON text>"}}}, or a flat {VAR: {mean_x_, var_x_}}) into per-variable statistics
+// of each side: side[0] input, side[1] target. A flat file gives both sides. Within one side a
+// variable must have one scaler.
+void read_bridgescaler(const std::string& file, const std::vector<std::string>& sel, std::map<std::string, Stats> side[2]) {
+  Json j = parse_json(read_regular_file(file, (size_t)1 << 30), file, "scaler JSON");
+  if (j.type != Json::Obj) fail(file, ": not a JSON object of scalers");
+  // mean_x_ / var_x_: a list of numbers, or numpy's {"__numpy__": base64, "dtype", "shape"}
+  auto nums = [&](const Json& e, const std::string& key, const char* k) {
+    const Json* a = e.get(k);
+    std::vector<double> v;
+    const std::string what = str(file, ": scaler '", key, "': ", k);
+    if (a && a->type == Json::Arr) {
+      for (const Json& x : a->items) {
+        if (x.type != Json::Num) fail(what, " is not numbers");
+        v.push_back(parse_double(x.s, what));
       }
+    } else {
       const Json* b64 = a && a->type == Json::Obj ? a->get("__numpy__") : nullptr;
       const Json* dt = a && a->type == Json::Obj ? a->get("dtype") : nullptr;
       if (!b64 || b64->type != Json::Str || !dt || dt->type != Json::Str)
-        fail(cfg_.scaler_json, ": scaler '", key, "' has no ", k, " (a list of numbers or a numpy array)");
-      if (dt->s != "<f4" && dt->s != "<f8")
-        fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " has dtype ", dt->s, " (float32 or float64 expected)");
-      const std::string bytes = base64_decode(b64->s, cfg_.scaler_json + ": scaler '" + key + "': " + k);
+        fail(file, ": scaler '", key, "' has no ", k, " (a list of numbers or a numpy array)");
+      if (dt->s != "<f4" && dt->s != "<f8") fail(what, " has dtype ", dt->s, " (float32 or float64 expected)");
+      const std::string bytes = base64_decode(b64->s, what);
       const size_t esz = dt->s == "<f4" ? 4 : 8;
-      if (bytes.size() % esz) fail(cfg_.scaler_json, ": scaler '", key, "': ", k, " is ", bytes.size(), " bytes");
+      if (bytes.size() % esz) fail(what, " is ", bytes.size(), " bytes");
       for (size_t i = 0; i < bytes.size(); i += esz) {
         if (esz == 4) {
           float f;
@@ -119,45 +130,69 @@ void Era5Data::load_scaler() {
           v.push_back(d);
         }
       }
-      return v;
-    };
-    // bridgescaler's save_scaler_dict (what `credit convert` and `credit preprocess` write):
-    // {data_type: {source: {"source/field_type/3d/VAR": "<the scaler's own JSON text>"}}};
-    // also a flat {VAR: {mean_x_, var_x_}}. A variable under both input and target must have
-    // one scaler: wxe normalises a variable one way.
-    std::function<void(const Json&, int)> walk = [&](const Json& obj, int depth) {
-      for (size_t i = 0; i < obj.keys.size(); ++i) {
-        const std::string& key = obj.keys[i];
-        const Json* e = &obj.items[i];
-        Json text;
-        if (e->type == Json::Str) {
-          text = parse_json(e->s, cfg_.scaler_json, "scaler '" + key + "'");
-          e = &text;
-        }
-        if (e->type != Json::Obj) fail(cfg_.scaler_json, ": scaler '", key, "' is not a JSON object");
-        if (!e->get("mean_x_")) {
-          if (depth >= 3) fail(cfg_.scaler_json, ": scaler '", key, "' has no mean_x_");
-          walk(*e, depth + 1);
-          continue;
-        }
-        std::vector<double> mean = nums(*e, key, "mean_x_"), sd = nums(*e, key, "var_x_");
-        if (mean.size() != sd.size()) fail(cfg_.scaler_json, ": scaler '", key, "': mean_x_ and var_x_ differ in length");
-        for (double& v : sd) v = std::sqrt(v);
-        const std::string name = key.substr(key.rfind('/') + 1);
-        auto seen = stats.find(name);
-        if (seen != stats.end() && (seen->second.first != mean || seen->second.second != sd))
-          fail(cfg_.scaler_json, ": scaler '", key, "' differs from another scaler of variable '", name, "'");
-        stats[name] = {mean, sd};
+    }
+    for (double x : v)
+      if (!std::isfinite(x)) fail(what, " holds ", x, " (statistics must be finite)");
+    return v;
+  };
+  std::function<void(const Json&, int, int)> walk = [&](const Json& obj, int depth, int sides) {
+    for (size_t i = 0; i < obj.keys.size(); ++i) {
+      const std::string& key = obj.keys[i];
+      const Json* e = &obj.items[i];
+      Json text;
+      if (e->type == Json::Str) {
+        text = parse_json(e->s, file, "scaler '" + key + "'");
+        e = &text;
       }
-    };
-    walk(j, 0);
+      if (e->type != Json::Obj) fail(file, ": scaler '", key, "' is not a JSON object");
+      if (!e->get("mean_x_")) {
+        if (depth >= 3) fail(file, ": scaler '", key, "' has no mean_x_");
+        const int s = depth == 0 && key == "input" ? 1 : depth == 0 && key == "target" ? 2 : sides;
+        walk(*e, depth + 1, s);
+        continue;
+      }
+      if (!selected(sel, key)) continue;
+      std::vector<double> mean = nums(*e, key, "mean_x_"), sd = nums(*e, key, "var_x_");
+      if (mean.size() != sd.size()) fail(file, ": scaler '", key, "': mean_x_ and var_x_ differ in length");
+      for (double& v : sd) v = std::sqrt(v);
+      const std::string name = key.substr(key.rfind('/') + 1);
+      for (int k = 0; k < 2; ++k) {
+        if (!(sides & (1 << k))) continue;
+        auto seen = side[k].find(name);
+        if (seen != side[k].end() && (seen->second.first != mean || seen->second.second != sd))
+          fail(file, ": scaler '", key, "' differs from another ", k ? "target" : "input", " scaler of variable '", name,
+               "'");
+        side[k][name] = {mean, sd};
+      }
+    }
+  };
+  walk(j, 0, 3);
+}
+
+}  // namespace
+
+void Era5Data::load_scaler() {
+  // per side (0 input, 1 target) and variable: mean and std per configured level (3D) or one value
+  std::map<std::string, Stats> side[2], post[2];
+  const size_t nl = cfg_.levels.size();
+  if (!cfg_.scaler_json.empty()) {
+    read_bridgescaler(cfg_.scaler_json, cfg_.scaler_vars, side);
+    // args.data_types: the sides the preblock scales (the other passes through)
+    for (int k = 0; k < 2; ++k)
+      if (!cfg_.scaler_data_types.empty() &&
+          std::find(cfg_.scaler_data_types.begin(), cfg_.scaler_data_types.end(), k ? "target" : "input") ==
+              cfg_.scaler_data_types.end())
+        side[k].clear();
   } else if (!cfg_.mean_nc.empty() || !cfg_.std_nc.empty()) {
     if (cfg_.mean_nc.empty() || cfg_.std_nc.empty()) fail(cfg_.file, ": the scaler needs both mean_path and std_path");
-    NcFile mf(cfg_.mean_nc), sf(cfg_.std_nc);
-    auto levels_of = [&](NcFile& f) { return f.has(cfg_.level_coord) ? f.read(cfg_.level_coord) : std::vector<double>{}; };
+    std::unique_ptr<DataFile> mfp = open_data_file(cfg_.mean_nc), sfp = open_data_file(cfg_.std_nc);
+    DataFile &mf = *mfp, &sf = *sfp;
+    auto levels_of = [&](DataFile& f) { return f.has(cfg_.level_coord) ? f.read(cfg_.level_coord) : std::vector<double>{}; };
     std::vector<double> mlev = levels_of(mf), slev = levels_of(sf);
-    auto pick = [&](NcFile& f, const std::vector<double>& flev, const std::string& var) {
+    auto pick = [&](DataFile& f, const std::vector<double>& flev, const std::string& var) {
       std::vector<double> v = f.read(var);
+      for (double x : v)
+        if (!std::isfinite(x)) fail(f.path(), ": variable '", var, "' holds ", x, " (statistics must be finite)");
       if (v.size() <= 1 || v.size() == nl) return v;
       if (flev.size() != v.size()) fail(f.path(), ": variable '", var, "' has ", v.size(), " values for ", nl, " levels");
       std::vector<double> out;
@@ -168,35 +203,70 @@ void Era5Data::load_scaler() {
       }
       return out;
     };
-    for (const ChannelInfo& c : in_)
-      if (mf.has(c.var) && sf.has(c.var)) stats[c.var] = {pick(mf, mlev, c.var), pick(sf, slev, c.var)};
-    for (const ChannelInfo& c : out_)
-      if (mf.has(c.var) && sf.has(c.var)) stats[c.var] = {pick(mf, mlev, c.var), pick(sf, slev, c.var)};
+    for (const auto* chans : {&in_, &out_})
+      for (const ChannelInfo& c : *chans)
+        if (mf.has(c.var) && sf.has(c.var)) side[0][c.var] = side[1][c.var] = {pick(mf, mlev, c.var), pick(sf, slev, c.var)};
   }
+  // the postblock's inverse scaler: its file's target side (CREDIT's postblock reads only that)
+  const bool has_post = !cfg_.post_scaler_json.empty();
+  if (has_post) read_bridgescaler(cfg_.post_scaler_json, cfg_.post_scaler_vars, post);
   const std::string src = cfg_.scaler_json.empty() ? cfg_.mean_nc : cfg_.scaler_json;
-  auto apply = [&](std::vector<ChannelInfo>& chans) {
-    for (ChannelInfo& c : chans) {
-      auto it = stats.find(c.var);
-      if (it == stats.end()) {
-        const std::string w = "no scaler for variable '" + c.var + "': passed through unnormalised";
-        if (!src.empty() && std::find(warnings.begin(), warnings.end(), w) == warnings.end()) warnings.push_back(w);
-        continue;
-      }
-      const auto& [mean, std] = it->second;
-      const size_t n = c.is3d ? cfg_.levels.size() : 1;
-      if (mean.size() != n && mean.size() != 1)
-        fail(src, ": variable '", c.var, "' has ", mean.size(), " scaler values, expected ", n, " or 1");
-      const size_t k = mean.size() == 1 ? 0 : (size_t)c.level_index;
-      c.mean = mean[k];
-      c.std = std[k];
-      if (!(c.std > 0)) fail(src, ": variable '", c.var, "' has a standard deviation of ", c.std);
-    }
+  // channel c's (mean, std) from stats, or (0, 1) (passed through) when it has none
+  auto pick = [&](const ChannelInfo& c, const std::map<std::string, Stats>& stats, const std::string& file,
+                  double& mean, double& sd) {
+    mean = 0;
+    sd = 1;
+    auto it = stats.find(c.var);
+    if (it == stats.end()) return false;
+    const auto& [m, s] = it->second;
+    const size_t n = c.is3d ? nl : 1;
+    if (m.size() != n && m.size() != 1)
+      fail(file, ": variable '", c.var, "' has ", m.size(), " scaler values, expected ", n, " or 1");
+    const size_t k = m.size() == 1 ? 0 : (size_t)c.level_index;
+    mean = m[k];
+    sd = s[k];
+    // normalising divides by the float32 std: it must be a positive normal float32
+    if (!std::isnormal((float)sd) || (float)sd < 0 || !std::isfinite((float)mean))
+      fail(file, ": variable '", c.var, "' has a mean of ", mean, " and a standard deviation of ", sd,
+           " (not usable in float32)");
+    return true;
   };
-  apply(in_);
-  apply(out_);
+  auto warn = [&](const std::string& w) {
+    if (std::find(warnings.begin(), warnings.end(), w) == warnings.end()) warnings.push_back(w);
+  };
+  for (int k = 0; k < 2; ++k)
+    for (ChannelInfo& c : k ? out_ : in_) {
+      if (!pick(c, side[k], src, c.mean, c.std) && !src.empty())
+        warn(str("no ", k ? "target" : "input", " scaler for variable '", c.var, "': passed through unnormalised"));
+      // the postblock's statistics where it selects the variable, else the preblock's target side
+      // (CREDIT's postblock leaves such a variable normalised; its netCDF writer de-normalises all)
+      if (!k || !has_post || !pick(c, post[1], cfg_.post_scaler_json, c.post_mean, c.post_std)) {
+        c.post_mean = c.mean;
+        c.post_std = c.std;
+      }
+    }
 }
 
-NcFile& Era5Data::file_for(const VarGroup& g, const std::string& type, const std::string& var, int64_t t) const {
+Tensor Era5Data::prediction_to_input(const Tensor& y) const {
+  bool same = true;
+  for (int k = 0; k < n_prog_; ++k)
+    same = same && out_[k].post_mean == in_[k].mean && out_[k].post_std == in_[k].std;
+  if (same) return y;
+  // CREDIT's rollout: the prediction de-normalised by the postblock, then normalised by the
+  // input-side preblock scaler, in float32
+  Tensor x = y.clone();
+  const int64_t hw = y.numel() / y.shape[0] / y.shape[1];
+  float* p = x.data<float>();
+  for (int64_t b = 0; b < y.shape[0]; ++b)
+    for (int k = 0; k < n_prog_; ++k) {
+      const float pm = (float)out_[k].post_mean, ps = (float)out_[k].post_std, m = (float)in_[k].mean, s = (float)in_[k].std;
+      float* q = p + (b * y.shape[1] + k) * hw;
+      for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] * ps + pm - m) / s;
+    }
+  return x;
+}
+
+DataFile& Era5Data::file_for(const VarGroup& g, const std::string& type, const std::string& var, int64_t t) const {
   std::string p = strftime_utc(g.path, t);
   if (p.find('*') != std::string::npos || p.find('?') != std::string::npos) {
     const fs::path dir = fs::path(p).parent_path();
@@ -215,17 +285,21 @@ NcFile& Era5Data::file_for(const VarGroup& g, const std::string& type, const std
          " (variable '", var, "' at ", format_datetime(t), ")");
   }
   auto it = files_.find(p);
-  if (it == files_.end()) it = files_.emplace(p, std::make_unique<NcFile>(p)).first;
+  if (it == files_.end()) it = files_.emplace(p, open_data_file(p)).first;
   return *it->second;
 }
 
-size_t Era5Data::time_index(NcFile& f, const std::string& var, int64_t t) const {
+size_t Era5Data::time_index(DataFile& f, const std::string& var, int64_t t) const {
   auto it = times_.find(f.path());
   if (it == times_.end()) {
     if (!f.has("time")) fail(f.path(), ": variable '", var, "': the file has no time coordinate");
     auto [unit, base] = time_units(f.attr("time", "units"), f.path() + ": time");
     std::vector<int64_t> ts;
-    for (double v : f.read("time")) ts.push_back(base + (int64_t)std::llround(v * unit));
+    for (double v : f.read("time")) {
+      if (!std::isfinite(v) || std::fabs(v * unit) > 1e15)  // a fill value, or beyond any calendar
+        fail(f.path(), ": time value ", v, " is missing or out of range");
+      ts.push_back(base + (int64_t)std::llround(v * unit));
+    }
     it = times_.emplace(f.path(), ts).first;
   }
   const std::vector<int64_t>& ts = it->second;
@@ -237,7 +311,7 @@ size_t Era5Data::time_index(NcFile& f, const std::string& var, int64_t t) const 
 
 void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   const VarGroup& g = group(c.field_type);
-  NcFile& f = file_for(g, c.field_type, c.var, t);
+  DataFile& f = file_for(g, c.field_type, c.var, t);
   if (!f.has(c.var)) fail(f.path(), ": no variable '", c.var, "' (", c.field_type, ")");
   const std::vector<std::string> d = f.dims(c.var);
   const std::vector<int64_t> s = f.shape(c.var);
@@ -259,6 +333,10 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
     w_ = w;
     lat_ = f.read(d[d.size() - 2]);
     lon_ = f.read(d.back());
+    for (double v : lat_)
+      if (!(v >= -90 && v <= 90)) fail(f.path(), ": latitude ", v, " in '", d[d.size() - 2], "' is not in [-90, 90]");
+    for (double v : lon_)
+      if (!std::isfinite(v)) fail(f.path(), ": longitude ", v, " in '", d.back(), "' is missing");
   }
   if (h != h_ || w != w_)
     fail(f.path(), ": variable '", c.var, "' is ", h, "x", w, ", the grid is ", h_, "x", w_);
@@ -287,6 +365,10 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   count.push_back((size_t)h);
   count.push_back((size_t)w);
   std::vector<float> v = f.read_f32(c.var, start, count);
+  const size_t bad = (size_t)std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+  if (bad)  // NaN (a zarr fill_value, a gap) or inf would make the loss or the forecast NaN
+    fail(f.path(), ": variable '", c.var, "'", c.is3d ? str(" level ", cfg_.levels[c.level_index]) : "", " at ",
+         format_datetime(t), ": ", bad, " of ", v.size(), " values are missing (NaN, inf or the fill value)");
   std::copy(v.begin(), v.end(), out);
 }
 
@@ -319,7 +401,7 @@ Tensor Era5Data::input(int64_t t) const {
   if (!h_) {  // read one channel to learn the grid
     std::vector<float> tmp(1);
     const ChannelInfo& c = in_[0];
-    NcFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
+    DataFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
     if (!f.has(c.var)) fail(f.path(), ": no variable '", c.var, "' (", c.field_type, ")");
     const std::vector<int64_t> s = f.shape(c.var);
     tmp.resize((size_t)(s.size() >= 2 ? s[s.size() - 2] * s.back() : 1));
@@ -346,14 +428,15 @@ void Era5Data::denormalise_target(Tensor& y) const {
   WXE_ASSERT(h_ && y.numel() == (int64_t)out_.size() * h_ * w_);
   float* p = y.data<float>();
   for (size_t k = 0; k < out_.size(); ++k)
-    for (int64_t i = 0; i < h_ * w_; ++i) p[k * h_ * w_ + i] = p[k * h_ * w_ + i] * (float)out_[k].std + (float)out_[k].mean;
+    for (int64_t i = 0; i < h_ * w_; ++i)
+      p[k * h_ * w_ + i] = p[k * h_ * w_ + i] * (float)out_[k].post_std + (float)out_[k].post_mean;
 }
 
 void Era5Data::read_metadata(int64_t t) const {
   for (const ChannelInfo& c : out_) {
     if (meta_.count(c.var)) continue;
     try {
-      NcFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
+      DataFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
       if (f.has(c.var)) meta_[c.var] = {f.attr(c.var, "units"), f.attr(c.var, "long_name")};
     } catch (const Error&) {
     }

@@ -5,8 +5,10 @@
 // Input channels (model input x): prognostic 3D variables variable-major by level, then
 // prognostic 2D, then static (3D, 2D), then dynamic forcing (3D, 2D); targets (y): prognostic
 // then diagnostic, 3D then 2D each (credit/datasets/gen_2/channel_utils.py ChannelSchema).
-// Normalisation: (x - mean) / std per variable and level; variables the scaler lacks pass
-// through unchanged (CREDIT's ERA5Normalizer).
+// Normalisation: (x - mean) / std per variable and level, inputs with the scaler's input side,
+// targets with its target side; variables the scaler lacks pass through unchanged (CREDIT's
+// preblocks). Forecasts are de-normalised with the postblock's inverse scaler (its target side)
+// where the config has one, else with the preblock's target side.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -15,7 +17,7 @@
 #include <vector>
 
 #include "data/credit_config.h"
-#include "data/netcdf.h"
+#include "data/data_file.h"
 #include "engine/io/samples.h"
 #include "engine/ir/tensor.h"
 
@@ -25,7 +27,12 @@ struct ChannelInfo {
   std::string var, field_type;  // field_type: prognostic, diagnostic, static, dynamic_forcing
   bool is3d = false;
   int level_index = 0;          // into cfg.levels (3D)
-  double mean = 0, std = 1;     // the scaler's statistics of this channel
+  // the preblock scaler's statistics of this channel (its input side for input channels, its
+  // target side for targets); (0, 1) where it has none
+  double mean = 0, std = 1;
+  // targets: the statistics that de-normalise predictions (the postblock's inverse scaler where
+  // it selects the variable, else mean and std)
+  double post_mean = 0, post_std = 1;
 };
 
 class Era5Data {
@@ -43,8 +50,12 @@ class Era5Data {
   Tensor input_window(int64_t t) const;
   // Overwrites x's dynamic-forcing channels with time t's (normalised).
   void set_forcing(Tensor& x, int64_t t) const;
-  // y (1, C_out, ...) normalised -> physical units, in place.
+  // y (1, C_out, ...) normalised -> physical units (post_mean, post_std), in place.
   void denormalise_target(Tensor& y) const;
+  // A prediction's prognostic channels as the next step's input takes them: y itself where the
+  // target (postblock) and input statistics agree, else de-normalised and normalised again with
+  // the input side's, as CREDIT's rollout does (the other channels copied unchanged).
+  Tensor prediction_to_input(const Tensor& y) const;
   // The grid and variable metadata, known after the first read.
   const std::vector<double>& lat() const { return lat_; }
   const std::vector<double>& lon() const { return lon_; }
@@ -62,8 +73,8 @@ class Era5Data {
   void read_channels(const std::vector<ChannelInfo>& chans, int64_t t, float* out, const char* only = nullptr) const;
   void read_var(const ChannelInfo& c, int64_t t, float* out) const;  // (levels or 1, H, W), physical
   const VarGroup& group(const std::string& field_type) const;
-  NcFile& file_for(const VarGroup& g, const std::string& field_type, const std::string& var, int64_t t) const;
-  size_t time_index(NcFile& f, const std::string& var, int64_t t) const;
+  DataFile& file_for(const VarGroup& g, const std::string& field_type, const std::string& var, int64_t t) const;
+  size_t time_index(DataFile& f, const std::string& var, int64_t t) const;
   void load_scaler();
   CreditConfig cfg_;
   std::vector<ChannelInfo> in_, out_;
@@ -72,7 +83,7 @@ class Era5Data {
   mutable std::vector<double> lat_, lon_;
   mutable std::string level_units_;
   mutable std::map<std::string, std::pair<std::string, std::string>> meta_;  // var -> units, long_name
-  mutable std::map<std::string, std::unique_ptr<NcFile>> files_;
+  mutable std::map<std::string, std::unique_ptr<DataFile>> files_;
   mutable std::map<std::string, std::vector<int64_t>> times_;  // file -> its times (s since 1970)
 };
 

@@ -2,28 +2,15 @@
 
 #include <netcdf.h>
 
-#include <filesystem>
-
 #include "engine/ir/error.h"
-
-namespace fs = std::filesystem;
+#include "engine/io/file_util.h"
 
 namespace wxe {
 
-std::string nc_open_path(const std::string& path) {
-  if (path.rfind("file://", 0) == 0 || path.find("://") != std::string::npos) return path;
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  if (p.size() > 5 && p.compare(p.size() - 5, 5, ".zarr") == 0)
-    return "file://" + fs::absolute(p).lexically_normal().string() + "#mode=zarr,file";
-  return path;
-}
-
 NcFile::NcFile(const std::string& path) : path_(path) {
-  const std::string p = nc_open_path(path);
-  if (p == path && !fs::exists(path)) fail(path, ": no such file");
-  int rc = nc_open(p.c_str(), NC_NOWRITE, &id_);
-  if (rc != NC_NOERR) fail(path, ": cannot open as netCDF/zarr: ", nc_strerror(rc));
+  if (path.find("://") == std::string::npos) check_regular_file(path);  // a FIFO would block nc_open
+  int rc = nc_open(path.c_str(), NC_NOWRITE, &id_);
+  if (rc != NC_NOERR) fail(path, ": cannot open as netCDF: ", nc_strerror(rc));
 }
 
 NcFile::~NcFile() {

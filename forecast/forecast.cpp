@@ -35,7 +35,7 @@ void rollout(const Era5Data& data, Tensor x, int64_t init, int steps, const std:
     if (k + 1 == steps) break;
     // the next step: the prediction's prognostic channels, the statics kept, the forcing read
     step = step.clone();
-    feed_back(step, y, np);
+    feed_back(step, data.prediction_to_input(y), np);
     data.set_forcing(step, init + (k + 1) * dt);
     x = slide_window(x, step);
   }
@@ -156,7 +156,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
       for (int k = 0; k < L; ++k) {
         if (k > 0) {
           x = slide_window(x, s.forcing[k]);
-          feed_back(x, y, np);
+          feed_back(x, data->prediction_to_input(y), np);
         }
         y = predict(x);
         loss += weighted_mse(y, s.targets[k], w);
@@ -194,6 +194,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   const int L = fc.forecast_len;
   fc.data = config;
   fc.open_data = [data, c, L] { return open_era5_samples(data, c.start, c.end, L); };
+  fc.to_input = [data](const Tensor& y) { return data->prediction_to_input(y); };
   if (!given("--prognostic")) fc.prognostic = data->prognostic_channels();
   if (!given("--save")) fc.save = c.save_loc;
   WXE_CHECK(!fc.save.empty(), config, ": save_loc is missing (or give --save)");
@@ -205,17 +206,35 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   if (!given("--ema-decay")) fc.ema_decay = c.ema_decay;
   if (!given("--seed")) fc.seed = c.seed;
   if (!given("--shuffle")) fc.shuffle = true;  // CREDIT's sampler shuffles every epoch
-  if (!given("--steps")) {
-    const int64_t per_epoch = c.batches_per_epoch > 0
-                                  ? c.batches_per_epoch
-                                  : std::max<int64_t>(1, open_era5_samples(data, c.start, c.end, L)->size() / fc.accum);
-    fc.steps = c.epochs * per_epoch;
-  }
+  // CREDIT's epoch: batches_per_epoch batches of train_batch_size samples (at most the data's),
+  // an optimizer step every grad_accum_every batches and at the epoch's end
+  const int64_t data_batches =
+      std::max<int64_t>(1, open_era5_samples(data, c.start, c.end, L)->size() / c.train_batch_size);
+  const int64_t epoch_batches = c.batches_per_epoch > 0 ? std::min(c.batches_per_epoch, data_batches) : data_batches;
+  const int64_t A = c.grad_accum_every;
+  const int64_t epoch_steps = (epoch_batches + A - 1) / A;
+  WXE_CHECK(given("--steps") || c.epochs <= ((int64_t)1 << 40) / epoch_steps, config, ": trainer.epochs ", c.epochs,
+            " x ", epoch_steps, " optimizer steps per epoch is more than 2^40 steps");
+  if (!given("--steps")) fc.steps = c.epochs * epoch_steps;
   if (!given("--schedule") && c.use_scheduler) {
+    // CREDIT steps linear-warmup-cosine once per batch: the config's warmup_steps and
+    // total_steps count batches, so optimizer step j takes the lr of the batch that ends it.
+    // Given on the command line they count optimizer steps (both then come from the flags).
     fc.schedule.kind = ScheduleKind::LinearWarmupCosine;
-    fc.schedule.warmup_steps = c.warmup_steps;
-    fc.schedule.total_steps = c.total_steps > 0 ? c.total_steps : fc.steps;
-    fc.schedule.min_lr = c.min_lr;
+    const bool w = given("--warmup-steps"), t = given("--total-steps");
+    WXE_CHECK(w == t, "--warmup-steps and --total-steps with ", config,
+              "'s scheduler: give both (on the command line they count optimizer steps, in the config batches)");
+    if (!w) {
+      fc.schedule.warmup_steps = c.warmup_steps;
+      fc.schedule.total_steps = c.total_steps;
+      fc.schedule.accum_batches = A;
+      fc.schedule.epoch_batches = epoch_batches;
+      if (A > 1 && epoch_batches % A)
+        note("wxe: warning: %s: trainer.batches_per_epoch %lld is not a multiple of grad_accum_every %lld: CREDIT's "
+             "last optimizer step of an epoch sums fewer batches, wxe's sums %d micro-batches (the lr is CREDIT's)\n",
+             config.c_str(), (long long)epoch_batches, (long long)A, fc.accum);
+    }
+    if (!given("--min-lr")) fc.schedule.min_lr = c.min_lr;
   }
   if (!given("--resume") && c.load_weights && c.load_optimizer) fc.resume = true;
   if (!given("--weights") && c.load_weights && !c.load_optimizer) {
@@ -236,7 +255,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
       for (const ChannelInfo& ch : data->target_channels())
         fc.channel_weights.push_back(c.variable_weights.count(ch.var) ? c.variable_weights.at(ch.var) : 1.0);
   }
-  if (c.valid_start && c.valid_end) validation(c, data, fc, L);
+  if (c.valid_start && c.valid_end) validation(c, data, fc, c.valid_forecast_len > 0 ? c.valid_forecast_len : L);
   if (lead) {
     fs::create_directories(fc.save);
     write_file_atomic((fs::path(fc.save) / "channel_schema.yaml").string(), data->channel_schema_yaml());

@@ -199,5 +199,11 @@ expect_fail forecast-gap "era5_2020.nc: variable 'T' has no time 2020-12-31T03:0
 expect_fail forecast-reference-device "--reference runs the CPU reference kernels; --device cuda does not apply" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T18 -o "$tmp/fc2.nc" --reference --device cuda
 expect_fail forecast-bad-init "--init: '2020-13-01' is not a date-time" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-13-01 -o "$tmp/fc2.nc"
 expect_fail finetune-config-no-model "needs --model" "$wxe" finetune "$era5/config.yml" --save "$tmp/run"
+# a FIFO as the input: an error at once, not a read that waits for a writer (timeout: exit 124)
+mkfifo "$tmp/fifo.npy"
+expect_fail infer-fifo-input "fifo.npy: is not a regular file" timeout 20 "$wxe" infer "$model" --input "$tmp/fifo.npy" -o "$tmp/y.npy"
+# a bad number in a config: the file, key and value, not a bare "stoll"
+sed -e 's/timestep: "6h"/timestep: "99999999999999999999h"/' -e "s#path: \"#path: \"$era5/#" "$era5/config.yml" > "$tmp/bad_timestep.yml"
+expect_fail config-bad-timestep "bad_timestep.yml: data.timestep: '99999999999999999999h'" "$wxe" forecast "$tmp/bad_timestep.yml" --model "$model" --init 2020-12-31T18 -o "$tmp/fc3.nc"
 
 exit $((fails > 0))

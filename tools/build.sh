@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(build-essential cmake libprotobuf-dev protobuf-compiler libonnx-dev libdnnl-dev
           libcli11-dev libgtest-dev zlib1g-dev libopenmpi-dev openmpi-bin
-          libplplot-dev plplot-driver-cairo libnetcdf-dev libyaml-cpp-dev)
+          libplplot-dev plplot-driver-cairo libnetcdf-dev libyaml-cpp-dev
+          libblosc-dev libzstd-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -606,9 +606,10 @@ int main(int argc, char** argv) {
   finetune->add_option("--lr", fc.schedule.lr, "learning rate (default 1e-3; the schedule's peak)");
   finetune->add_option("--schedule", schedule, "constant (default) or linear-warmup-cosine")
       ->check(CLI::IsMember({"constant", "linear-warmup-cosine"}));
-  finetune->add_option("--warmup-steps", fc.schedule.warmup_steps, "linear warm-up from lr 0 (default 0)");
+  finetune->add_option("--warmup-steps", fc.schedule.warmup_steps, "linear warm-up from lr 0, in optimizer steps (default 0; a CONFIG.yml's "
+                       "trainer.scheduler counts batches, as CREDIT steps it once per batch)");
   int64_t total_steps = -1;
-  finetune->add_option("--total-steps", total_steps, "length of the cosine (default: --steps)");
+  finetune->add_option("--total-steps", total_steps, "length of the cosine, in optimizer steps (default: --steps)");
   finetune->add_option("--min-lr", fc.schedule.min_lr, "learning rate at the end of the cosine (default 0)");
   finetune->add_option("--weight-decay", fc.adam.weight_decay, "AdamW weight decay on every parameter (default 0.01)");
   finetune->add_option("--beta1", fc.adam.beta1, "AdamW beta1 (default 0.9)");

@@ -83,9 +83,17 @@ void AdamW::set_state(int64_t t, std::vector<Tensor> m, std::vector<Tensor> v) {
   v_ = std::move(v);
 }
 
-double Schedule::lr_at(int64_t step) const {
-  WXE_CHECK(step >= 0, "learning-rate schedule: step ", step, " is negative");
+int64_t Schedule::schedule_step(int64_t step) const {
+  if (accum_batches <= 1) return step;
+  if (epoch_batches <= 0) return (step + 1) * accum_batches - 1;
+  const int64_t per_epoch = (epoch_batches + accum_batches - 1) / accum_batches;  // the last may be short
+  return step / per_epoch * epoch_batches + std::min((step % per_epoch + 1) * accum_batches, epoch_batches) - 1;
+}
+
+double Schedule::lr_at(int64_t optimizer_step) const {
+  WXE_CHECK(optimizer_step >= 0, "learning-rate schedule: step ", optimizer_step, " is negative");
   if (kind == ScheduleKind::Constant) return lr;
+  const int64_t step = schedule_step(optimizer_step);
   if (step < warmup_steps) return lr * (double)step / (double)warmup_steps;
   const double p = std::min(1.0, (double)(step - warmup_steps) / (double)std::max<int64_t>(1, total_steps - warmup_steps));
   return min_lr + (lr - min_lr) * 0.5 * (1 + std::cos(M_PI * p));

@@ -51,9 +51,16 @@ struct Schedule {
   ScheduleKind kind = ScheduleKind::Constant;
   double lr = 1e-3, min_lr = 0;
   int64_t warmup_steps = 0, total_steps = 1;
-  // lr of optimizer step `step` (0-based: the first update is step 0).
-  // LinearWarmupCosine: step < warmup: lr * step / warmup (so 0 at step 0);
-  // else p = min(1, (step - warmup) / max(1, total - warmup)),
+  // Counting in batches, as CREDIT's trainer steps its scheduler once per batch (micro-batch)
+  // while the optimizer steps every `accum_batches` batches and at the end of each epoch of
+  // `epoch_batches` batches (0: no epochs). 1: the schedule counts optimizer steps.
+  int64_t accum_batches = 1, epoch_batches = 0;
+  // The schedule's step at optimizer step `step`: step itself, or with accum_batches > 1 the
+  // index of the batch that ends it (CREDIT's scheduler.last_epoch at that optimizer.step()).
+  int64_t schedule_step(int64_t step) const;
+  // lr of optimizer step `step` (0-based: the first update is step 0), at s = schedule_step(step).
+  // LinearWarmupCosine: s < warmup: lr * s / warmup (so 0 at s 0);
+  // else p = min(1, (s - warmup) / max(1, total - warmup)),
   //      min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi p)).
   double lr_at(int64_t step) const;
 };

@@ -198,7 +198,7 @@ StepLog Trainer::step() {
     for (int k = 0; k < cfg_.forecast_len; ++k) {
       if (k > 0) {  // step k's input slid into the window, its prognostic channels the prediction (detached)
         x = slide_window(x, s.forcing[k]);
-        feed_back(x, pred, prognostic);
+        feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, prognostic);
       }
       std::vector<Tensor> outs = exec_->forward({{input_name_, x}});
       pred = outs[0];

@@ -46,6 +46,9 @@ struct FinetuneConfig {
   int accum = 1;                   // micro-batches per optimizer step, over all dp groups together
   int forecast_len = 1;            // rollout steps per sample
   int prognostic = -1;             // channels fed back in rollouts; -1: min(C_in, C_out)
+  // the prediction as the next rollout step's input takes it (unset: as is); from a CREDIT config
+  // it re-normalises where the target and input scalers differ (Era5Data::prediction_to_input)
+  std::function<Tensor(const Tensor&)> to_input;
   AdamWConfig adam;
   Schedule schedule;               // its lr is the base lr
   double grad_max_norm = 1.0;      // <= 0: no clipping

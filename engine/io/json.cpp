@@ -1,6 +1,10 @@
 #include "engine/io/json.h"
 
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -275,6 +279,27 @@ int64_t checked_index(const Json& j) {
     v = v * 10 + (uint64_t)(c - '0');
   }
   return v > (uint64_t)INT64_MAX ? -1 : (int64_t)v;
+}
+
+int64_t parse_int64(const std::string& text, const std::string& what) {
+  const char* b = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long long v = text.empty() || std::isspace((unsigned char)text[0]) ? 0 : std::strtoll(b, &end, 10);
+  if (!end || end == b || *end || end != b + text.size()) fail(what, ": '", printable(text), "' is not an integer");
+  if (errno == ERANGE) fail(what, ": '", printable(text), "' is out of range");
+  return (int64_t)v;
+}
+
+double parse_double(const std::string& text, const std::string& what) {
+  const char* b = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double v = text.empty() || std::isspace((unsigned char)text[0]) ? 0 : std::strtod(b, &end);
+  if (!end || end == b || *end || end != b + text.size()) fail(what, ": '", printable(text), "' is not a number");
+  if (errno == ERANGE && std::fabs(v) > 1) fail(what, ": '", printable(text), "' is out of range");
+  if (!std::isfinite(v)) fail(what, ": '", printable(text), "' is not a finite number");
+  return v;
 }
 
 void json_string(std::string& out, const std::string& s) {

@@ -25,6 +25,12 @@ Json parse_json(const std::string& text, const std::string& path, const std::str
 std::string base64_decode(const std::string& text, const std::string& what);
 // A JSON number that is a non-negative integer fitting int64; -1 otherwise.
 int64_t checked_index(const Json& j);
+// Whole-string number parsing for values read from files: `text` must be a number and nothing
+// else ("7x", "", " 7" are errors), in range ("99999999999999999999" and "1e999" are errors;
+// an underflow such as "1e-320" reads as the nearest double, 0 or subnormal). Errors are
+// "<what>: '<text>' is not a number" or "... is out of range".
+int64_t parse_int64(const std::string& text, const std::string& what);
+double parse_double(const std::string& text, const std::string& what);
 // Appends s as a JSON string literal.
 void json_string(std::string& out, const std::string& s);
 bool valid_utf8(const std::string& s);

@@ -40,7 +40,6 @@ std::string dict_field(const std::string& h, const std::string& key, const std::
 
 // Reads the magic and header of an open .npy stream, leaving it at the first data byte.
 NpyHeader read_header(std::ifstream& f, const std::string& path) {
-  check_regular_file(path);
   WXE_CHECK(f.good(), path, ": cannot open file");
   char magic[8];
   f.read(magic, 8);
@@ -94,12 +93,15 @@ NpyHeader read_header(std::ifstream& f, const std::string& path) {
 
 }  // namespace
 
+// check_regular_file before the stream opens the path: opening a FIFO blocks until a writer comes
 NpyHeader read_npy_header(const std::string& path) {
+  check_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   return read_header(f, path);
 }
 
 Tensor read_npy(const std::string& path) {
+  check_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   NpyHeader h = read_header(f, path);
   const std::streamoff data_at = f.tellg();

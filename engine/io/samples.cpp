@@ -1,6 +1,7 @@
 #include "engine/io/samples.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -137,8 +138,21 @@ std::unique_ptr<SampleSource> open_npy_dir(const std::string& dir, int forecast_
 NpyDirInfo read_npy_dir_info(const std::string& dir) {
   WXE_CHECK(fs::is_directory(dir), dir, ": no such directory");
   NpyDirInfo info;
-  if (fs::exists(dir + "/lat.npy")) info.lat = read_doubles(dir + "/lat.npy");
-  if (fs::exists(dir + "/channel_weights.npy")) info.channel_weights = read_doubles(dir + "/channel_weights.npy");
+  // a file that is there must hold usable values: an empty or out-of-range one is an error,
+  // not the default weights
+  const std::string lat = dir + "/lat.npy", cw = dir + "/channel_weights.npy";
+  if (fs::exists(lat) || fs::is_symlink(lat)) {
+    info.lat = read_doubles(lat);
+    WXE_CHECK(!info.lat.empty(), lat, ": empty (expected one latitude per row of the output)");
+    for (double v : info.lat)
+      WXE_CHECK(std::isfinite(v) && v >= -90 && v <= 90, lat, ": latitude ", v, " is not in [-90, 90]");
+  }
+  if (fs::exists(cw) || fs::is_symlink(cw)) {
+    info.channel_weights = read_doubles(cw);
+    WXE_CHECK(!info.channel_weights.empty(), cw, ": empty (expected one weight per output channel)");
+    for (double v : info.channel_weights)
+      WXE_CHECK(std::isfinite(v) && v >= 0, cw, ": weight ", v, " is not a finite number >= 0");
+  }
   return info;
 }
 

@@ -1,6 +1,6 @@
 // Seeded mutation fuzzing of the readers of untrusted files (issue 11): the ONNX importer
-// (with shape inference and constant folding), .npy, plan JSON, the restricted unpickler and
-// safetensors. ctest runs it built with -fsanitize=address,undefined (CMakeLists.txt,
+// (with shape inference and constant folding), .npy, plan JSON, the restricted unpickler,
+// safetensors and zarr (.zarray metadata, blosc/zstd/zlib chunks). ctest runs it built with -fsanitize=address,undefined (CMakeLists.txt,
 // target wxe_fuzz_readers) for a fixed number of mutations per target from a fixed seed, so a
 // run is reproducible and takes seconds. Contract checked: every input either loads or throws
 // wxe::Error; anything else (a crash, a sanitizer report, another exception) fails.
@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "data/zarr.h"
 #include "engine/io/json.h"
 #include "engine/ir/ops.h"
 #include "engine/io/npy.h"
@@ -75,6 +76,17 @@ void run_npy(const std::string& bytes) {
   std::string p = spit("npy.in", bytes);
   read_npy_header(p);
   read_npy(p);
+}
+
+// zarr: a copy of a fixture store (tests/data/zarr) whose f/.zarray or chunk f/0.0.0 is the
+// input, read whole.
+void run_zarr(const std::string& store, const std::string& file, const std::string& bytes) {
+  const fs::path dir = g_dir / (store + "_" + std::to_string(std::hash<std::string>()(file)) + ".zarr");
+  if (!fs::exists(dir)) fs::copy(std::string(WXE_SOURCE_DIR) + "/tests/data/zarr/" + store + ".zarr", dir,
+                                 fs::copy_options::recursive);
+  std::ofstream((dir / file).string(), std::ios::binary | std::ios::trunc).write(bytes.data(), (std::streamsize)bytes.size());
+  ZarrStore z(dir.string());
+  z.read("f");
 }
 
 // A graph with three Linear weights for plan files to match.
@@ -434,6 +446,12 @@ std::vector<Target> targets() {
                 {pickle_of(src + "/tests/data/pt/evil_os_system.pt"), pickle_of(src + "/tests/data/pt/bare.pt")}});
   ts.push_back({"safetensors", run_safetensors,
                 {slurp(src + "/tests/data/pt/py_written.safetensors"), slurp(src + "/tests/data/nextgen_block.safetensors")}});
+  const std::string z = src + "/tests/data/zarr/";
+  ts.push_back({"zarray", [](const std::string& b) { run_zarr("blosc", "f/.zarray", b); },
+                {slurp(z + "blosc.zarr/f/.zarray"), slurp(z + "zstd.zarr/s/.zarray")}});
+  for (const char* codec : {"blosc", "zstd", "zlib"})
+    ts.push_back({std::string("zchunk_") + codec, [codec](const std::string& b) { run_zarr(codec, "f/0.0.0", b); },
+                  {slurp(z + codec + ".zarr/f/0.0.0")}});
   return ts;
 }
 
