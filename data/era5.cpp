@@ -515,7 +515,7 @@ std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> 
 }
 
 ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, int64_t init, int steps)
-    : path_(path), tmp_(path + ".tmp"), data_(data) {
+    : path_(path), file_(std::make_unique<TempFile>(path, ".nc")), tmp_(file_->name()), data_(data) {
   WXE_ASSERT(!data.lat().empty());
   nc_check(nc_create(tmp_.c_str(), NC_NETCDF4 | NC_CLOBBER, &id_), tmp_);
   const CreditConfig& c = data.config();
@@ -584,17 +584,11 @@ void ForecastWriter::close() {
   if (id_ < 0) return;
   nc_check(nc_close(id_), tmp_);
   id_ = -1;
-  std::error_code ec;
-  fs::rename(tmp_, path_, ec);
-  if (ec) fail(path_, ": cannot write: ", ec.message());
+  file_->commit();  // fsync, the replaced file's mode, rename over path_
 }
 
 ForecastWriter::~ForecastWriter() {
-  if (id_ >= 0) {  // not closed: an error; leave no partial file
-    nc_close(id_);
-    std::error_code ec;
-    fs::remove(tmp_, ec);
-  }
+  if (id_ >= 0) nc_close(id_);  // not closed: an error; file_ removes the partial file
 }
 
 }  // namespace wxe

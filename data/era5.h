@@ -18,6 +18,7 @@
 
 #include "data/credit_config.h"
 #include "data/data_file.h"
+#include "engine/io/file_util.h"
 #include "engine/io/samples.h"
 #include "engine/ir/tensor.h"
 
@@ -94,7 +95,8 @@ std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> 
                                                 int forecast_len);
 
 // A forecast as a CF-convention netCDF-4 file: time (hours since init), level, latitude,
-// longitude, the target variables with their units. Written to PATH.tmp and renamed on close().
+// longitude, the target variables with their units. Written to a fresh temporary file beside PATH
+// (mkstemp: never a fixed name a planted symlink could take) and renamed over PATH on close().
 class ForecastWriter {
  public:
   ForecastWriter(const std::string& path, const Era5Data& data, int64_t init, int steps);
@@ -104,7 +106,9 @@ class ForecastWriter {
   void close();
 
  private:
-  std::string path_, tmp_;
+  std::string path_;
+  std::unique_ptr<TempFile> file_;  // a fresh name beside path_ (engine/io/file_util.h)
+  std::string tmp_;                 // its name
   const Era5Data& data_;
   int id_ = -1;
   std::map<std::string, int> var_ids_;

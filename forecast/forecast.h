@@ -8,7 +8,6 @@
 
 #include "data/era5.h"
 #include "parallel/mesh.h"
-#include "train/finetune.h"
 
 namespace wxe {
 
@@ -32,12 +31,5 @@ void rollout(const Era5Data& data, Tensor x0, int64_t init, int steps, const std
 // Loads the model (sharded over mesh->tp when tp > 1), runs the rollout and, on rank 0,
 // writes the forecast. Returns the exit code.
 int run_forecast(const ForecastArgs& a, Mesh* mesh = nullptr);
-
-// `wxe finetune CONFIG.yml`: the config's data (samples over start_datetime..end_datetime),
-// save_loc, forecast_len, trainer and loss keys into fc, except the values whose command-line
-// flag was given (given("--lr") true: the flag overrides). Prints the config's warnings;
-// writes channel_schema.yaml into the save folder (rank 0: lead).
-void finetune_from_config(const std::string& config, FinetuneConfig& fc,
-                          const std::function<bool(const std::string&)>& given, bool lead);
 
 }  // namespace wxe

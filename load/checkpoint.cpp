@@ -1,8 +1,11 @@
 #include "load/checkpoint.h"
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
+#include "engine/io/file_util.h"
+#include "engine/io/json.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "load/model.h"
 #include "parallel/sharded_checkpoint.h"
@@ -10,6 +13,34 @@
 namespace fs = std::filesystem;
 
 namespace wxe {
+
+int64_t step_number(const std::string& name) {
+  if (name.size() <= 5 || name.size() > 24 || name.compare(0, 5, "step_") != 0) return -1;
+  int64_t n = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    n = n * 10 + (name[i] - '0');  // at most 19 digits: no overflow
+  }
+  return n;
+}
+
+std::string latest_checkpoint(const std::string& save) {
+  const fs::path latest = fs::path(save) / "latest";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(latest, ec))) return "";
+  check_regular_file(latest.string());
+  std::ifstream f(latest);
+  std::string name(64, '\0');
+  f.read(&name[0], (std::streamsize)name.size());
+  name.resize((size_t)f.gcount());
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  WXE_CHECK(step_number(name) >= 0, latest.string(), ": names '", printable(name),
+            "', not a step_NNNNNN checkpoint directory of ", save);
+  const fs::path dir = fs::path(save) / name;
+  WXE_CHECK(fs::is_directory(fs::symlink_status(dir, ec)), latest.string(), ": names ", name, ", which is not a directory in ",
+            save);
+  return dir.string();
+}
 
 bool is_train_checkpoint(const std::string& dir) {
   return is_sharded_checkpoint(dir) || fs::exists(fs::path(dir) / "model.safetensors");

@@ -28,6 +28,14 @@ struct TrainCheckpoint {
   static bool is_moment(const std::string& name) { return name.rfind("exp_avg", 0) == 0; }
 };
 TrainCheckpoint open_train_checkpoint(const std::string& dir);
+
+// The checkpoint SAVE/latest names, as a path (SAVE/step_NNNNNN), or "" when `save` has no
+// latest. Only a plain step_NNNNNN name of a directory inside `save` is taken: a path, "..",
+// a name that is no step directory, or a latest that is not a regular file (a FIFO) is an error
+// naming the file.
+std::string latest_checkpoint(const std::string& save);
+// A step directory's number: "step_000012" -> 12; -1 for any other name.
+int64_t step_number(const std::string& name);
 bool is_train_checkpoint(const std::string& dir);
 
 // A checkpoint in the Linear layout: safetensors as is, a legacy .pt through the rule table, a

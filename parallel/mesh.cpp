@@ -1,5 +1,7 @@
 #include "parallel/mesh.h"
 
+#include <cstring>
+
 #include "parallel/mpi_comm.h"
 
 namespace wxe {
@@ -41,6 +43,17 @@ void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what
   for (int r = 1; r < m.world; ++r)
     WXE_CHECK(all.data<int64_t>()[r] == all.data<int64_t>()[0], "rank ", r, " built a different ", what,
               " than rank 0 (different model, plan file or options?)");
+}
+
+std::vector<uint64_t> gather_on_all_ranks(const Mesh& m, const std::vector<uint64_t>& values) {
+  const int64_t n = (int64_t)values.size();
+  if (m.world <= 1) return values;
+  Tensor mine(DType::I64, {n}), all(DType::I64, {m.world * n});
+  std::memcpy(mine.raw(), values.data(), n * sizeof(uint64_t));
+  m.world_comm->all_gather(mine, all);
+  std::vector<uint64_t> r(m.world * n);
+  std::memcpy(r.data(), all.raw(), r.size() * sizeof(uint64_t));
+  return r;
 }
 
 }  // namespace wxe

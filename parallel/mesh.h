@@ -35,5 +35,8 @@ uint64_t fingerprint(const std::string& text);
 // the first collective that depends on the plan) and throws the same Error on every rank when
 // one differs from rank 0's, naming the rank and `what`.
 void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what);
+// Every rank's `values` (the same count n on each) on every rank: all[r * n + i]. Collective
+// over the world.
+std::vector<uint64_t> gather_on_all_ranks(const Mesh& m, const std::vector<uint64_t>& values);
 
 }  // namespace wxe

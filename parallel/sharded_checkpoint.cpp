@@ -235,8 +235,11 @@ const Json& field(const Json& o, const char* key, Json::Type t, const std::strin
 void parse_piece(const Json& p, const std::string& where, Record& r) {
   WXE_CHECK(p.type == Json::Obj, where, ": a piece is not an object");
   r.file = field(p, "file", Json::Str, where).s;
-  WXE_CHECK(!r.file.empty() && r.file.find('/') == std::string::npos && r.file != "." && r.file != "..", where,
-            ": piece file '", printable(r.file), "' is not a plain file name");
+  // only the names save_sharded writes (rank_file): no path, no NUL, nothing else in the directory
+  bool rank_name = r.file.size() == 22 && r.file.compare(0, 5, "rank_") == 0 &&
+                   r.file.compare(10, 12, ".safetensors") == 0;
+  for (size_t i = 5; rank_name && i < 10; ++i) rank_name = r.file[i] >= '0' && r.file[i] <= '9';
+  WXE_CHECK(rank_name, where, ": piece file '", printable(r.file), "' is not a rank_NNNNN.safetensors name");
   int64_t axis = int_field(p, "axis", where), parts = int_field(p, "parts", where), index = int_field(p, "index", where);
   WXE_CHECK(axis < (int64_t)kMaxDims && parts >= 1 && parts <= INT32_MAX && index < parts, where, ": bad piece slice (axis ",
             axis, ", index ", index, " of ", parts, " parts)");
@@ -491,9 +494,19 @@ std::string slurp_file(const std::string& path) {
   return ss.str();
 }
 
+// A piece file must be a regular file of the checkpoint directory itself: a symlink (which
+// could lead outside it), a FIFO or a device is refused.
+void check_piece_file(const std::string& path) {
+  struct stat st;
+  WXE_CHECK(::lstat(path.c_str(), &st) == 0, path, ": cannot open (", std::strerror(errno), ")");
+  WXE_CHECK(!S_ISLNK(st.st_mode), path, ": is a symlink; a checkpoint's rank files must be its own regular files");
+  WXE_CHECK(S_ISREG(st.st_mode), path, ": is not a regular file");
+}
+
 // n bytes at `off` of the file, in full.
 void pread_all(const std::string& path, uint64_t off, uint8_t* dst, uint64_t n) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  check_piece_file(path);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   WXE_CHECK(fd >= 0, path, ": cannot open (", std::strerror(errno), ")");
   while (n > 0) {
     ssize_t r = ::pread(fd, dst, (size_t)std::min<uint64_t>(n, 1u << 30), (off_t)off);
@@ -720,6 +733,7 @@ const SafetensorsEntry& ShardedCheckpoint::stored(const std::string& file, const
   auto it = headers_.find(file);
   if (it == headers_.end()) {
     std::map<std::string, SafetensorsEntry> h;
+    check_piece_file((fs::path(dir_) / file).string());
     for (SafetensorsEntry& e : read_safetensors_header((fs::path(dir_) / file).string())) h[e.name] = e;
     it = headers_.emplace(file, std::move(h)).first;
   }
@@ -736,7 +750,16 @@ Tensor ShardedCheckpoint::read(const std::string& name, TensorSlice want) const 
   if (want.parts <= 1) want = {};
   const size_t es = dtype_size(e.dtype);
   Tensor out(e.dtype, block_shape(e.shape, want));
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) {  // nothing to copy, but the pieces the index lists must be there as it says
+    for (const Piece& p : e.pieces) {
+      const TensorSlice ps{e.axis, e.parts, p.index, e.groups};
+      const SafetensorsEntry& st = stored(p.file, name);
+      WXE_CHECK(st.dtype == e.dtype && st.shape == block_shape(e.shape, ps), (fs::path(dir_) / p.file).string(),
+                ": tensor '", printable(name), "' ", slice_str(ps), ": the file has ", dtype_name(st.dtype), " ",
+                shape_str(st.shape), ", the index says ", dtype_name(e.dtype), " ", shape_str(block_shape(e.shape, ps)));
+    }
+    return out;
+  }
   // grouped slices: boxes of the view with the grouped axis split (the wanted one's grouping,
   // else the stored one's); where the stored and wanted blocks are not both boxes of one view,
   // the whole tensor is read and the block taken from it

@@ -22,6 +22,7 @@
 #include "engine/io/samples.h"
 #include "test_util.h"
 #include "forecast/forecast.h"
+#include "train/from_config.h"
 
 namespace fs = std::filesystem;
 using namespace wxe;

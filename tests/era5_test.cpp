@@ -22,6 +22,8 @@
 #include "tests/host_backend.h"
 #include "test_util.h"
 #include "forecast/forecast.h"
+#include "train/finetune.h"
+#include "train/from_config.h"
 #include "load/model.h"
 
 namespace fs = std::filesystem;

@@ -17,6 +17,7 @@
 #include "importers/torch/torch_checkpoint.h"
 #include "tests/host_backend.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 #include "train/finetune.h"
 #include "load/model.h"
 
@@ -86,40 +87,6 @@ TEST(TrainingGraph, ParametersAreCheckpointLeaves) {
     for (int i : nd.inputs)
       if (i >= 0 && g.values[i].name.find("dpb") != std::string::npos) mlp_live = true;
   EXPECT_TRUE(mlp_live) << "the position-bias MLP was folded";
-}
-
-// Test data: a directory of x/y pairs drawn from the fixture input.
-std::string make_series(const std::string& name, int count, const Shape& xs, const Shape& ys, unsigned seed) {
-  std::string dir = tmp_path(name);
-  fs::create_directories(dir);
-  for (int i = 0; i < count; ++i) {
-    char b[16];
-    std::snprintf(b, sizeof b, "%04d", i);
-    write_npy(dir + "/x_" + b + ".npy", randn(xs, seed + 2 * i));
-    write_npy(dir + "/y_" + b + ".npy", randn(ys, seed + 2 * i + 1, 0.5f));
-  }
-  return dir;
-}
-
-FinetuneConfig tiny_config(const std::string& data, const std::string& save) {
-  FinetuneConfig c;
-  c.model = data_path("tests/data/" + kCross + "_snbaked_opset17.onnx");
-  c.data = data;
-  c.save = save;
-  c.steps = 6;
-  c.accum = 2;
-  c.schedule.kind = ScheduleKind::LinearWarmupCosine;
-  c.schedule.lr = 1e-3;
-  c.schedule.warmup_steps = 2;
-  c.schedule.total_steps = 6;
-  c.progress = false;
-  return c;
-}
-
-std::vector<double> run_steps(Trainer& t, int n) {
-  std::vector<double> losses;
-  for (int i = 0; i < n; ++i) losses.push_back(t.step().loss);
-  return losses;
 }
 
 // Stop after 3 steps, resume in a new trainer: the losses and parameters equal an

@@ -35,6 +35,7 @@
 #include "train/credit_checkpoint.h"
 #include "train/finetune.h"
 #include "forecast/forecast.h"
+#include "train/from_config.h"
 #include "train/loss_plot.h"
 #include "load/model.h"
 

@@ -76,25 +76,36 @@ std::string Trainer::save_checkpoint() {
     save_sharded(final_dir.string(), pieces, *mesh_->world_comm, meta);
   } else {
     const fs::path tmp = root / (step_dir_name(step_) + ".tmp" + std::to_string(getpid()));
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    WXE_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
-    write_safetensors((tmp / "model.safetensors").string(), host_parameters(),
-                      {{"format", "pt"}, {"step", step}, {"source", cfg_.model}, {"written_by", "wxe finetune"}});
-    write_safetensors((tmp / "optimizer.safetensors").string(), opt, meta);
-    if (ema_) {
-      for (auto& e : ema) e.first = e.first.substr(4);
-      write_safetensors((tmp / "ema.safetensors").string(), ema, {{"format", "pt"}, {"step", step}});
+    try {
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      WXE_CHECK(!ec, tmp.string(), ": cannot create: ", ec.message());
+      write_safetensors((tmp / "model.safetensors").string(), host_parameters(),
+                        {{"format", "pt"}, {"step", step}, {"source", cfg_.model}, {"written_by", "wxe finetune"}});
+      write_safetensors((tmp / "optimizer.safetensors").string(), opt, meta);
+      if (ema_) {
+        for (auto& e : ema) e.first = e.first.substr(4);
+        write_safetensors((tmp / "ema.safetensors").string(), ema, {{"format", "pt"}, {"step", step}});
+      }
+      std::string js = "{\"step\": " + step + ", \"seed\": " + std::to_string(cfg_.seed) + ", \"model\": ";
+      json_string(js, cfg_.model);
+      js += ", \"data\": ";
+      json_string(js, cfg_.data);
+      js += ", \"accum\": " + std::to_string(cfg_.accum) + ", \"forecast_len\": " + std::to_string(cfg_.forecast_len) + "}\n";
+      write_file_atomic((tmp / "trainer_state.json").string(), js);
+      fs::remove_all(final_dir, ec);
+      fs::rename(tmp, final_dir, ec);
+      WXE_CHECK(!ec, final_dir.string(), ": cannot move the checkpoint into place: ", ec.message());
+    } catch (const std::exception& e) {  // nothing half-written stays; latest still names the last good one
+      fs::remove_all(tmp, ec);
+      std::string last;
+      try {
+        last = latest_checkpoint(cfg_.save);
+      } catch (const Error&) {
+      }
+      fail("step ", step_, ": the checkpoint could not be written (", e.what(), "); ",
+           last.empty() ? std::string("no checkpoint of this run was written before") : "the last good checkpoint is " + last);
     }
-    std::string js = "{\"step\": " + step + ", \"seed\": " + std::to_string(cfg_.seed) + ", \"model\": ";
-    json_string(js, cfg_.model);
-    js += ", \"data\": ";
-    json_string(js, cfg_.data);
-    js += ", \"accum\": " + std::to_string(cfg_.accum) + ", \"forecast_len\": " + std::to_string(cfg_.forecast_len) + "}\n";
-    write_file_atomic((tmp / "trainer_state.json").string(), js);
-    fs::remove_all(final_dir, ec);
-    fs::rename(tmp, final_dir, ec);
-    WXE_CHECK(!ec, final_dir.string(), ": cannot move the checkpoint into place: ", ec.message());
   }
   if (lead) {
     write_file_atomic((root / "latest").string(), step_dir_name(step_) + "\n");
@@ -107,11 +118,12 @@ std::string Trainer::save_checkpoint() {
       if (n.find(".tmp") != std::string::npos) {
         note("wxe: removing %s, left by an interrupted save\n", (root / n).string().c_str());
         fs::remove_all(root / n, ec);
-      } else if (n.find(".old") == std::string::npos) {
+      } else if (step_number(n) >= 0) {
         dirs.push_back(n);
       }
     }
-    std::sort(dirs.begin(), dirs.end());
+    // by step, not as text: step_1000000 is newer than step_999999
+    std::sort(dirs.begin(), dirs.end(), [](const std::string& a, const std::string& b) { return step_number(a) < step_number(b); });
     for (size_t i = 0; i + std::max(cfg_.keep, 1) < dirs.size(); ++i)
       if (dirs[i] != step_dir_name(step_)) fs::remove_all(root / dirs[i], ec);
   }
@@ -127,7 +139,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   };
   for (auto& [name, t] : host_parameters()) {
     Tensor src = ck.get(name, slice_of(name));
-    WXE_CHECK(src.numel() == t.numel() && src.dtype == t.dtype, dir, ": '", name, "' is ", shape_str(src.shape),
+    WXE_CHECK(src.shape == t.shape && src.dtype == t.dtype, dir, ": '", name, "' is ", shape_str(src.shape),
               ", the model's is ", shape_str(t.shape));
     std::memcpy(const_cast<Tensor&>(t).raw(), src.raw(), t.nbytes());  // in place: the executor shares it
   }
@@ -137,8 +149,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const std::string& name = graph_.values[p].name;
     m.push_back(ck.get("exp_avg." + name, slice_of(name)));
     v.push_back(ck.get("exp_avg_sq." + name, slice_of(name)));
-    WXE_CHECK(m.back().numel() == graph_.values[p].constant->numel(), dir, ": optimizer state of '", name,
-              "' does not fit the parameter");
+    WXE_CHECK(m.back().shape == graph_.values[p].constant->shape && v.back().shape == m.back().shape, dir,
+              ": optimizer state of '", name, "' is ", shape_str(m.back().shape), ", the parameter is ",
+              shape_str(graph_.values[p].constant->shape));
   }
   for (size_t i = 0; i < m.size(); ++i) {
     pm.push_back(&m[i]);
@@ -146,7 +159,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
   }
   std::map<std::string, std::string>& meta = ck.meta;
   WXE_CHECK(meta.count("adam_step") || meta.count("step"), dir, ": no optimizer step in the metadata");
-  const int64_t t = std::stoll(meta.count("adam_step") ? meta["adam_step"] : meta["step"]);
+  const char* step_key = meta.count("adam_step") ? "adam_step" : "step";
+  const int64_t t = parse_int64(meta[step_key], str(dir, ": metadata '", step_key, "'"));
+  WXE_CHECK(t >= 0 && t < (int64_t(1) << 53), dir, ": metadata '", step_key, "' is ", t, ", out of range");
   adam_.set_state(t, {pack_block(pm, dp_rank_)}, {pack_block(pv, dp_rank_)});
   if (ema_)
     for (size_t i = 0; i < trainable_.size(); ++i) {
@@ -154,7 +169,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
       ema_->shadow()[i] = ck.get("ema." + name, slice_of(name)).clone().reshaped(graph_.values[trainable_[i]].shape);
     }
   WXE_CHECK(meta.count("step"), dir, ": no step in the metadata");
-  step_ = std::stoll(meta["step"]);
+  step_ = parse_int64(meta["step"], dir + ": metadata 'step'");
+  WXE_CHECK(step_ >= 0 && step_ < (int64_t(1) << 53), dir, ": metadata 'step' is ", step_, ", out of range");
   if (dev_) {  // the host's state is the newer now
     exec_->reload_constants();
     dev_state_.ready = false;

@@ -8,6 +8,7 @@
 
 #include "engine/ir/error.h"
 #include "engine/passes/layout_rules.h"
+#include "engine/io/json.h"
 #include "engine/io/safetensors.h"
 #include "train/finetune.h"
 #include "importers/torch/torch_checkpoint.h"
@@ -100,7 +101,7 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
   PyValue sd = PyValue::dict(true);
   for (auto& [n, t] : out) sd.set(PyValue::str(n), PyValue::tensor(t));
   PyValue top = PyValue::dict();
-  const int64_t step = meta.count("step") ? std::stoll(meta["step"]) : 0;
+  const int64_t step = meta.count("step") ? parse_int64(meta["step"], input + ": metadata 'step'") : 0;
   top.set(PyValue::str("epoch"), PyValue::integer(0));
   top.set(PyValue::str("model_state_dict"), sd);
   int moments = 0;
@@ -109,7 +110,7 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
     PyValue state = PyValue::dict();
     std::vector<PyValue> params;
     int64_t index = 0;
-    const int64_t adam_step = meta.count("adam_step") ? std::stoll(meta["adam_step"]) : step;
+    const int64_t adam_step = meta.count("adam_step") ? parse_int64(meta["adam_step"], input + ": metadata 'adam_step'") : step;
     for (auto& [n, t] : out) {
       if (is_buffer(n)) continue;
       if (m.count(n) && v.count(n)) {
@@ -122,7 +123,7 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
       }
       params.push_back(PyValue::integer(index++));
     }
-    auto num = [&](const char* k, double d) { return PyValue::real(meta.count(k) ? std::stod(meta[k]) : d); };
+    auto num = [&](const char* k, double d) { return PyValue::real(meta.count(k) ? parse_double(meta[k], input + ": metadata '" + k + "'") : d); };
     PyValue group = PyValue::dict();
     group.set(PyValue::str("lr"), num("lr", 1e-3));
     group.set(PyValue::str("betas"), PyValue::tuple({num("beta1", 0.9), num("beta2", 0.95)}));

@@ -156,12 +156,9 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
       if (!lead) return 4;
       if (tty && cfg.progress) std::fprintf(stderr, "\n");
       std::fprintf(stderr, "wxe: error: %s\n", e.what());
-      fs::path latest = fs::path(cfg.save) / "latest";
-      if (fs::exists(latest)) {
-        std::ifstream f(latest);
-        std::string n;
-        f >> n;
-        std::fprintf(stderr, "wxe: the last good checkpoint is %s\n", (fs::path(cfg.save) / n).c_str());
+      const std::string latest = latest_checkpoint(cfg.save);
+      if (!latest.empty()) {
+        std::fprintf(stderr, "wxe: the last good checkpoint is %s\n", latest.c_str());
       } else {
         std::fprintf(stderr, "wxe: no checkpoint was written\n");
       }
@@ -199,7 +196,12 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
       }
     }
     if (cfg.save_every > 0 && s.step % cfg.save_every == 0 && left > 0) {
-      last_ckpt = t.save_checkpoint();
+      try {
+        last_ckpt = t.save_checkpoint();
+      } catch (const Error& e) {  // one process: the run goes on in memory, the next save tries again
+        if (mesh && mesh->world > 1) throw;
+        note("\nwxe: warning: %s; training goes on, the next save tries again\n", e.what());
+      }
       if (lead) plot(cfg, rows);
     }
   }

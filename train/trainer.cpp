@@ -48,6 +48,11 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
             graph_.inputs.size());
   input_name_ = graph_.values[graph_.inputs[0]].name;
   Sample first = data_->get(0);
+  {  // what the data is, for the ranks to compare (paths may differ between nodes, contents may not)
+    std::string bytes = str(data_->size(), "|");
+    for (const Tensor* t : {&first.input, &first.targets[0]}) bytes.append((const char*)t->raw(), t->nbytes());
+    data_fp_ = fingerprint(bytes);
+  }
   LoadOptions lo;
   lo.weights = cfg.weights;
   lo.training = true;
@@ -117,12 +122,9 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     ema_ = std::make_unique<Ema>(cfg.ema_decay, ps);
   }
   if (cfg.resume && !cfg.save.empty()) {
-    fs::path latest = fs::path(cfg.save) / "latest";
-    if (fs::exists(latest)) {
-      std::ifstream f(latest);
-      std::string name;
-      f >> name;
-      load_checkpoint((fs::path(cfg.save) / name).string());
+    const std::string latest = latest_checkpoint(cfg.save);
+    if (!latest.empty()) {
+      load_checkpoint(latest);
     } else {
       note("wxe: --resume: no checkpoint in %s yet; starting at step 0\n", cfg.save.c_str());
     }
@@ -140,6 +142,30 @@ void Trainer::check_same_plan() {
     if (it != slices_.end()) text += str("/", it->second.axis, "/", it->second.parts, "/", it->second.groups);
   }
   check_same_on_all_ranks(*mesh_, fingerprint(text), "training plan");  // parallel/mesh.h
+  // The options every rank must be given alike: different --steps or --save-every hang a
+  // collective, a different --lr, --data or --accum trains something else on each rank.
+  auto num = [](double d) { return str(std::hexfloat, d); };
+  const Schedule& s = cfg_.schedule;
+  const AdamWConfig& a = cfg_.adam;
+  std::string freeze;
+  for (const std::string& f : cfg_.freeze) freeze += f + '\n';
+  const std::vector<std::pair<std::string, std::string>> options = {
+      {"--steps", str(cfg_.steps)}, {"--save-every", str(cfg_.save_every)}, {"--save", cfg_.save},
+      {"--resume", str(cfg_.resume)}, {"--accum", str(cfg_.accum)}, {"--forecast-len", str(cfg_.forecast_len)},
+      {"--prognostic", str(cfg_.prognostic)}, {"--data (its samples)", str(data_fp_)},
+      {"--lr / --schedule / --warmup-steps / --total-steps / --min-lr",
+       str((int)s.kind, num(s.lr), num(s.min_lr), s.warmup_steps, "/", s.total_steps, "/", s.accum_batches, "/", s.epoch_batches)},
+      {"AdamW's betas, eps or --weight-decay", str(num(a.beta1), num(a.beta2), num(a.eps), num(a.weight_decay))},
+      {"--grad-max-norm", num(cfg_.grad_max_norm)}, {"--ema / --ema-decay", str(cfg_.ema, num(cfg_.ema_decay))},
+      {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse)},
+      {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device}};
+  std::vector<uint64_t> fps;
+  for (auto& o : options) fps.push_back(fingerprint(o.second));
+  const std::vector<uint64_t> all = gather_on_all_ranks(*mesh_, fps);  // every rank finds the same
+  for (int r = 1; r < mesh_->world; ++r)
+    for (size_t i = 0; i < options.size(); ++i)
+      WXE_CHECK(all[r * options.size() + i] == all[i], "rank ", r, " was started with another ", options[i].first,
+                " than rank 0: every rank must be given the same options");
 }
 
 int64_t Trainer::trainable_count() const {

@@ -134,6 +134,7 @@ class Trainer {
   Graph graph_;
   std::unique_ptr<GradExecutor> exec_;
   std::vector<int> trainable_;       // value ids
+  uint64_t data_fp_ = 0;             // the data's fingerprint (size, first sample), compared over ranks
   std::vector<int> buffers_;         // spectral-norm u/v value ids (saved, not trained)
   AdamW adam_;
   std::unique_ptr<Ema> ema_;

@@ -41,7 +41,7 @@ const char* st_name(DType t) {
 class File {
  public:
   explicit File(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO opens, then fstat refuses it
     WXE_CHECK(fd_ >= 0, path, ": cannot open (", std::strerror(errno), ")");
     struct stat st;
     if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -93,7 +93,9 @@ TEST(DeviceTrain, DataParallelDeviceStateMatchesCpu) {
   TrainCheckpoint a = open_train_checkpoint(ck), b = open_train_checkpoint(ref_ck);
   EXPECT_EQ(a.names, b.names);
   for (const std::string& n : b.names)  // moments and EMA included
-    if (a.has(n)) EXPECT_EQ(max_abs_diff(a.get(n, TensorSlice{}), b.get(n, TensorSlice{})), 0.0) << n;
+    if (a.has(n)) {
+      EXPECT_EQ(max_abs_diff(a.get(n, TensorSlice{}), b.get(n, TensorSlice{})), 0.0) << n;
+    }
 }
 
 }  // namespace

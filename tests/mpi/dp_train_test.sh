@@ -2,7 +2,7 @@
 # mpirun -n N wxe finetune (data parallel, ZeRO-1 optimizer state): the losses of 3 steps at
 # dp 2 and dp 4 equal dp 1's (rtol 1e-5); a run saved at dp 2 resumes at dp 1 and one saved at
 # dp 1 resumes at dp 2, continuing with the uninterrupted run's losses (tensor parallel:
-# tp_train_test.sh).
+# tp_train_test.sh); ranks given different options stop with one error naming the option.
 # Usage: dp_train_test.sh MPIEXEC WXE SOURCE_DIR
 set -u
 mpiexec=$1 wxe=$2 src=$3
@@ -32,4 +32,17 @@ if "$wxe" finetune "$model" "${common[@]}" --save "$tmp/a" --steps 3 --resume >/
 else
   echo "FAIL resume-on-another-mesh"; cat "$tmp/err"; fails=$((fails + 1))
 fi
+# ranks started with different options stop at once, naming the option (different --steps would
+# hang a collective; a different --grad-max-norm would train something else on each rank)
+for opt in "--steps 3:--steps 4" "--grad-max-norm 1:--grad-max-norm 0.5" "--save-every 1:--save-every 2"; do
+  a=${opt%%:*} b=${opt#*:}
+  timeout 120 "$mpiexec" --oversubscribe -n 1 "$wxe" finetune "$model" "${common[@]}" --save "$tmp/opt" $a \
+    : -n 1 "$wxe" finetune "$model" "${common[@]}" --save "$tmp/opt" $b >/dev/null 2>"$tmp/err"
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 1 was started with another ${a%% *}" "$tmp/err"; then
+    echo "ok   different-${a%% *}-named"
+  else
+    echo "FAIL different-${a%% *}-named (exit $rc)"; cat "$tmp/err"; fails=$((fails + 1))
+  fi
+done
 exit $((fails > 0))

@@ -1,0 +1,158 @@
+#include "train/from_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/io/file_util.h"
+#include "engine/ir/error.h"
+#include "train/loss.h"
+#include "data/era5.h"
+#include "load/model.h"
+
+namespace fs = std::filesystem;
+
+namespace wxe {
+
+namespace {
+
+// Validation over valid_start_datetime..valid_end_datetime once per epoch: the rollout of
+// forecast_len steps from each sample (as in training, no gradients), the training loss, and
+// per variable (all its levels) the RMSE and bias (mean of prediction - truth) in physical
+// units, as CREDIT's valid_loss, valid_rmse/<var_key>, valid_bias/<var_key> columns.
+void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneConfig& fc, int L) {
+  std::shared_ptr<SampleSource> vs = open_era5_samples(data, c.valid_start, c.valid_end, L);
+  WXE_CHECK(vs->size() > 0, c.file, ": no validation samples of ", L,
+            " steps in valid_start_datetime..valid_end_datetime");
+  const int64_t n = c.valid_batches_per_epoch > 0 ? std::min(c.valid_batches_per_epoch, vs->size()) : vs->size();
+  std::vector<std::string> keys;
+  std::vector<int> var_of;  // target channel -> index into keys
+  for (const ChannelInfo& ch : data->target_channels()) {
+    const std::string key = c.source + "/" + ch.field_type + (ch.is3d ? "/3d/" : "/2d/") + ch.var;
+    if (keys.empty() || keys.back() != key) keys.push_back(key);
+    var_of.push_back((int)keys.size() - 1);
+  }
+  fc.validate_columns = {"valid_loss"};
+  for (const std::string& k : keys) fc.validate_columns.push_back("valid_rmse/" + k);
+  for (const std::string& k : keys) fc.validate_columns.push_back("valid_bias/" + k);
+  LossWeights w;
+  if (!fc.plain_mse) {
+    w.lat_weights = latitude_weights(fc.lat.empty() ? data->lat() : fc.lat);
+    w.channel_weights = fc.channel_weights;
+  }
+  const int np = data->prognostic_channels();
+  const size_t nv = keys.size();
+  fc.validate_every = fc.steps / std::max<int64_t>(1, c.epochs);
+  fc.validate = [vs, data, w, n, L, np, nv, var_of](const std::function<Tensor(const Tensor&)>& predict) {
+    double loss = 0;
+    std::vector<double> sq(nv), sum(nv), cnt(nv);
+    for (int64_t i = 0; i < n; ++i) {
+      Sample s = vs->get(i);
+      Tensor x = s.input, y;
+      for (int k = 0; k < L; ++k) {
+        if (k > 0) {
+          x = slide_window(x, s.forcing[k]);
+          feed_back(x, data->prediction_to_input(y), np);
+        }
+        y = predict(x);
+        loss += weighted_mse(y, s.targets[k], w);
+        Tensor p = y.clone(), t = s.targets[k].clone();
+        data->denormalise_target(p);
+        data->denormalise_target(t);
+        const int64_t hw = p.numel() / p.shape[1];
+        for (int64_t ch = 0; ch < p.shape[1]; ++ch)
+          for (int64_t j = 0; j < hw; ++j) {
+            const double d = (double)p.data<float>()[ch * hw + j] - t.data<float>()[ch * hw + j];
+            sq[var_of[ch]] += d * d;
+            sum[var_of[ch]] += d;
+            cnt[var_of[ch]] += 1;
+          }
+      }
+    }
+    std::vector<double> out = {loss / (double)(n * L)};
+    for (size_t v = 0; v < nv; ++v) out.push_back(std::sqrt(sq[v] / cnt[v]));
+    for (size_t v = 0; v < nv; ++v) out.push_back(sum[v] / cnt[v]);
+    return out;
+  };
+}
+
+}  // namespace
+
+void finetune_from_config(const std::string& config, FinetuneConfig& fc,
+                          const std::function<bool(const std::string&)>& given, bool lead) {
+  CreditConfig c = read_credit_config(config);
+  for (const std::string& w : c.warnings) note("wxe: warning: %s\n", w.c_str());
+  auto data = std::make_shared<Era5Data>(c);
+  for (const std::string& w : data->warnings) note("wxe: warning: %s: %s\n", config.c_str(), w.c_str());
+  WXE_CHECK(c.start && c.end, config, ": data.start_datetime and data.end_datetime are required for finetune");
+  data->input(c.start);  // the grid, and any error in the files, now
+  if (!given("--forecast-len")) fc.forecast_len = c.forecast_len;
+  const int L = fc.forecast_len;
+  fc.data = config;
+  fc.open_data = [data, c, L] { return open_era5_samples(data, c.start, c.end, L); };
+  fc.to_input = [data](const Tensor& y) { return data->prediction_to_input(y); };
+  if (!given("--prognostic")) fc.prognostic = data->prognostic_channels();
+  if (!given("--save")) fc.save = c.save_loc;
+  WXE_CHECK(!fc.save.empty(), config, ": save_loc is missing (or give --save)");
+  if (!given("--lr")) fc.schedule.lr = c.learning_rate;
+  if (!given("--weight-decay")) fc.adam.weight_decay = c.weight_decay;
+  if (!given("--grad-max-norm")) fc.grad_max_norm = c.grad_max_norm;
+  if (!given("--accum")) fc.accum = c.grad_accum_every * c.train_batch_size;  // one sample per micro-batch
+  if (!given("--ema")) fc.ema = c.use_ema;
+  if (!given("--ema-decay")) fc.ema_decay = c.ema_decay;
+  if (!given("--seed")) fc.seed = c.seed;
+  if (!given("--shuffle")) fc.shuffle = true;  // CREDIT's sampler shuffles every epoch
+  // CREDIT's epoch: batches_per_epoch batches of train_batch_size samples (at most the data's),
+  // an optimizer step every grad_accum_every batches and at the epoch's end
+  const int64_t data_batches =
+      std::max<int64_t>(1, open_era5_samples(data, c.start, c.end, L)->size() / c.train_batch_size);
+  const int64_t epoch_batches = c.batches_per_epoch > 0 ? std::min(c.batches_per_epoch, data_batches) : data_batches;
+  const int64_t A = c.grad_accum_every;
+  const int64_t epoch_steps = (epoch_batches + A - 1) / A;
+  WXE_CHECK(given("--steps") || c.epochs <= ((int64_t)1 << 40) / epoch_steps, config, ": trainer.epochs ", c.epochs,
+            " x ", epoch_steps, " optimizer steps per epoch is more than 2^40 steps");
+  if (!given("--steps")) fc.steps = c.epochs * epoch_steps;
+  if (!given("--schedule") && c.use_scheduler) {
+    // CREDIT steps linear-warmup-cosine once per batch: the config's warmup_steps and
+    // total_steps count batches, so optimizer step j takes the lr of the batch that ends it.
+    // Given on the command line they count optimizer steps (both then come from the flags).
+    fc.schedule.kind = ScheduleKind::LinearWarmupCosine;
+    const bool w = given("--warmup-steps"), t = given("--total-steps");
+    WXE_CHECK(w == t, "--warmup-steps and --total-steps with ", config,
+              "'s scheduler: give both (on the command line they count optimizer steps, in the config batches)");
+    if (!w) {
+      fc.schedule.warmup_steps = c.warmup_steps;
+      fc.schedule.total_steps = c.total_steps;
+      fc.schedule.accum_batches = A;
+      fc.schedule.epoch_batches = epoch_batches;
+      if (A > 1 && epoch_batches % A)
+        note("wxe: warning: %s: trainer.batches_per_epoch %lld is not a multiple of grad_accum_every %lld: CREDIT's "
+             "last optimizer step of an epoch sums fewer batches, wxe's sums %d micro-batches (the lr is CREDIT's)\n",
+             config.c_str(), (long long)epoch_batches, (long long)A, fc.accum);
+    }
+    if (!given("--min-lr")) fc.schedule.min_lr = c.min_lr;
+  }
+  if (!given("--resume") && c.load_weights && c.load_optimizer) fc.resume = true;
+  if (!given("--weights") && c.load_weights && !c.load_optimizer) {
+    const std::string latest = latest_checkpoint(fc.save);
+    WXE_CHECK(!latest.empty(), config, ": trainer.load_weights: no checkpoint in ", fc.save, " (",
+              (fs::path(fc.save) / "latest").string(), " is missing)");
+    fc.weights = (fs::path(latest) / "model.safetensors").string();
+  }
+  if (!given("--loss")) {
+    fc.plain_mse = !c.use_latitude_weights && !c.use_variable_weights;
+    // latitudes at 0 degrees weigh every row 1 (cos(0) normalised)
+    fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
+    fc.channel_weights.clear();
+    if (c.use_variable_weights)
+      for (const ChannelInfo& ch : data->target_channels())
+        fc.channel_weights.push_back(c.variable_weights.count(ch.var) ? c.variable_weights.at(ch.var) : 1.0);
+  }
+  if (c.valid_start && c.valid_end) validation(c, data, fc, c.valid_forecast_len > 0 ? c.valid_forecast_len : L);
+  if (lead) {
+    fs::create_directories(fc.save);
+    write_file_atomic((fs::path(fc.save) / "channel_schema.yaml").string(), data->channel_schema_yaml());
+  }
+}
+
+}  // namespace wxe
