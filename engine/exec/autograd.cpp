@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <set>
 
 #include "engine/passes/passes.h"
 
@@ -66,6 +67,31 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
       if (dk_[k] && op_updates_inputs(g.nodes[k].op))
         for (int i : g.nodes[k].inputs)
           if (i >= 0 && g.values[i].is_const()) dev_owned_[i] = true;
+  }
+  if (!dev_ && !opt.keep_forward) {  // the memory plan (autograd.h): what the backward reads, and when
+    const size_t nv = g.values.size();
+    bw_reads_.assign(nv, false);
+    last_fwd_use_.assign(nv, -1);
+    first_bw_use_.assign(nv, (int)g.nodes.size());
+    for (int o : g.outputs) bw_reads_[o] = true;  // returned to the caller
+    for (size_t k = 0; k < g.nodes.size(); ++k) {
+      const Node& n = g.nodes[k];
+      const BackwardReads r = backward_reads(n.op);
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const int v = n.inputs[i];
+        if (v < 0) continue;
+        last_fwd_use_[v] = (int)k;
+        if (backward_[k] && r.input(i)) {
+          bw_reads_[v] = true;
+          first_bw_use_[v] = std::min(first_bw_use_[v], (int)k);
+        }
+      }
+      for (int o : n.outputs)
+        if (backward_[k] && r.outputs) {
+          bw_reads_[o] = true;
+          first_bw_use_[o] = std::min(first_bw_use_[o], (int)k);
+        }
+    }
   }
   for (int p : trainable_) {
     if (!dev_) {
@@ -156,6 +182,12 @@ void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
       throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + e.what());
     }
     for (int o : n.outputs) grad[o] = Tensor();  // consumed
+    if (!bw_reads_.empty()) {  // kept values whose last backward reader this was
+      for (int v : n.inputs)
+        if (v >= 0 && first_bw_use_[v] == (int)k) release(v, true);
+      for (int o : n.outputs)
+        if (first_bw_use_[o] == (int)k) release(o, true);
+    }
     for (size_t i = 0; i < n.inputs.size(); ++i)
       if (gin[i]) add_grad(n.inputs[i], std::move(gi[i]));
     if (opt_.profile) {
@@ -167,6 +199,18 @@ void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
   for (size_t p = 0; p < trainable_.size(); ++p)
     if (grad[trainable_[p]].defined()) accumulate(grads_[p], grad[trainable_[p]]);
   vals_.clear();
+}
+
+// A forward value nothing reads any more (in_backward: no backward kernel still to run; else:
+// no forward node still to run, and no backward kernel reads it): its storage goes, its type and
+// shape stay (backward kernels read shapes).
+void GradExecutor::release(int v, bool in_backward) {
+  if ((!in_backward && bw_reads_[v]) || g_.values[v].is_const() || !vals_[v].defined()) return;
+  if (std::find(g_.inputs.begin(), g_.inputs.end(), v) != g_.inputs.end()) return;  // the caller's
+  Tensor shape_only;
+  shape_only.dtype = vals_[v].dtype;
+  shape_only.shape = vals_[v].shape;
+  vals_[v] = std::move(shape_only);
 }
 
 // ---------------------------------------------------------------- on a device
@@ -257,6 +301,20 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
       auto& p = profile_[n.op];
       p.ms += ms_since(t0);
       ++p.calls;
+    }
+    if (!bw_reads_.empty()) {  // values no backward reads, at their last forward use (or unread)
+      for (int v : n.inputs)
+        if (v >= 0 && last_fwd_use_[v] == (int)k) release(v, false);
+      for (int o : n.outputs)
+        if (last_fwd_use_[o] < 0) release(o, false);
+    }
+  }
+  kept_bytes_ = 0;
+  {
+    std::set<const void*> seen;  // views share their input's storage
+    for (size_t v = 0; v < nv; ++v) {
+      const Tensor& t = dev_ && dvals_[v].defined() ? dvals_[v] : vals_[v];
+      if (t.defined() && !g_.values[v].is_const() && seen.insert(t.storage.get()).second) kept_bytes_ += t.storage->nbytes;
     }
   }
   std::vector<Tensor> result;

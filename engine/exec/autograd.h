@@ -1,5 +1,6 @@
 // Reverse-mode autograd over a graph: the forward pass keeps the values the backward kernels
-// read, the backward pass runs each node's backward kernel (engine/ir/ops.h BackwardFn) in
+// read (engine/ir/ops.h BackwardReads; the others are freed after their last forward use), the
+// backward pass frees each kept value once the last backward kernel reading it ran, and runs each node's backward kernel (engine/ir/ops.h BackwardFn) in
 // reverse order and accumulates parameter gradients until zero_grad(), so a graph can run
 // several times per optimizer step (gradient accumulation, rollouts).
 //
@@ -59,6 +60,8 @@ class GradExecutor {
   // the backend has none, or whose device backward refused the case at run time ("no <device>
   // backward for ..."; from then on that node's backward runs on the host). Empty on the CPU.
   const std::vector<std::string>& host_nodes() const { return host_nodes_; }
+  // Bytes of forward values (not constants, not inputs) the last forward kept for the backward.
+  size_t kept_bytes() const { return kept_bytes_; }
   // On a device: copy every constant, trainable parameters included, to the device again at
   // the next forward (after a checkpoint load changed the graph's host copies).
   void reload_constants();
@@ -70,7 +73,14 @@ class GradExecutor {
   std::vector<KernelFn> kernels_;
   std::vector<BackwardFn> backward_;
   std::vector<bool> needs_grad_;  // per value: a trainable parameter depends on it
-  std::vector<Tensor> vals_;      // forward values, kept for backward
+  std::vector<Tensor> vals_;      // forward values; those the backward reads are kept for it
+  // The memory plan of a training step (CPU): per value, whether a backward kernel reads its
+  // elements (BackwardReads); the last node reading it in the forward and the first whose
+  // backward reads it. A value the backward does not read is dropped (a shape-only tensor)
+  // after its last forward use; one it reads, after the first reader's backward.
+  std::vector<bool> bw_reads_;
+  std::vector<int> last_fwd_use_, first_bw_use_;
+  size_t kept_bytes_ = 0;
   std::vector<Tensor> grads_;
   std::map<std::string, OpProfile> profile_;
   // device path (dev_ != nullptr)
@@ -87,6 +97,7 @@ class GradExecutor {
   Tensor& dev_value(int v);
   Tensor& dev_param(int v);  // a constant's device copy, made on first use
   Tensor& host_value(int v);
+  void release(int v, bool in_backward);  // the memory plan: v's storage dropped (autograd.h)
   void backward_device(const std::vector<Tensor>& grad_outputs);
 };
 

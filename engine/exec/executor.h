@@ -32,6 +32,9 @@ struct ExecOptions {
   bool optimize = true;                  // with Fast kernels: run optimize_for_cpu() first
   Precision precision = Precision::F32;  // with optimize: BF16 convs and Linear (engine/passes/fuse.h)
   std::string device = "cpu";            // a backend name (engine/exec/backend.h): "cpu", "cuda"
+  // Training (GradExecutor on the CPU): keep every forward value for the backward instead of
+  // only what the backward kernels read (engine/ir/ops.h BackwardReads); the oracle of that plan.
+  bool keep_forward = false;
 };
 
 struct OpProfile {

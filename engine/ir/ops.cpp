@@ -10,6 +10,7 @@ struct OpEntry {
   KernelFn reference = nullptr;
   KernelFn fast = nullptr;
   BackwardFn backward = nullptr;
+  BackwardReads reads;
 };
 std::map<std::string, OpEntry>& table() {
   static std::map<std::string, OpEntry> t;
@@ -26,6 +27,13 @@ void register_op(const std::string& op, ShapeFn shape, KernelFn reference) {
 void register_fast_kernel(const std::string& op, KernelFn fast) { table()[op].fast = fast; }
 
 void register_backward(const std::string& op, BackwardFn backward) { table()[op].backward = backward; }
+
+void register_backward_reads(const std::string& op, BackwardReads reads) { table()[op].reads = reads; }
+
+BackwardReads backward_reads(const std::string& op) {
+  auto it = table().find(op);
+  return it == table().end() ? BackwardReads{} : it->second.reads;
+}
 
 BackwardFn backward_kernel(const std::string& op) {
   auto it = table().find(op);

@@ -42,6 +42,19 @@ void register_backward(const std::string& op, BackwardFn backward);
 // The op's backward kernel, or nullptr when it has none.
 BackwardFn backward_kernel(const std::string& op);
 
+// What an op's (CPU) backward kernel reads of its forward pass: input i's elements when bit i
+// of `inputs` is set (inputs past 31: always), the outputs' elements when `outputs` is set.
+// Everything by default. What it does not read reaches it as a shape-only tensor (dtype and
+// shape, no storage): the training executor frees those values after their last forward use
+// instead of keeping them for the backward (engine/exec/autograd.h).
+struct BackwardReads {
+  uint32_t inputs = ~0u;
+  bool outputs = true;
+  bool input(size_t i) const { return i >= 32 || (inputs >> i & 1u); }
+};
+void register_backward_reads(const std::string& op, BackwardReads reads);
+BackwardReads backward_reads(const std::string& op);
+
 bool op_known(const std::string& op);
 ShapeFn shape_rule(const std::string& op);
 // Fast kernel if asked and present, otherwise the reference kernel.

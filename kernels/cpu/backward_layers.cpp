@@ -451,6 +451,8 @@ void register_layer_backward() {
                          "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
                          "ReduceLogSumExp"})
     register_backward(op, fast<reduce_backward>);
+  for (const char* op : {"ReduceMean", "ReduceSum"})  // the fast path: a broadcast of the gradient
+    register_backward_reads(op, {~1u, false});
   register_backward("Gelu", gelu_backward);
   register_linalg_backward();
   register_spectral_norm();

@@ -494,13 +494,13 @@ void binary_grad_loop(const float* a, const float* b, const float* g, int64_t to
 // full-shape input, else into a buffer summed to the input's shape.
 template <Bin OP>
 void binary_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  constexpr bool reads_operands = OP != Bin::Add && OP != Bin::Sub;  // Add, Sub: shapes only
   Tensor ka, kb;  // float32 copies of non-float32 operands (Pow's integer exponent)
-  const float* A = as_f32(*in[0], ka);
-  const float* B = as_f32(*in[1], kb);
+  const float* A = reads_operands ? as_f32(*in[0], ka) : nullptr;
+  const float* B = reads_operands ? as_f32(*in[1], kb) : nullptr;
   const float* G = gout[0]->data<float>();
   const Shape& os = out[0]->shape;
   const int64_t total = numel(os);
-  constexpr bool reads_operands = OP != Bin::Add && OP != Bin::Sub;
   if (reads_operands) {
     if (in[0]->numel() != total) {  // same count means same layout (leading 1s at most)
       float* t = scratch(0, total);
@@ -518,7 +518,13 @@ void binary_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& g
     if (!gk) continue;
     const bool full = gk->numel() == total;
     const float* d = G;  // the derivative at every output element
-    if (OP != Bin::Add && !(OP == Bin::Sub && k == 0)) {
+    if (OP == Bin::Sub && k == 1) {  // -g: no operand read
+      float* t = full ? gk->data<float>() : scratch(2, total);
+#pragma omp parallel for simd schedule(static) if (total > kParallelMin)
+      for (int64_t i = 0; i < total; ++i) t[i] = -G[i];
+      if (full) continue;
+      d = t;
+    } else if (reads_operands) {
       float* t = full ? gk->data<float>() : scratch(2, total);
       if (k == 0) binary_grad_loop<OP, 0>(A, B, G, total, t);
       else binary_grad_loop<OP, 1>(A, B, G, total, t);
@@ -707,6 +713,14 @@ BackwardFn pointwise_backward_kernel(const std::string& op, KernelKind kind) {
 
 void register_pointwise_backward() {
   for (const auto& [op, fns] : fast_table()) register_backward(op, fns.second);
+  // What these backward kernels read of the forward: shapes only (the data movements number
+  // their data inputs and run the forward on the numbers, scatter_bw; Add and Sub pass the
+  // gradient through; the copies copy it); index, pad and shape inputs are read.
+  for (const char* op : {"Add", "Sub", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "CastLike",
+                         "Transpose", "Concat"})
+    register_backward_reads(op, {0u, false});
+  for (const char* op : {"Slice", "Split", "DepthToSpace", "Expand", "Tile", "Pad", "Gather", "GatherND", "Resize"})
+    register_backward_reads(op, {~1u, false});  // all but the data input 0
   register_backward("Sum", checked<sum_bw>);
   register_backward("Where", checked<where_bw>);
   register_backward("Sqrt", checked<unary_bw<Un::Sqrt>>);
