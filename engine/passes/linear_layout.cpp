@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "engine/ir/module_roles.h"
@@ -34,6 +35,59 @@ std::string node_name_of(const std::string& module) { return "/" + module + "/Li
 
 // The projections that are nn.Linear in the Linear layout (all but the legacy fused qkv).
 bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
+
+// nn.MultiheadAttention as the TorchScript exporter writes a self-attention call (query, key
+// and value the same tensor): in the module's scope, two MatMuls read anonymous constants, the
+// packed in_proj (E, 3E) first and out_proj (E, E) last. MatMul node index -> the leaf of
+// CREDIT's state dict (".in_proj_weight", ".out_proj.weight").
+std::map<size_t, std::string> multihead_attention_leaves(const Graph& g) {
+  std::map<std::string, std::vector<size_t>> by_scope;
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[0] < 0 || n.inputs[1] < 0) continue;
+    const Value& c = g.values[n.inputs[1]];
+    if (c.is_param && c.is_const() && c.shape.size() == 2 && pass_util::anonymous_name(c.name) &&
+        !g.values[n.inputs[0]].is_const())
+      by_scope[scope_module(n.name)].push_back(k);
+  }
+  std::map<size_t, std::string> r;
+  for (auto& [module, ks] : by_scope) {
+    if (module.empty() || ks.size() != 2) continue;
+    const Shape &in = g.values[g.nodes[ks[0]].inputs[1]].shape, &o = g.values[g.nodes[ks[1]].inputs[1]].shape;
+    if (in[1] == 3 * in[0] && o[0] == in[0] && o[1] == in[0]) {
+      r[ks[0]] = ".in_proj_weight";
+      r[ks[1]] = ".out_proj.weight";
+    }
+  }
+  return r;
+}
+
+// MatMul(x, Transpose(W)), W (N, K) the weight of the MatMul's own module M, computed in the
+// graph: a spectral-norm nn.Linear as the TorchScript exporter traces it. W is the folded
+// `M.weight` (inference, after fold_spectral_norm) or the output of the SpectralNorm op of
+// `M.weight_orig` (training). MatMul node index -> W, for every such node.
+std::map<size_t, int> transposed_weights(const Graph& g) {
+  const std::vector<int> prod = g.producers();
+  std::map<size_t, int> r;
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[0] < 0 || n.inputs[1] < 0 || prod[n.inputs[1]] < 0 ||
+        g.values[n.inputs[0]].is_const())
+      continue;
+    const Node& t = g.nodes[prod[n.inputs[1]]];
+    if (t.op != "Transpose" || t.inputs.empty() || t.inputs[0] < 0) continue;
+    const int wi = t.inputs[0];
+    const Value& w = g.values[wi];
+    const std::vector<int64_t> perm = t.ints("perm");
+    const std::string module = scope_module(n.name);
+    if (module.empty() || w.shape.size() != 2 || !(perm.empty() || perm == std::vector<int64_t>{1, 0})) continue;
+    bool folded = w.is_param && w.is_const() && w.name == module + ".weight";
+    bool sn = prod[wi] >= 0 && g.nodes[prod[wi]].op == "SpectralNorm" && !g.nodes[prod[wi]].inputs.empty() &&
+              g.nodes[prod[wi]].inputs[0] >= 0 && g.values[g.nodes[prod[wi]].inputs[0]].name == module + pass_util::kOrig;
+    if (folded || sn) r[k] = wi;
+  }
+  return r;
+}
 
 }  // namespace
 
@@ -67,7 +121,7 @@ Tensor transpose_2d(const Tensor& t) {
   return r;
 }
 
-bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
+bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out, const std::string& leaf, std::map<int, int>* converted) {
   if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[1] < 0) return false;
   const Value& c = g.values[n.inputs[1]];
   const std::string module = scope_module(n.name);
@@ -77,20 +131,29 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
       (!anonymous && !is_linear_projection(module_role(module))))
     return false;
-  Tensor w = transpose_2d(*c.constant);  // (K, N) -> (N, K)
   Node l;
   l.op = "Linear";
   l.name = node_name_of(module);
   l.attrs["axis"] = attr_i(-1);
-  const std::string export_name = anonymous_name(c.name) ? c.name : c.export_name;
-  l.inputs = {n.inputs[0], g.add_constant(module + ".weight", std::move(w), true)};
-  Value& wv = g.values[l.inputs[1]];
-  wv.export_name = export_name;
-  if (anonymous)  // nn.MultiheadAttention calls its projections functionally, in its own scope
-    for (const std::string& m : {module, collapse_repeated_calls(module)})
-      for (const char* leaf : {".weight", ".in_proj_weight", ".out_proj.weight"})
-        if (m + leaf != wv.name && std::find(wv.alt_names.begin(), wv.alt_names.end(), m + leaf) == wv.alt_names.end())
-          wv.alt_names.push_back(m + leaf);
+  auto seen = converted ? converted->find(n.inputs[1]) : std::map<int, int>::iterator();
+  if (converted && seen != converted->end()) {
+    // the same constant read again (a module called once per frame): the same parameter
+    l.inputs = {n.inputs[0], seen->second};
+  } else {
+    Tensor w = transpose_2d(*c.constant);  // (K, N) -> (N, K)
+    const std::string export_name = anonymous_name(c.name) ? c.name : c.export_name;
+    const int src = n.inputs[1];
+    l.inputs = {n.inputs[0], g.add_constant(module + leaf, std::move(w), true)};
+    if (converted) (*converted)[src] = l.inputs[1];
+    Value& wv = g.values[l.inputs[1]];
+    wv.export_name = export_name;
+    if (anonymous)  // the name in the module's other calls (frames), and the leaf's alternatives
+      for (const std::string& m : {module, collapse_repeated_calls(module)})
+        for (const std::string& alt : {leaf, std::string(".weight"), std::string(".in_proj_weight"),
+                                       std::string(".out_proj.weight")})
+          if (m + alt != wv.name && std::find(wv.alt_names.begin(), wv.alt_names.end(), m + alt) == wv.alt_names.end())
+            wv.alt_names.push_back(m + alt);
+  }
   l.outputs = n.outputs;
   out.push_back(std::move(l));
   return true;
@@ -100,13 +163,30 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
 
 void rewrite_linear_layout(Graph& g) {
   std::vector<Node> out;
-  for (Node& n : g.nodes) {
+  const std::map<size_t, std::string> mha = multihead_attention_leaves(g);
+  const std::map<size_t, int> computed = transposed_weights(g);
+  std::map<int, int> converted;  // exported MatMul constant -> its Linear weight
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    Node& n = g.nodes[k];
+    auto sn = computed.find(k);
+    if (sn != computed.end()) {  // Linear(x, W) reads W itself; the Transpose is left dead
+      Node l;
+      l.op = "Linear";
+      l.name = node_name_of(scope_module(n.name));
+      l.attrs["axis"] = attr_i(-1);
+      l.inputs = {n.inputs[0], sn->second};
+      l.outputs = n.outputs;
+      out.push_back(std::move(l));
+      continue;
+    }
     const std::string wname = is_pointwise_conv(g, n) ? g.values[n.inputs[1]].name : "";
     const std::string module = layout::module_of(wname);
     bool qkv = !wname.empty() && layout::is_qkv_module(module) && wname == module + ".weight";
     bool linear = !wname.empty() && layout::is_linear_module(module) && wname == module + ".weight";
     if (!qkv && !linear) {
-      if (!matmul_to_linear(g, n, out)) out.push_back(std::move(n));
+      auto leaf = mha.find(k);
+      if (!matmul_to_linear(g, n, out, leaf == mha.end() ? ".weight" : leaf->second, &converted))
+        out.push_back(std::move(n));
       continue;
     }
     const Tensor& w = *g.values[n.inputs[1]].constant;
