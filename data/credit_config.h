@@ -34,7 +34,7 @@ struct CreditConfig {
   std::string scaler_json, mean_nc, std_nc;
   std::string save_loc;
   // trainer.*
-  double learning_rate = 1e-3, weight_decay = 0.0, grad_max_norm = 1.0, ema_decay = 0.999;
+  double learning_rate = 1e-3, weight_decay = 0.0, grad_max_norm = 1.0, ema_decay = 0.9999;  // ema_decay: CREDIT's default
   bool use_scheduler = false, use_ema = false, load_weights = false, load_optimizer = false;
   int64_t warmup_steps = 0, total_steps = 0;  // trainer.scheduler (linear-warmup-cosine)
   double min_lr = 0.0;
