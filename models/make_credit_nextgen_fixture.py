@@ -8,6 +8,9 @@ dim (4, 8, 16, 32) with dim_head 2 (2, 4, 8, 16 heads: every stage splits over t
 
 Writes tests/data/credit_nextgen/:
   model.onnx        the export of weights A (seed 0, two train-mode forwards, then eval)
+  model_dynamo.onnx the same through the dynamo exporter (opset 18; per-node metadata but the
+                    module path dropped): MultiheadAttention's in_proj an anonymous MatMul
+                    constant, out_proj a named Gemm weight
   checkpoint.pt     weights B (seed 1) as CREDIT's trainer saves them ({"epoch", "model_state_dict"})
   x.npy, y.npy      an input and model B's eval output (y: what wxe must give with --weights checkpoint.pt)
   data/x_000N.npy, data/y_000N.npy   3 training samples (a fine-tune data directory)
@@ -71,6 +74,18 @@ def model_fixture(ref):
         warnings.simplefilter("ignore")
         torch.onnx.export(a, (x,), path, dynamo=False, opset_version=17, do_constant_folding=True,
                           input_names=["x"], output_names=["y"])
+        dyn = os.path.join(OUT, "model_dynamo.onnx")
+        torch.onnx.export(a, (x,), dynamo=True, opset_version=18, input_names=["x"], output_names=["y"],
+                          optimize=True, external_data=False).save(dyn, external_data=False)
+    import onnx
+
+    m = onnx.load(dyn)
+    for n in m.graph.node:  # keep the module path (what wxe reads), not the stack traces
+        keep = [(p.key, p.value) for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"]
+        del n.metadata_props[:]
+        for k, v in keep:
+            n.metadata_props.add(key=k, value=v)
+    onnx.save(m, dyn)
     torch.save({"epoch": 0, "model_state_dict": b.state_dict()}, os.path.join(OUT, "checkpoint.pt"))
     np.save(os.path.join(OUT, "x.npy"), x.numpy())
     np.save(os.path.join(OUT, "y.npy"), yb.numpy())
@@ -80,7 +95,8 @@ def model_fixture(ref):
     ref["parameters"] = sum(p.numel() for p in b.parameters())
     ref["parameter_tensors"] = len(list(b.parameters()))
     ref["col_attn"] = {k: list(v.shape) for k, v in b.state_dict().items() if "col_attn.attn" in k}
-    print("params", ref["parameters"], "onnx bytes", os.path.getsize(path), "col_attn", ref["col_attn"])
+    print("params", ref["parameters"], "onnx bytes", os.path.getsize(path), os.path.getsize(dyn), "col_attn",
+          ref["col_attn"])
 
 
 def scheduler_reference(ref):

@@ -27,9 +27,9 @@ namespace {
 
 const std::string kDir = "tests/data/credit_nextgen/";
 
-Graph nextgen_graph(bool training, bool weights = true) {
+Graph nextgen_graph(bool training, bool weights = true, const std::string& onnx = "model.onnx") {
   register_cpu_kernels();
-  Graph g = import_onnx(data_path(kDir + "model.onnx"));
+  Graph g = import_onnx(data_path(kDir + onnx));
   LoadOptions opt;
   opt.weights = weights ? data_path(kDir + "checkpoint.pt") : "";
   opt.training = training;
@@ -79,6 +79,19 @@ TEST(CreditNextgen, TrainingGraphHasCreditsParameters) {
                         "dec_col_attn.attn.in_proj_weight", "dec_col_attn.attn.out_proj.weight"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("col_attn.attn.weight"));
+}
+
+// The dynamo export of the same model writes MultiheadAttention's in_proj as an anonymous MatMul
+// constant next to a named out_proj Gemm: it is in_proj_weight too, one leaf for both frames.
+TEST(CreditNextgen, DynamoExportNamesInProjLikeCredit) {
+  Graph g = nextgen_graph(true, true, "model_dynamo.onnx");
+  std::map<std::string, int> uses;
+  for (int v : trainable_parameters(g)) ++uses[g.values[v].name];
+  for (const char* n : {"col_attn.attn.in_proj_weight", "col_attn.attn.out_proj.weight",
+                        "dec_col_attn.attn.in_proj_weight", "dec_col_attn.attn.out_proj.weight"})
+    EXPECT_EQ(uses[n], 1) << n;
+  EXPECT_FALSE(uses.count("col_attn.attn.weight"));
+  EXPECT_FALSE(uses.count("dec_col_attn.attn.weight"));
 }
 
 // Before step 1: two parameters under one name, or two parameters loading one checkpoint

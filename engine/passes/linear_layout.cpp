@@ -36,14 +36,19 @@ std::string node_name_of(const std::string& module) { return "/" + module + "/Li
 // The projections that are nn.Linear in the Linear layout (all but the legacy fused qkv).
 bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
 
-// nn.MultiheadAttention as the TorchScript exporter writes a self-attention call (query, key
-// and value the same tensor): in the module's scope, two MatMuls read anonymous constants, the
-// packed in_proj (E, 3E) first and out_proj (E, E) last. MatMul node index -> the leaf of
-// CREDIT's state dict (".in_proj_weight", ".out_proj.weight").
+// nn.MultiheadAttention as the exporters write a self-attention call (query, key and value the
+// same tensor): in the module's scope, MatMuls read anonymous constants, the packed in_proj
+// (E, 3E) first and out_proj (E, E) last (TorchScript), or the in_proj alone, out_proj being a
+// named `M.out_proj.weight` (dynamo). MatMul node index -> the leaf of CREDIT's state dict
+// (".in_proj_weight", ".out_proj.weight").
 std::map<size_t, std::string> multihead_attention_leaves(const Graph& g) {
   std::map<std::string, std::vector<size_t>> by_scope;
+  std::set<std::string> named_out_proj;  // scopes reading their own M.out_proj.weight
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     const Node& n = g.nodes[k];
+    const std::string scope = scope_module(n.name);
+    for (int i : n.inputs)
+      if (i >= 0 && !scope.empty() && g.values[i].name == scope + ".out_proj.weight") named_out_proj.insert(scope);
     if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[0] < 0 || n.inputs[1] < 0) continue;
     const Value& c = g.values[n.inputs[1]];
     if (c.is_param && c.is_const() && c.shape.size() == 2 && pass_util::anonymous_name(c.name) &&
@@ -52,12 +57,24 @@ std::map<size_t, std::string> multihead_attention_leaves(const Graph& g) {
   }
   std::map<size_t, std::string> r;
   for (auto& [module, ks] : by_scope) {
-    if (module.empty() || ks.size() != 2) continue;
-    const Shape &in = g.values[g.nodes[ks[0]].inputs[1]].shape, &o = g.values[g.nodes[ks[1]].inputs[1]].shape;
-    if (in[1] == 3 * in[0] && o[0] == in[0] && o[1] == in[0]) {
-      r[ks[0]] = ".in_proj_weight";
-      r[ks[1]] = ".out_proj.weight";
+    if (module.empty()) continue;
+    std::vector<int> cs;  // the distinct constants, in order (a module called twice reads them twice)
+    for (size_t k : ks)
+      if (std::find(cs.begin(), cs.end(), g.nodes[k].inputs[1]) == cs.end()) cs.push_back(g.nodes[k].inputs[1]);
+    const Shape& in = g.values[cs[0]].shape;
+    std::map<int, std::string> leaf;
+    if (in[1] != 3 * in[0]) continue;
+    if (cs.size() == 1 && named_out_proj.count(module)) {
+      leaf[cs[0]] = ".in_proj_weight";
+    } else if (cs.size() == 2) {
+      const Shape& o = g.values[cs[1]].shape;
+      if (o[0] == in[0] && o[1] == in[0]) {
+        leaf[cs[0]] = ".in_proj_weight";
+        leaf[cs[1]] = ".out_proj.weight";
+      }
     }
+    for (size_t k : ks)
+      if (leaf.count(g.nodes[k].inputs[1])) r[k] = leaf[g.nodes[k].inputs[1]];
   }
   return r;
 }
