@@ -50,14 +50,10 @@ void tie_repeated_calls(Graph& g) {
       const Tensor& t = *g.values[v].constant;
       return t.dtype == t0.dtype && t.shape == t0.shape && std::memcmp(t.raw(), t0.raw(), t.nbytes()) == 0;
     });
-    if (!same) continue;
-    int keep = vs[0];
+    int keep = -1;  // the first call's, under the uncollapsed name (CREDIT's names have no "_N" parts)
     for (int v : vs)
       if (g.values[v].name == name) keep = v;
-    if (g.values[keep].name != name && g.find_value(name) < 0) {
-      g.values[keep].alt_names.push_back(g.values[keep].name);
-      g.values[keep].name = name;
-    }
+    if (!same || keep < 0) continue;
     for (int v : vs)
       if (v != keep) alias[v] = keep;
   }
