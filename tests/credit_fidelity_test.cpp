@@ -18,6 +18,7 @@
 #include "load/checkpoint.h"
 #include "load/model.h"
 #include "parallel/shard.h"
+#include "tests/host_backend.h"
 #include "tests/test_util.h"
 #include "train/credit_checkpoint.h"
 #include "train/finetune.h"
@@ -154,6 +155,40 @@ TEST(CreditNextgen, FinetuneSaveReloadConvert) {
     EXPECT_EQ(got.tensors[i].first, orig.tensors[i].first);
     EXPECT_EQ(got.tensors[i].second.shape, orig.tensors[i].second.shape) << orig.tensors[i].first;
   }
+}
+
+// The device path (a host-memory test backend with part of the CPU table: copies, views, host
+// fallback) trains the spectral-norm Linear layers (Linear reading a SpectralNorm output) and
+// the EMA as the CPU does.
+TEST(CreditNextgen, DeviceTrainingMatchesCpu) {
+  static bool once = [] {
+    register_cpu_kernels();
+    auto b = std::make_unique<HostMemoryBackend>("hostlinear");
+    for (const char* op : {"Add", "Mul", "Linear", "MatMul", "Transpose", "Softmax", "Concat", "Sub"}) {
+      b->register_kernel(op, kernel_for(op, KernelKind::Fast));
+      b->register_backward(op, backward_kernel(op));
+    }
+    register_backend(std::move(b));
+    return true;
+  }();
+  (void)once;
+  FinetuneConfig c;
+  c.model = data_path(kDir + "model.onnx");
+  c.weights = data_path(kDir + "checkpoint.pt");
+  c.data = data_path(kDir + "data");
+  c.steps = 2;
+  c.ema = true;
+  c.progress = false;
+  Trainer cpu(c, open_npy_dir(c.data, 1));
+  c.device = "hostlinear";
+  Trainer dev(c, open_npy_dir(c.data, 1));
+  for (int i = 0; i < 2; ++i) {
+    const double a = cpu.step().loss, b = dev.step().loss;
+    EXPECT_NEAR(b, a, 1e-5 * std::fabs(a)) << "step " << i + 1;
+  }
+  std::map<std::string, Tensor> want;
+  for (auto& [n, t] : cpu.parameters()) want[n] = t;
+  for (auto& [n, t] : dev.parameters()) EXPECT_LT(max_abs_diff(t, want.at(n)), 1e-5) << n;
 }
 
 // The spectral-norm layers the TorchScript exporter traces (weight_orig / sigma, transposed,
