@@ -95,6 +95,55 @@ TEST(CreditNextgen, DynamoExportNamesInProjLikeCredit) {
   EXPECT_FALSE(uses.count("dec_col_attn.attn.weight"));
 }
 
+// nn.MultiheadAttention called with query, key and value apart projects them with three
+// (E, E) MatMuls: the training graph reads them as rows of one in_proj_weight (3E, E), the
+// parameter CREDIT saves, and computes what the export does.
+TEST(CreditNextgen, SplitInProjectionIsOneParameter) {
+  register_cpu_kernels();
+  GraphBuilder b;
+  const int64_t E = 4;
+  int x = b.input("x", {2, 5, E});
+  std::vector<Tensor> w;  // the exporter's pre-transposed constants: W_q^T, W_k^T, W_v^T, W_out^T
+  std::vector<int> proj;
+  for (int j = 0; j < 4; ++j) w.push_back(randn({E, E}, 40 + j));
+  auto matmul = [&](int in, int j, const std::string& name) {
+    int c = b.constant("onnx::MatMul_" + std::to_string(90 + j), w[j], true);
+    int y = b.node("MatMul", {in, c});
+    b.g.nodes.back().name = name;
+    return y;
+  };
+  for (int j = 0; j < 3; ++j) proj.push_back(matmul(x, j, "/col_attn/attn/MatMul" + (j ? "_" + std::to_string(j) : std::string())));
+  int mixed = b.node("Add", {b.node("Mul", {proj[0], proj[1]}), proj[2]});
+  b.g.outputs.push_back(matmul(mixed, 3, "/col_attn/attn/MatMul_3"));
+  const Tensor in = randn({2, 5, E}, 7);
+  auto run = [&](Graph g) {
+    infer_shapes(g);
+    Executor ex(g, {0, KernelKind::Reference});
+    return ex.run({{"x", in}})[0];
+  };
+  Graph plain = b.g;
+  bind_inputs(plain, {{"x", {DType::F32, {2, 5, E}}}});
+  const Tensor want = run(plain);
+  Graph t = b.g;
+  prepare_training_graph(t, {{"x", {DType::F32, {2, 5, E}}}});
+  std::map<std::string, Tensor> params;
+  for (int v : trainable_parameters(t)) params[t.values[v].name] = *t.values[v].constant;
+  ASSERT_EQ(params.size(), 2u);
+  ASSERT_TRUE(params.count("col_attn.attn.in_proj_weight"));
+  ASSERT_TRUE(params.count("col_attn.attn.out_proj.weight"));
+  const Tensor& ip = params["col_attn.attn.in_proj_weight"];
+  ASSERT_EQ(ip.shape, (Shape{3 * E, E}));
+  for (int j = 0; j < 3; ++j)
+    for (int64_t r = 0; r < E; ++r)
+      for (int64_t c = 0; c < E; ++c)
+        EXPECT_EQ(ip.data<float>()[(j * E + r) * E + c], w[j].data<float>()[c * E + r]) << j << " " << r << " " << c;
+  EXPECT_LT(max_abs_diff(run(t), want), 1e-5);
+  Graph inf = b.g;
+  prepare_graph(inf, {{"x", {DType::F32, {2, 5, E}}}});
+  finalize_graph(inf);
+  EXPECT_LT(max_abs_diff(run(inf), want), 1e-5);
+}
+
 // Before step 1: two parameters under one name, or two parameters loading one checkpoint
 // tensor, are one error naming them.
 TEST(CreditNextgen, TrainerStartChecksOneToOne) {

@@ -39,9 +39,16 @@ bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
 // nn.MultiheadAttention as the exporters write a self-attention call (query, key and value the
 // same tensor): in the module's scope, MatMuls read anonymous constants, the packed in_proj
 // (E, 3E) first and out_proj (E, E) last (TorchScript), or the in_proj alone, out_proj being a
-// named `M.out_proj.weight` (dynamo). MatMul node index -> the leaf of CREDIT's state dict
-// (".in_proj_weight", ".out_proj.weight").
-std::map<size_t, std::string> multihead_attention_leaves(const Graph& g) {
+// named `M.out_proj.weight` (dynamo). Where query, key and value differ, torch projects them
+// apart: three (E, E) constants, the rows [0, E), [E, 2E), [2E, 3E) of in_proj_weight, then
+// out_proj. `leaf`: MatMul node index -> the leaf of CREDIT's state dict (".in_proj_weight",
+// ".out_proj.weight"); `part`: MatMul node index -> (q/k/v index, the three constants).
+struct MultiheadAttentionWeights {
+  std::map<size_t, std::string> leaf;
+  std::map<size_t, std::pair<int, std::vector<int>>> part;
+};
+
+MultiheadAttentionWeights multihead_attention_weights(const Graph& g) {
   std::map<std::string, std::vector<size_t>> by_scope;
   std::set<std::string> named_out_proj;  // scopes reading their own M.out_proj.weight
   for (size_t k = 0; k < g.nodes.size(); ++k) {
@@ -53,28 +60,32 @@ std::map<size_t, std::string> multihead_attention_leaves(const Graph& g) {
     const Value& c = g.values[n.inputs[1]];
     if (c.is_param && c.is_const() && c.shape.size() == 2 && pass_util::anonymous_name(c.name) &&
         !g.values[n.inputs[0]].is_const())
-      by_scope[scope_module(n.name)].push_back(k);
+      by_scope[scope].push_back(k);
   }
-  std::map<size_t, std::string> r;
+  MultiheadAttentionWeights r;
   for (auto& [module, ks] : by_scope) {
     if (module.empty()) continue;
     std::vector<int> cs;  // the distinct constants, in order (a module called twice reads them twice)
     for (size_t k : ks)
       if (std::find(cs.begin(), cs.end(), g.nodes[k].inputs[1]) == cs.end()) cs.push_back(g.nodes[k].inputs[1]);
     const Shape& in = g.values[cs[0]].shape;
+    const bool square = std::all_of(cs.begin(), cs.end(), [&](int c) { return g.values[c].shape == Shape{in[0], in[0]}; });
     std::map<int, std::string> leaf;
-    if (in[1] != 3 * in[0]) continue;
-    if (cs.size() == 1 && named_out_proj.count(module)) {
+    std::map<int, int> part;
+    if (in[1] == 3 * in[0] && cs.size() == 1 && named_out_proj.count(module)) {
       leaf[cs[0]] = ".in_proj_weight";
-    } else if (cs.size() == 2) {
-      const Shape& o = g.values[cs[1]].shape;
-      if (o[0] == in[0] && o[1] == in[0]) {
-        leaf[cs[0]] = ".in_proj_weight";
-        leaf[cs[1]] = ".out_proj.weight";
-      }
+    } else if (in[1] == 3 * in[0] && cs.size() == 2 && g.values[cs[1]].shape == Shape{in[0], in[0]}) {
+      leaf[cs[0]] = ".in_proj_weight";
+      leaf[cs[1]] = ".out_proj.weight";
+    } else if (square && (cs.size() == 4 || (cs.size() == 3 && named_out_proj.count(module)))) {
+      for (int p = 0; p < 3; ++p) part[cs[p]] = p;
+      if (cs.size() == 4) leaf[cs[3]] = ".out_proj.weight";
     }
-    for (size_t k : ks)
-      if (leaf.count(g.nodes[k].inputs[1])) r[k] = leaf[g.nodes[k].inputs[1]];
+    for (size_t k : ks) {
+      const int c = g.nodes[k].inputs[1];
+      if (leaf.count(c)) r.leaf[k] = leaf[c];
+      if (part.count(c)) r.part[k] = {part[c], {cs[0], cs[1], cs[2]}};
+    }
   }
   return r;
 }
@@ -180,11 +191,53 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out, const std::stri
 
 void rewrite_linear_layout(Graph& g) {
   std::vector<Node> out;
-  const std::map<size_t, std::string> mha = multihead_attention_leaves(g);
+  const MultiheadAttentionWeights mha = multihead_attention_weights(g);
   const std::map<size_t, int> computed = transposed_weights(g);
   std::map<int, int> converted;  // exported MatMul constant -> its Linear weight
+  std::map<int, int> in_proj;    // q's constant of a split in_proj -> the one in_proj_weight
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     Node& n = g.nodes[k];
+    auto split = mha.part.find(k);
+    if (split != mha.part.end()) {  // Linear(x, rows of M.in_proj_weight): one parameter, as CREDIT saves it
+      const auto& [p, cs] = split->second;
+      const std::string module = scope_module(n.name);
+      const int64_t e = g.values[cs[0]].shape[0];
+      auto it = in_proj.find(cs[0]);
+      if (it == in_proj.end()) {
+        Tensor w(g.values[cs[0]].dtype, {3 * e, e});
+        for (int j = 0; j < 3; ++j) {
+          Tensor t = transpose_2d(*g.values[cs[j]].constant);
+          std::memcpy((uint8_t*)w.raw() + j * t.nbytes(), t.raw(), t.nbytes());
+        }
+        const std::string export_name = g.values[cs[0]].name;
+        int wi = g.add_constant(module + ".in_proj_weight", std::move(w), true);
+        g.values[wi].export_name = export_name;
+        const std::string c = collapse_repeated_calls(module) + ".in_proj_weight";
+        if (c != g.values[wi].name) g.values[wi].alt_names.push_back(c);
+        it = in_proj.insert({cs[0], wi}).first;
+      }
+      Node sl;
+      sl.op = "Slice";
+      sl.name = node_name_of(module) + "/in_proj_" + std::to_string(p);
+      sl.inputs = {it->second, g.add_constant(sl.name + "_starts", Tensor::from_i64({p * e})),
+                   g.add_constant(sl.name + "_ends", Tensor::from_i64({(p + 1) * e})),
+                   g.add_constant(sl.name + "_axes", Tensor::from_i64({0}))};
+      Value o;
+      o.name = sl.name + "_output_0";
+      o.dtype = g.values[it->second].dtype;
+      o.shape = {e, e};
+      o.shape_known = true;
+      sl.outputs = {g.add_value(o)};
+      Node l;
+      l.op = "Linear";
+      l.name = node_name_of(module);
+      l.attrs["axis"] = attr_i(-1);
+      l.inputs = {n.inputs[0], sl.outputs[0]};
+      l.outputs = n.outputs;
+      out.push_back(std::move(sl));
+      out.push_back(std::move(l));
+      continue;
+    }
     auto sn = computed.find(k);
     if (sn != computed.end()) {  // Linear(x, W) reads W itself; the Transpose is left dead
       Node l;
@@ -201,8 +254,8 @@ void rewrite_linear_layout(Graph& g) {
     bool qkv = !wname.empty() && layout::is_qkv_module(module) && wname == module + ".weight";
     bool linear = !wname.empty() && layout::is_linear_module(module) && wname == module + ".weight";
     if (!qkv && !linear) {
-      auto leaf = mha.find(k);
-      if (!matmul_to_linear(g, n, out, leaf == mha.end() ? ".weight" : leaf->second, &converted))
+      auto leaf = mha.leaf.find(k);
+      if (!matmul_to_linear(g, n, out, leaf == mha.leaf.end() ? ".weight" : leaf->second, &converted))
         out.push_back(std::move(n));
       continue;
     }
