@@ -41,7 +41,7 @@ struct CreditConfig {
   std::vector<std::string> post_scaler_vars;
   std::string save_loc;
   // trainer.*
-  double learning_rate = 1e-3, weight_decay = 0.0, grad_max_norm = 1.0, ema_decay = 0.999;
+  double learning_rate = 1e-3, weight_decay = 0.0, grad_max_norm = 1.0, ema_decay = 0.9999;  // ema_decay: CREDIT's default
   bool use_scheduler = false, use_ema = false, load_weights = false, load_optimizer = false;
   // trainer.scheduler (linear-warmup-cosine), counted in batches as CREDIT's trainer steps it
   // once per batch; CREDIT's defaults

@@ -26,6 +26,38 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+void check_training_parameters(const Graph& g, const NamedTensors* weights, const std::string& source) {
+  const std::vector<int> params = trainable_parameters(g);
+  std::map<std::string, int> by_name;
+  for (int v : params) {
+    auto [it, fresh] = by_name.insert({g.values[v].name, v});
+    WXE_CHECK(fresh, source, ": the training graph has two parameters named '", g.values[v].name, "' ",
+              shape_str(g.values[it->second].shape), " and ", shape_str(g.values[v].shape),
+              ": they would train apart and cannot both be saved");
+  }
+  if (!weights) return;
+  // every parameter loads one checkpoint tensor, and no tensor loads two parameters
+  const WeightMatch m = match_weights(g, *weights);
+  std::map<int, std::string> from;
+  for (auto& [v, name] : m.matched) from[v] = name;
+  std::map<std::string, std::string> loaded_by;
+  int64_t graph_count = 0, checkpoint_count = 0;
+  for (int v : params) {
+    graph_count += g.values[v].constant->numel();
+    auto it = from.find(v);
+    if (it == from.end()) continue;
+    auto [at, fresh] = loaded_by.insert({it->second, g.values[v].name});
+    WXE_CHECK(fresh, source, ": checkpoint tensor '", it->second, "' would train as two parameters of the model, '",
+              at->second, "' and '", g.values[v].name, "', that the run would update apart and save twice");
+  }
+  if (!m.missing.empty() || !m.mismatched.empty() || !m.ambiguous.empty()) return;  // load_weights names them
+  for (auto& [name, t] : *weights)
+    if (m.used.count(name) && t.dtype == DType::F32 && !ends_with(name, ".weight_u") && !ends_with(name, ".weight_v"))
+      checkpoint_count += t.numel();
+  WXE_CHECK(graph_count == checkpoint_count, source, ": the training graph has ", graph_count,
+            " parameters, the checkpoint tensors it reads hold ", checkpoint_count);
+}
+
 void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, const LoadOptions& opt) {
   if (opt.training)
     prepare_training_graph(g, inputs);
@@ -63,6 +95,7 @@ void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, con
                 return baked.count(m) && (leaf == "weight_orig" || leaf == "weight_u" || leaf == "weight_v");
               }), w.end());
     }
+    if (opt.training) check_training_parameters(g, &w, opt.weights);
     int by_structure = 0;
     std::vector<std::string> unused = load_weights(g, w, opt.weights, &by_structure);
     note("wxe: loaded %zu tensors from %s", w.size() - unused.size(), opt.weights.c_str());

@@ -33,6 +33,12 @@ struct LoadOptions {
 // Runs the passes on an imported graph for the given input shapes, loading weights.
 void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, const LoadOptions& opt);
 
+// Training, before step 1: the trainable parameters of a prepared training graph have distinct
+// names and, with `weights` (the checkpoint in the graph's layout), each loads its own checkpoint
+// tensor (a tensor loaded by two parameters would train as two and save twice) and their count
+// equals that of the checkpoint tensors they read. One error naming the tensors otherwise.
+void check_training_parameters(const Graph& g, const NamedTensors* weights, const std::string& source);
+
 bool ends_with(const std::string& s, const std::string& suffix);
 
 // Static-batch exports (the exporter traced the batch into every shape): the batch the graph

@@ -17,7 +17,18 @@ roundtrip NAME [--no-sn] [--wxe build/wxe]
     turns it back, and its model_state_dict and optimizer_state_dict must equal PyTorch's bit
     for bit.
 
-    /root/wxe-venv/bin/python models/check_credit_export.py roundtrip crossformer_tiny
+nextgen [--wxe build/wxe] [--mpirun mpirun]
+    Issue 23's case, the CREDIT 2026.2 nextgen_wxformer of tests/data/credit_nextgen (spectral
+    norm, column attention through nn.MultiheadAttention, frames 2, TorchScript export): wxe
+    fine-tunes 5 steps from the CREDIT checkpoint (linear-warmup-cosine, EMA), saves, resumes for
+    a 6th step, converts back with --like; CREDIT's model loads it with strict=True and has as
+    many parameters as wxe trained; then CREDIT's own trainer loading function
+    (credit.trainers.utils.load_model_states_and_optimizer, reload_epoch: true) resumes from it:
+    the scheduler's state equals a LinearWarmupCosineScheduler stepped as often, the optimizer
+    takes a step. With --mpirun the same run at tp 2 converts and loads too.
+
+    /work/venv/bin/python models/check_credit_export.py roundtrip crossformer_tiny
+    /work/venv/bin/python models/check_credit_export.py nextgen
 """
 import argparse
 import os
@@ -169,6 +180,112 @@ def roundtrip(name, no_sn, wxe):
           f"PyTorch's bit for bit; strict load and optimizer load ok")
 
 
+# --------------------------------------------------------------------------- CREDIT's resume
+
+
+def resume_with_credit(ckpt, model, lr, weight_decay, sched=None):
+    """Resumes from `ckpt` (a converted checkpoint) through CREDIT's own loading function, as its
+    trainer does with load_weights/load_optimizer/load_scheduler/load_scaler and reload_epoch."""
+    import shutil
+
+    from credit.trainers.utils import load_model_states_and_optimizer
+
+    save_loc = tempfile.mkdtemp(prefix="credit_resume_")
+    shutil.copy(ckpt, os.path.join(save_loc, "checkpoint.pt"))
+    open(os.path.join(save_loc, "training_log.csv"), "w").close()
+    trainer = {"learning_rate": lr, "weight_decay": weight_decay, "amp": False, "load_weights": True,
+               "load_optimizer": True, "load_scaler": True, "load_scheduler": True, "reload_epoch": True,
+               "start_epoch": 0, "use_scheduler": sched is not None}
+    if sched is not None:
+        trainer["scheduler"] = dict(sched, scheduler_type="linear-warmup-cosine")
+    conf = {"save_loc": save_loc, "trainer": trainer}
+    conf, model, optimizer, scheduler, scaler = load_model_states_and_optimizer(conf, model, torch.device("cpu"))
+    return conf, model, optimizer, scheduler, scaler
+
+
+def nextgen(wxe, mpirun):
+    from credit.models.wxformer.wxformer_next import NextGenWXFormer
+    from credit.scheduler import LinearWarmupCosineScheduler
+    from make_credit_nextgen_fixture import KW, X
+
+    d = os.path.join(REPO, "tests/data/credit_nextgen")
+    like = os.path.join(d, "checkpoint.pt")
+    tmp = tempfile.mkdtemp(prefix="credit_nextgen_")
+    lr, sched = 1e-3, dict(warmup_steps=2, total_steps=8, min_lr=1e-5)
+    args = ["finetune", os.path.join(d, "model.onnx"), "--weights", like, "--data", os.path.join(d, "data"),
+            "--lr", repr(lr), "--schedule", "linear-warmup-cosine", "--warmup-steps", "2", "--total-steps", "8",
+            "--min-lr", "1e-5", "--ema", "--threads", "1"]
+
+    def run(cmd):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout + r.stderr
+
+    runs = [("tp1", [wxe])]
+    if mpirun:
+        runs.append(("tp2", [mpirun, "--oversubscribe", "-n", "2", wxe]))
+    for name, launcher in runs:
+        save = os.path.join(tmp, name)
+        tp = ["--tp", "2"] if name == "tp2" else []
+        run(launcher + args + tp + ["--save", save, "--steps", "5"])
+        err = run(launcher + args + tp + ["--save", save, "--steps", "6", "--resume"])
+        assert "resumed from" in err, err
+        trained = [l for l in err.splitlines() if "wxe: training" in l]
+        out = os.path.join(tmp, f"{name}.pt")
+        print(f"{name}:", run([wxe, "convert", os.path.join(save, "step_000006"), "--to", "credit", "--output", out,
+                                "--like", like]).strip())
+        ck = torch.load(out, weights_only=True)
+        assert list(ck) == ["epoch", "model_state_dict", "optimizer_state_dict", "scheduler_state_dict",
+                            "scaler_state_dict"], list(ck)
+        model = NextGenWXFormer(**KW)
+        model.load_state_dict(ck["model_state_dict"], strict=True)
+        n = sum(p.numel() for p in model.parameters())
+        ref = torch.load(like, weights_only=True)["model_state_dict"]
+        assert list(ck["model_state_dict"]) == list(ref), "key order differs"
+        if name == "tp1":
+            wxe_n = int(trained[0].split("training ")[1].split(" ")[0])
+            assert wxe_n == n, (wxe_n, n)
+        print(f"{name}: strict load ok, {n} parameters (wxe trained {trained[0].split('training ')[1]}), "
+              f"col_attn.attn.in_proj_weight {tuple(ck['model_state_dict']['col_attn.attn.in_proj_weight'].shape)}")
+        check_optimizer_layout_sched(ck["optimizer_state_dict"], model)
+
+        fresh = NextGenWXFormer(**KW)
+        conf, fresh, opt, scheduler, scaler = resume_with_credit(out, fresh, lr, 0.01, sched)
+        want = LinearWarmupCosineScheduler(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=lr), **sched)
+        for _ in range(6):
+            want.optimizer.step()
+            want.step()
+        got_sd, want_sd = scheduler.state_dict(), want.state_dict()
+        assert got_sd == want_sd, (got_sd, want_sd)
+        assert conf["trainer"]["start_epoch"] == 1
+        # CREDIT builds its scheduler after loading the optimizer (the new scheduler's first step
+        # sets lr to the warm-up's 0) and then loads the scheduler's state, which leaves the
+        # optimizer's lr as it is: the first resumed step runs at that lr, with a checkpoint
+        # CREDIT wrote itself too. The next scheduler step restores the schedule.
+        first_lr = opt.param_groups[0]["lr"]
+        steps = {float(s["step"]) for s in opt.state_dict()["state"].values()}
+        fresh.train()
+        fresh(torch.randn(*X)).square().mean().backward()
+        opt.step()
+        scheduler.step()
+        want.optimizer.step()
+        want.step()
+        assert opt.param_groups[0]["lr"] == want.get_last_lr()[0], (opt.param_groups[0]["lr"], want.get_last_lr())
+        print(f"{name}: CREDIT's load_model_states_and_optimizer resumed it (start_epoch 1): scheduler state after "
+              f"{got_sd['last_epoch']} steps equal to LinearWarmupCosineScheduler's (lr {got_sd['_last_lr'][0]:.6g}), "
+              f"scaler {scaler.state_dict()}, AdamW step {steps}; one more AdamW + scheduler step ok, lr "
+              f"{opt.param_groups[0]['lr']:.6g} as CREDIT's schedule (the first resumed step ran at {first_lr}, "
+              f"as CREDIT resumes its own checkpoints)")
+
+
+def check_optimizer_layout_sched(osd, model):
+    """check_optimizer_layout with a scheduler's initial_lr in param_groups."""
+    g = dict(osd["param_groups"][0])
+    assert "initial_lr" in g, list(g)
+    g.pop("initial_lr")
+    check_optimizer_layout(dict(osd, param_groups=[g]), model)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -180,9 +297,14 @@ def main():
     r.add_argument("name")
     r.add_argument("--no-sn", action="store_true")
     r.add_argument("--wxe", default=os.path.join(REPO, "build/wxe"))
+    n = sub.add_parser("nextgen")
+    n.add_argument("--wxe", default=os.path.join(REPO, "build/wxe"))
+    n.add_argument("--mpirun", default="")
     a = ap.parse_args()
     if a.cmd == "check":
         check(a.out, a.orig, a.name)
+    elif a.cmd == "nextgen":
+        nextgen(a.wxe, a.mpirun)
     else:
         roundtrip(a.name, a.no_sn, a.wxe)
 

@@ -28,16 +28,18 @@ std::string weight_of(const Graph& g, const Node& n) {
   return n.op == "Linear" && n.inputs.size() >= 2 && n.inputs[1] >= 0 ? g.values[n.inputs[1]].name : "";
 }
 
-// A CREDIT 1x1 Conv with spectral norm in the training graph: Conv(x, SpectralNorm(X.weight_orig,
-// u, v)), weight_orig (O, I, 1, 1), no groups, strides, pads or dilations. Value id of each such
-// SpectralNorm output -> its weight_orig name (the plan's key for the layer).
+// A CREDIT layer with spectral norm in the training graph: a 1x1 Conv(x, SpectralNorm(X.weight_orig,
+// u, v)), weight_orig (O, I, 1, 1), no groups, strides, pads or dilations, or a Linear(x,
+// SpectralNorm(X.weight_orig, u, v)), weight_orig (O, I) (nn.Linear traced by the TorchScript
+// exporter). Value id of each such SpectralNorm output -> its weight_orig name (the plan's key
+// for the layer).
 std::map<int, std::string> sn_conv_weights(const Graph& g) {
   std::map<int, std::string> sn_out;  // SpectralNorm (dim 0) output -> weight_orig
-  for (const Node& n : g.nodes)
-    if (n.op == "SpectralNorm" && n.i("dim", 0) == 0 && n.inputs.size() == 3 && n.inputs[0] >= 0 &&
-        g.values[n.inputs[0]].shape.size() == 4 && g.values[n.inputs[0]].shape[2] == 1 &&
-        g.values[n.inputs[0]].shape[3] == 1)
-      sn_out[n.outputs[0]] = g.values[n.inputs[0]].name;
+  for (const Node& n : g.nodes) {
+    if (n.op != "SpectralNorm" || n.i("dim", 0) != 0 || n.inputs.size() != 3 || n.inputs[0] < 0) continue;
+    const Shape& w = g.values[n.inputs[0]].shape;
+    if (w.size() == 2 || (w.size() == 4 && w[2] == 1 && w[3] == 1)) sn_out[n.outputs[0]] = g.values[n.inputs[0]].name;
+  }
   std::map<int, std::string> r;
   std::set<int> other_use;
   auto ones = [](const std::vector<int64_t>& v, int64_t x) {
@@ -47,21 +49,24 @@ std::map<int, std::string> sn_conv_weights(const Graph& g) {
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       int i = n.inputs[k];
       if (!sn_out.count(i)) continue;
-      bool conv = n.op == "Conv" && k == 1 && n.i("group", 1) == 1 && ones(n.ints("strides"), 1) &&
+      const size_t rank = g.values[i].shape.size();
+      bool conv = n.op == "Conv" && k == 1 && rank == 4 && n.i("group", 1) == 1 && ones(n.ints("strides"), 1) &&
                   ones(n.ints("pads"), 0) && ones(n.ints("dilations"), 1) && n.s("auto_pad", "NOTSET") == "NOTSET";
-      if (conv) r[i] = sn_out[i];
+      bool linear = n.op == "Linear" && k == 1 && rank == 2;
+      if (conv || linear) r[i] = sn_out[i];
       else other_use.insert(i);
     }
   for (int i : other_use) r.erase(i);  // read by anything else: left whole
   return r;
 }
 
-// The weight a Linear node, or a spectral-norm 1x1 Conv (`sn`: sn_conv_weights), reads: the
-// plan's key.
+// The weight a Linear node, or a spectral-norm 1x1 Conv or Linear (`sn`: sn_conv_weights),
+// reads: the plan's key.
 std::string layer_weight(const Graph& g, const Node& n, const std::map<int, std::string>& sn) {
-  if (n.op == "Conv" && n.inputs.size() >= 2) {
+  if ((n.op == "Conv" || n.op == "Linear") && n.inputs.size() >= 2) {
     auto it = sn.find(n.inputs[1]);
-    return it == sn.end() ? "" : it->second;
+    if (it != sn.end()) return it->second;
+    if (n.op == "Conv") return "";
   }
   return weight_of(g, n);
 }
@@ -335,7 +340,9 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
       out.push_back(std::move(n));
       continue;
     }
-    const bool sn_conv = n.op == "Conv" && n.inputs.size() >= 2 && sn.count(n.inputs[1]);
+    // a spectral-norm layer: its SpectralNormTP (above) slices the weight
+    const bool sn_layer = (n.op == "Conv" || n.op == "Linear") && n.inputs.size() >= 2 && sn.count(n.inputs[1]);
+    const bool sn_conv = sn_layer && n.op == "Conv";
     std::string w = layer_weight(g, n, sn);
     auto pit = plan.by_weight.find(w);
     TpSplit split = w.empty() || pit == plan.by_weight.end() ? TpSplit::Replicate : pit->second;
@@ -345,7 +352,7 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
       int64_t feat = sn_conv ? 1 : n.i("axis", -1);
       if (feat < 0) feat += rank;
       // a Linear's weight (N, K) is sliced here; a spectral-norm conv's by its SpectralNormTP
-      const Tensor* W = sn_conv ? nullptr : g.values[n.inputs[1]].constant.get();
+      const Tensor* W = sn_layer ? nullptr : g.values[n.inputs[1]].constant.get();
       int bias = n.inputs.size() > 2 ? n.inputs[2] : -1;
       if (split == TpSplit::Column) {
         const int groups = sn_conv ? groups_of(w) : 1;

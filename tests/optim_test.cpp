@@ -202,18 +202,26 @@ TEST(Clip, NonFiniteNormPassesThroughUnscaled) {
 }
 
 TEST(Ema, MatchesHandComputation) {
+  // CREDIT's EMATracker: update n uses d = min(decay, (1 + n) / (10 + n))
   Tensor p = Tensor::from_f32({2}, {1.f, -2.f});
   Ema ema(0.9, {&p});
   p.data<float>()[0] = 3.f;
   p.data<float>()[1] = 0.f;
   EXPECT_EQ(ema.shadow()[0].data<float>()[0], 1.f);  // a copy, not an alias
   ema.update({&p});
-  EXPECT_NEAR(ema.shadow()[0].data<float>()[0], 0.9 * 1 + 0.1 * 3, 1e-6);
-  EXPECT_NEAR(ema.shadow()[0].data<float>()[1], 0.9 * -2 + 0.1 * 0, 1e-6);
+  double d = 2.0 / 11;
+  EXPECT_NEAR(ema.shadow()[0].data<float>()[0], d * 1 + (1 - d) * 3, 1e-6);
+  EXPECT_NEAR(ema.shadow()[0].data<float>()[1], d * -2 + (1 - d) * 0, 1e-6);
+  const double s0 = ema.shadow()[0].data<float>()[0], s1 = ema.shadow()[0].data<float>()[1];
   p.data<float>()[0] = -1.f;
   ema.update({&p});
-  EXPECT_NEAR(ema.shadow()[0].data<float>()[0], 0.9 * 1.2 + 0.1 * -1, 1e-6);
-  EXPECT_NEAR(ema.shadow()[0].data<float>()[1], 0.9 * -1.8, 1e-6);
+  d = 3.0 / 12;
+  EXPECT_NEAR(ema.shadow()[0].data<float>()[0], d * s0 + (1 - d) * -1, 1e-6);
+  EXPECT_NEAR(ema.shadow()[0].data<float>()[1], d * s1, 1e-6);
+  Ema capped(0.5, {&p});
+  capped.set_updates(99);  // (1 + 100) / 110 > 0.5: the maximum decay
+  EXPECT_EQ(capped.next_decay(), 0.5);
+  EXPECT_EQ(capped.updates(), 100);
   Tensor q = randn({3}, 1);
   EXPECT_NE(error_of([&] { ema.update({&q}); }).find("parameter 0 is (3), its shadow (2)"), std::string::npos);
 }

@@ -289,7 +289,9 @@ TEST(TorchSave, CreditExportMapsTheAdamState) {
   export_credit_checkpoint(dir, out, like);
 
   Loaded l(out);
-  EXPECT_EQ(l.keys(l.root), (std::vector<std::string>{"epoch", "model_state_dict", "optimizer_state_dict"}));
+  // CREDIT's trainer resuming reads all five (scheduler: None without schedule metadata; scaler: {})
+  EXPECT_EQ(l.keys(l.root), (std::vector<std::string>{"epoch", "model_state_dict", "optimizer_state_dict",
+                                                      "scheduler_state_dict", "scaler_state_dict"}));
   int32_t msd = l.get(l.root, "model_state_dict");
   std::vector<std::string> want_names;
   for (auto& [n, t] : legacy) want_names.push_back(n);
@@ -366,7 +368,8 @@ TEST(TorchSave, CreditExportMapsTheAdamState) {
   const std::string plain = tmp_path("plain.pt");
   export_credit_checkpoint(dir, plain, "");
   Loaded p(plain);
-  EXPECT_EQ(p.keys(p.root), (std::vector<std::string>{"epoch", "model_state_dict"}));
+  EXPECT_EQ(p.keys(p.root),
+            (std::vector<std::string>{"epoch", "model_state_dict", "scheduler_state_dict", "scaler_state_dict"}));
   std::vector<std::string> sorted = p.keys(p.get(p.root, "model_state_dict"));
   EXPECT_TRUE(std::is_sorted(sorted.begin(), sorted.end()));
   EXPECT_EQ(sorted.size(), legacy.size() - 1);  // no unused.weight

@@ -621,7 +621,8 @@ int main(int argc, char** argv) {
   finetune->add_option("--forecast-len", fc.forecast_len, "rollout steps per sample, prediction fed back (default 1)");
   finetune->add_option("--prognostic", fc.prognostic, "output channels fed back into the input in rollouts (default: min of input and output channels)");
   finetune->add_flag("--ema", fc.ema, "keep an exponential moving average of the weights (saved as ema.safetensors)");
-  finetune->add_option("--ema-decay", fc.ema_decay, "EMA decay (default 0.999)");
+  finetune->add_option("--ema-decay", fc.ema_decay,
+                       "EMA maximum decay (default 0.999); update n uses min(decay, (1+n)/(10+n)), as CREDIT's EMATracker");
   finetune->add_flag("--shuffle", fc.shuffle, "a new sample order every epoch (seeded)");
   finetune->add_option("--seed", fc.seed, "seed of the sample order (default 0)");
   std::string loss = "lat-mse";

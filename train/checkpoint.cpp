@@ -45,7 +45,13 @@ std::string Trainer::save_checkpoint() {
       {"step", step}, {"adam_step", std::to_string(adam_.steps())}, {"seed", std::to_string(cfg_.seed)},
       {"lr", str(cfg_.schedule.lr)}, {"beta1", str(c.beta1)}, {"beta2", str(c.beta2)}, {"eps", str(c.eps)},
       {"weight_decay", str(c.weight_decay)}, {"source", cfg_.model}, {"written_by", "wxe finetune"},
-      {"accum", std::to_string(cfg_.accum)}, {"forecast_len", std::to_string(cfg_.forecast_len)}};
+      {"accum", std::to_string(cfg_.accum)}, {"forecast_len", std::to_string(cfg_.forecast_len)},
+      // the learning-rate schedule, for CREDIT's scheduler_state_dict (train/credit_checkpoint.h)
+      {"schedule", cfg_.schedule.kind == ScheduleKind::Constant ? "constant" : "linear-warmup-cosine"},
+      {"warmup_steps", std::to_string(cfg_.schedule.warmup_steps)},
+      {"total_steps", std::to_string(cfg_.schedule.total_steps)}, {"min_lr", str(cfg_.schedule.min_lr)},
+      {"accum_batches", std::to_string(cfg_.schedule.accum_batches)},
+      {"epoch_batches", std::to_string(cfg_.schedule.epoch_batches)}};
   NamedTensors opt, ema;
   for (size_t i = 0; i < trainable_.size(); ++i) {
     const std::string& name = graph_.values[trainable_[i]].name;
@@ -171,6 +177,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   WXE_CHECK(meta.count("step"), dir, ": no step in the metadata");
   step_ = parse_int64(meta["step"], dir + ": metadata 'step'");
   WXE_CHECK(step_ >= 0 && step_ < (int64_t(1) << 53), dir, ": metadata 'step' is ", step_, ", out of range");
+  if (ema_) ema_->set_updates(step_);  // one update per optimizer step since step 0
   if (dev_) {  // the host's state is the newer now
     exec_->reload_constants();
     dev_state_.ready = false;

@@ -11,6 +11,7 @@
 #include "engine/io/json.h"
 #include "engine/io/safetensors.h"
 #include "train/finetune.h"
+#include "train/optim.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "importers/torch/torch_save.h"
 
@@ -43,6 +44,37 @@ Shape squeezed(const Shape& s) {
 }
 
 }  // namespace
+
+PyValue credit_scheduler_state(const std::map<std::string, std::string>& meta, int64_t step) {
+  auto get = [&](const char* k) { return meta.count(k) ? meta.at(k) : std::string(); };
+  if (get("schedule") != "linear-warmup-cosine" || get("warmup_steps").empty() || get("total_steps").empty() ||
+      get("lr").empty())
+    return PyValue::none();
+  Schedule s;
+  s.kind = ScheduleKind::LinearWarmupCosine;
+  s.lr = parse_double(get("lr"), "checkpoint metadata 'lr'");
+  s.min_lr = get("min_lr").empty() ? 0.0 : parse_double(get("min_lr"), "checkpoint metadata 'min_lr'");
+  s.warmup_steps = parse_int64(get("warmup_steps"), "checkpoint metadata 'warmup_steps'");
+  s.total_steps = parse_int64(get("total_steps"), "checkpoint metadata 'total_steps'");
+  // a schedule counting batches (CREDIT configs): the scheduler stepped once per batch
+  if (!get("accum_batches").empty()) s.accum_batches = parse_int64(get("accum_batches"), "checkpoint metadata 'accum_batches'");
+  if (!get("epoch_batches").empty()) s.epoch_batches = parse_int64(get("epoch_batches"), "checkpoint metadata 'epoch_batches'");
+  WXE_CHECK(s.warmup_steps >= 0 && s.total_steps >= 0 && s.accum_batches >= 1 && s.epoch_batches >= 0,
+            "checkpoint metadata: schedule counts out of range");
+  const int64_t last = s.schedule_step(step);
+  // LRScheduler.state_dict(): the instance's attributes but the optimizer, in this order
+  PyValue d = PyValue::dict();
+  d.set(PyValue::str("warmup_steps"), PyValue::integer(s.warmup_steps));
+  d.set(PyValue::str("total_steps"), PyValue::integer(s.total_steps));
+  d.set(PyValue::str("min_lr"), PyValue::real(s.min_lr));
+  d.set(PyValue::str("base_lrs"), PyValue::list({PyValue::real(s.lr)}));
+  d.set(PyValue::str("last_epoch"), PyValue::integer(last));
+  d.set(PyValue::str("_step_count"), PyValue::integer(last + 1));
+  d.set(PyValue::str("_is_initial"), PyValue::boolean(false));
+  d.set(PyValue::str("_get_lr_called_within_step"), PyValue::boolean(false));
+  d.set(PyValue::str("_last_lr"), PyValue::list({PyValue::real(s.lr_at(step))}));
+  return d;
+}
 
 std::string export_credit_checkpoint(const std::string& input, const std::string& output, const std::string& like) {
   const bool dir = fs::is_directory(input);
@@ -105,6 +137,7 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
   top.set(PyValue::str("epoch"), PyValue::integer(0));
   top.set(PyValue::str("model_state_dict"), sd);
   int moments = 0;
+  const PyValue scheduler = credit_scheduler_state(meta, step);
   if (!like.empty() && !opt.empty()) {
     std::map<std::string, Tensor> m = legacy_moments(opt, "exp_avg."), v = legacy_moments(opt, "exp_avg_sq.");
     PyValue state = PyValue::dict();
@@ -125,7 +158,11 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
     }
     auto num = [&](const char* k, double d) { return PyValue::real(meta.count(k) ? parse_double(meta[k], input + ": metadata '" + k + "'") : d); };
     PyValue group = PyValue::dict();
-    group.set(PyValue::str("lr"), num("lr", 1e-3));
+    // with a scheduler, the lr it set after the last step, and the base lr as initial_lr
+    PyValue lr = num("lr", 1e-3);
+    for (auto& [k, v] : scheduler.kv)
+      if (k.s == "_last_lr") lr = v.items[0];
+    group.set(PyValue::str("lr"), lr);
     group.set(PyValue::str("betas"), PyValue::tuple({num("beta1", 0.9), num("beta2", 0.95)}));
     group.set(PyValue::str("eps"), num("eps", 1e-8));
     group.set(PyValue::str("weight_decay"), num("weight_decay", 0.01));
@@ -136,12 +173,17 @@ std::string export_credit_checkpoint(const std::string& input, const std::string
     group.set(PyValue::str("differentiable"), PyValue::boolean(false));
     group.set(PyValue::str("fused"), PyValue::none());
     group.set(PyValue::str("decoupled_weight_decay"), PyValue::boolean(true));
+    if (scheduler.kind == PyValue::Dict) group.set(PyValue::str("initial_lr"), num("lr", 1e-3));
     group.set(PyValue::str("params"), PyValue::list(params));
     PyValue optd = PyValue::dict();
     optd.set(PyValue::str("state"), state);
     optd.set(PyValue::str("param_groups"), PyValue::list({group}));
     top.set(PyValue::str("optimizer_state_dict"), optd);
   }
+  // CREDIT's trainer resuming (reload_epoch) reads both: the scheduler's state (None where it
+  // runs none) and the GradScaler's, which without amp (wxe trains in float32) is {}
+  top.set(PyValue::str("scheduler_state_dict"), scheduler);
+  top.set(PyValue::str("scaler_state_dict"), PyValue::dict());
   write_torch_checkpoint(output, top);
   return str("wrote ", output, ": ", out.size(), " tensors in CREDIT's layout", copied ? str(" (", copied, " untrained, copied from ", like, ")") : "",
              moments ? str("; AdamW state of ", moments, " parameters at step ", step) : "; no optimizer state");

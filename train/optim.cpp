@@ -130,9 +130,15 @@ Ema::Ema(double decay, const std::vector<const Tensor*>& params) : decay_(decay)
   }
 }
 
+double Ema::next_decay() {
+  ++n_;
+  return std::min(decay_, (1.0 + (double)n_) / (10.0 + (double)n_));
+}
+
 void Ema::update(const std::vector<const Tensor*>& params) {
   WXE_CHECK(params.size() == shadow_.size(), "EMA: ", params.size(), " parameters, the EMA holds ", shadow_.size());
-  const float d = (float)decay_, w = (float)(1 - decay_);
+  const double decay = next_decay();
+  const float d = (float)decay, w = (float)(1 - decay);
   for (size_t i = 0; i < params.size(); ++i) {
     check_f32(params[i], "EMA: parameter", i);
     WXE_CHECK(params[i]->shape == shadow_[i].shape, "EMA: parameter ", i, " is ", shape_str(params[i]->shape),

@@ -77,17 +77,26 @@ double grad_norm_squared(const std::vector<const Tensor*>& grads);
 // Multiplies every gradient by `factor` (float32), as clip_grad_norm does.
 void scale_grads(const std::vector<Tensor*>& grads, float factor);
 
-// EMA of parameters: shadow = decay * shadow + (1 - decay) * p after every optimizer step
-// (float32, coefficients rounded to float32); the shadow starts as a copy of the parameters.
+// EMA of parameters as CREDIT's EMATracker (credit/trainers/base_trainer.py) keeps it: the
+// shadow starts as a copy of the parameters; update n (1-based) after the n-th optimizer step
+// takes d = min(decay, (1 + n) / (10 + n)) and sets shadow = d * shadow + (1 - d) * p (float32,
+// coefficients rounded to float32). Spectral norm's weight_u / weight_v are not parameters here
+// (train/trainer.h trains neither), as CREDIT leaves them out of its average.
 class Ema {
  public:
   Ema(double decay, const std::vector<const Tensor*>& params);
   void update(const std::vector<const Tensor*>& params);
+  // Counts one update and returns its decay d (for a caller that updates state it holds itself,
+  // through TrainKernels::ema).
+  double next_decay();
   std::vector<Tensor>& shadow() { return shadow_; }
-  double decay() const { return decay_; }
+  double decay() const { return decay_; }  // the maximum decay
+  int64_t updates() const { return n_; }
+  void set_updates(int64_t n) { n_ = n; }  // resuming: the updates the loaded shadow has seen
 
  private:
   double decay_;
+  int64_t n_ = 0;
   std::vector<Tensor> shadow_;
 };
 

@@ -57,6 +57,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   lo.weights = cfg.weights;
   lo.training = true;
   prepare_model(graph_, {{input_name_, {first.input.dtype, first.input.shape}}}, lo);
+  check_training_parameters(graph_, nullptr, cfg.model);
   WXE_CHECK(graph_.outputs.size() >= 1, cfg.model, ": the model has no output");
   const Shape out_shape = graph_.values[graph_.outputs[0]].shape;
   WXE_CHECK(first.targets.size() == (size_t)cfg.forecast_len, cfg.data, ": a sample has ", first.targets.size(),
@@ -393,7 +394,8 @@ void Trainer::device_update(double lr) {
       dev_->copy_to_device(exec_->device_param(p).raw(), params[p]->raw(), params[p]->nbytes());
   }
   if (ema_) {
-    const float decay = (float)ema_->decay(), w = (float)(1 - ema_->decay());
+    const double e = ema_->next_decay();
+    const float decay = (float)e, w = (float)(1 - e);
     for (size_t p = 0; p < trainable_.size(); ++p)
       k.ema(d.ema[p].data<float>(), exec_->device_param(p).data<float>(), zn_[p], decay, w);
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "engine/ir/module_roles.h"
@@ -34,6 +35,87 @@ std::string node_name_of(const std::string& module) { return "/" + module + "/Li
 
 // The projections that are nn.Linear in the Linear layout (all but the legacy fused qkv).
 bool is_linear_projection(Role r) { return r != Role::None && r != Role::Qkv; }
+
+// nn.MultiheadAttention as the exporters write a self-attention call (query, key and value the
+// same tensor): in the module's scope, MatMuls read anonymous constants, the packed in_proj
+// (E, 3E) first and out_proj (E, E) last (TorchScript), or the in_proj alone, out_proj being a
+// named `M.out_proj.weight` (dynamo). Where query, key and value differ, torch projects them
+// apart: three (E, E) constants, the rows [0, E), [E, 2E), [2E, 3E) of in_proj_weight, then
+// out_proj. `leaf`: MatMul node index -> the leaf of CREDIT's state dict (".in_proj_weight",
+// ".out_proj.weight"); `part`: MatMul node index -> (q/k/v index, the three constants).
+struct MultiheadAttentionWeights {
+  std::map<size_t, std::string> leaf;
+  std::map<size_t, std::pair<int, std::vector<int>>> part;
+};
+
+MultiheadAttentionWeights multihead_attention_weights(const Graph& g) {
+  std::map<std::string, std::vector<size_t>> by_scope;
+  std::set<std::string> named_out_proj;  // scopes reading their own M.out_proj.weight
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    const std::string scope = scope_module(n.name);
+    for (int i : n.inputs)
+      if (i >= 0 && !scope.empty() && g.values[i].name == scope + ".out_proj.weight") named_out_proj.insert(scope);
+    if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[0] < 0 || n.inputs[1] < 0) continue;
+    const Value& c = g.values[n.inputs[1]];
+    if (c.is_param && c.is_const() && c.shape.size() == 2 && pass_util::anonymous_name(c.name) &&
+        !g.values[n.inputs[0]].is_const())
+      by_scope[scope].push_back(k);
+  }
+  MultiheadAttentionWeights r;
+  for (auto& [module, ks] : by_scope) {
+    if (module.empty()) continue;
+    std::vector<int> cs;  // the distinct constants, in order (a module called twice reads them twice)
+    for (size_t k : ks)
+      if (std::find(cs.begin(), cs.end(), g.nodes[k].inputs[1]) == cs.end()) cs.push_back(g.nodes[k].inputs[1]);
+    const Shape& in = g.values[cs[0]].shape;
+    const bool square = std::all_of(cs.begin(), cs.end(), [&](int c) { return g.values[c].shape == Shape{in[0], in[0]}; });
+    std::map<int, std::string> leaf;
+    std::map<int, int> part;
+    if (in[1] == 3 * in[0] && cs.size() == 1 && named_out_proj.count(module)) {
+      leaf[cs[0]] = ".in_proj_weight";
+    } else if (in[1] == 3 * in[0] && cs.size() == 2 && g.values[cs[1]].shape == Shape{in[0], in[0]}) {
+      leaf[cs[0]] = ".in_proj_weight";
+      leaf[cs[1]] = ".out_proj.weight";
+    } else if (square && (cs.size() == 4 || (cs.size() == 3 && named_out_proj.count(module)))) {
+      for (int p = 0; p < 3; ++p) part[cs[p]] = p;
+      if (cs.size() == 4) leaf[cs[3]] = ".out_proj.weight";
+    }
+    for (size_t k : ks) {
+      const int c = g.nodes[k].inputs[1];
+      if (leaf.count(c)) r.leaf[k] = leaf[c];
+      if (part.count(c)) r.part[k] = {part[c], {cs[0], cs[1], cs[2]}};
+    }
+  }
+  return r;
+}
+
+// MatMul(x, Transpose(W)), W (N, K) the weight of the MatMul's own module M, computed in the
+// graph: a spectral-norm nn.Linear as the TorchScript exporter traces it. W is the folded
+// `M.weight` (inference, after fold_spectral_norm) or the output of the SpectralNorm op of
+// `M.weight_orig` (training). MatMul node index -> W, for every such node.
+std::map<size_t, int> transposed_weights(const Graph& g) {
+  const std::vector<int> prod = g.producers();
+  std::map<size_t, int> r;
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[0] < 0 || n.inputs[1] < 0 || prod[n.inputs[1]] < 0 ||
+        g.values[n.inputs[0]].is_const())
+      continue;
+    const Node& t = g.nodes[prod[n.inputs[1]]];
+    if (t.op != "Transpose" || t.inputs.empty() || t.inputs[0] < 0) continue;
+    const int wi = t.inputs[0];
+    const Value& w = g.values[wi];
+    const std::vector<int64_t> perm = t.ints("perm");
+    const std::string module = scope_module(n.name);
+    if (module.empty() || w.shape.size() != 2 || !(perm.empty() || perm == std::vector<int64_t>{1, 0})) continue;
+    bool folded = w.is_param && w.is_const() && w.name == module + ".weight";
+    bool sn = prod[wi] >= 0 && g.nodes[prod[wi]].op == "SpectralNorm" && !g.nodes[prod[wi]].inputs.empty() &&
+              g.nodes[prod[wi]].inputs[0] >= 0 && g.values[g.nodes[prod[wi]].inputs[0]].name == module + pass_util::kOrig;
+    if (folded || sn) r[k] = wi;
+  }
+  return r;
+}
 
 }  // namespace
 
@@ -67,7 +149,7 @@ Tensor transpose_2d(const Tensor& t) {
   return r;
 }
 
-bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
+bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out, const std::string& leaf, std::map<int, int>* converted) {
   if (n.op != "MatMul" || n.inputs.size() != 2 || n.inputs[1] < 0) return false;
   const Value& c = g.values[n.inputs[1]];
   const std::string module = scope_module(n.name);
@@ -77,20 +159,29 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
   if (!c.is_param || !c.is_const() || c.shape.size() != 2 || g.values[n.inputs[0]].is_const() ||
       (!anonymous && !is_linear_projection(module_role(module))))
     return false;
-  Tensor w = transpose_2d(*c.constant);  // (K, N) -> (N, K)
   Node l;
   l.op = "Linear";
   l.name = node_name_of(module);
   l.attrs["axis"] = attr_i(-1);
-  const std::string export_name = anonymous_name(c.name) ? c.name : c.export_name;
-  l.inputs = {n.inputs[0], g.add_constant(module + ".weight", std::move(w), true)};
-  Value& wv = g.values[l.inputs[1]];
-  wv.export_name = export_name;
-  if (anonymous)  // nn.MultiheadAttention calls its projections functionally, in its own scope
-    for (const std::string& m : {module, collapse_repeated_calls(module)})
-      for (const char* leaf : {".weight", ".in_proj_weight", ".out_proj.weight"})
-        if (m + leaf != wv.name && std::find(wv.alt_names.begin(), wv.alt_names.end(), m + leaf) == wv.alt_names.end())
-          wv.alt_names.push_back(m + leaf);
+  auto seen = converted ? converted->find(n.inputs[1]) : std::map<int, int>::iterator();
+  if (converted && seen != converted->end()) {
+    // the same constant read again (a module called once per frame): the same parameter
+    l.inputs = {n.inputs[0], seen->second};
+  } else {
+    Tensor w = transpose_2d(*c.constant);  // (K, N) -> (N, K)
+    const std::string export_name = anonymous_name(c.name) ? c.name : c.export_name;
+    const int src = n.inputs[1];
+    l.inputs = {n.inputs[0], g.add_constant(module + leaf, std::move(w), true)};
+    if (converted) (*converted)[src] = l.inputs[1];
+    Value& wv = g.values[l.inputs[1]];
+    wv.export_name = export_name;
+    if (anonymous)  // the name in the module's other calls (frames), and the leaf's alternatives
+      for (const std::string& m : {module, collapse_repeated_calls(module)})
+        for (const std::string& alt : {leaf, std::string(".weight"), std::string(".in_proj_weight"),
+                                       std::string(".out_proj.weight")})
+          if (m + alt != wv.name && std::find(wv.alt_names.begin(), wv.alt_names.end(), m + alt) == wv.alt_names.end())
+            wv.alt_names.push_back(m + alt);
+  }
   l.outputs = n.outputs;
   out.push_back(std::move(l));
   return true;
@@ -100,13 +191,72 @@ bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out) {
 
 void rewrite_linear_layout(Graph& g) {
   std::vector<Node> out;
-  for (Node& n : g.nodes) {
+  const MultiheadAttentionWeights mha = multihead_attention_weights(g);
+  const std::map<size_t, int> computed = transposed_weights(g);
+  std::map<int, int> converted;  // exported MatMul constant -> its Linear weight
+  std::map<int, int> in_proj;    // q's constant of a split in_proj -> the one in_proj_weight
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    Node& n = g.nodes[k];
+    auto split = mha.part.find(k);
+    if (split != mha.part.end()) {  // Linear(x, rows of M.in_proj_weight): one parameter, as CREDIT saves it
+      const auto& [p, cs] = split->second;
+      const std::string module = scope_module(n.name);
+      const int64_t e = g.values[cs[0]].shape[0];
+      auto it = in_proj.find(cs[0]);
+      if (it == in_proj.end()) {
+        Tensor w(g.values[cs[0]].dtype, {3 * e, e});
+        for (int j = 0; j < 3; ++j) {
+          Tensor t = transpose_2d(*g.values[cs[j]].constant);
+          std::memcpy((uint8_t*)w.raw() + j * t.nbytes(), t.raw(), t.nbytes());
+        }
+        const std::string export_name = g.values[cs[0]].name;
+        int wi = g.add_constant(module + ".in_proj_weight", std::move(w), true);
+        g.values[wi].export_name = export_name;
+        const std::string c = collapse_repeated_calls(module) + ".in_proj_weight";
+        if (c != g.values[wi].name) g.values[wi].alt_names.push_back(c);
+        it = in_proj.insert({cs[0], wi}).first;
+      }
+      Node sl;
+      sl.op = "Slice";
+      sl.name = node_name_of(module) + "/in_proj_" + std::to_string(p);
+      sl.inputs = {it->second, g.add_constant(sl.name + "_starts", Tensor::from_i64({p * e})),
+                   g.add_constant(sl.name + "_ends", Tensor::from_i64({(p + 1) * e})),
+                   g.add_constant(sl.name + "_axes", Tensor::from_i64({0}))};
+      Value o;
+      o.name = sl.name + "_output_0";
+      o.dtype = g.values[it->second].dtype;
+      o.shape = {e, e};
+      o.shape_known = true;
+      sl.outputs = {g.add_value(o)};
+      Node l;
+      l.op = "Linear";
+      l.name = node_name_of(module);
+      l.attrs["axis"] = attr_i(-1);
+      l.inputs = {n.inputs[0], sl.outputs[0]};
+      l.outputs = n.outputs;
+      out.push_back(std::move(sl));
+      out.push_back(std::move(l));
+      continue;
+    }
+    auto sn = computed.find(k);
+    if (sn != computed.end()) {  // Linear(x, W) reads W itself; the Transpose is left dead
+      Node l;
+      l.op = "Linear";
+      l.name = node_name_of(scope_module(n.name));
+      l.attrs["axis"] = attr_i(-1);
+      l.inputs = {n.inputs[0], sn->second};
+      l.outputs = n.outputs;
+      out.push_back(std::move(l));
+      continue;
+    }
     const std::string wname = is_pointwise_conv(g, n) ? g.values[n.inputs[1]].name : "";
     const std::string module = layout::module_of(wname);
     bool qkv = !wname.empty() && layout::is_qkv_module(module) && wname == module + ".weight";
     bool linear = !wname.empty() && layout::is_linear_module(module) && wname == module + ".weight";
     if (!qkv && !linear) {
-      if (!matmul_to_linear(g, n, out)) out.push_back(std::move(n));
+      auto leaf = mha.leaf.find(k);
+      if (!matmul_to_linear(g, n, out, leaf == mha.leaf.end() ? ".weight" : leaf->second, &converted))
+        out.push_back(std::move(n));
       continue;
     }
     const Tensor& w = *g.values[n.inputs[1]].constant;

@@ -1,6 +1,7 @@
 // Helpers the pass files share (engine/passes/*.cpp only; the passes' API is passes.h).
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,11 @@ Tensor transpose_2d(const Tensor& t);
 
 // nn.Linear as torch.onnx.export writes it: MatMul(x, W^T) with W^T an exporter-made
 // constant, in the scope of a projection module M (nextgen_wxformer's to_q/k/v/out and
-// feed-forward). It becomes Linear(x, M.weight) over the last axis, appended to `out`.
-// Returns false if n is not such a node.
-bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out);
+// feed-forward). It becomes Linear(x, M<leaf>) over the last axis, appended to `out` (leaf:
+// ".weight", or nn.MultiheadAttention's ".in_proj_weight" / ".out_proj.weight"). With
+// `converted` (exported constant -> its parameter), a constant read by several MatMuls (a
+// module called once per frame) becomes one parameter. Returns false if n is not such a node.
+bool matmul_to_linear(Graph& g, Node& n, std::vector<Node>& out, const std::string& leaf = ".weight",
+                      std::map<int, int>* converted = nullptr);
 
 }  // namespace wxe::pass_util

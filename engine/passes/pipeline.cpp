@@ -28,6 +28,42 @@ void prepare_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
   rewrite_linear_layout(g);
 }
 
+namespace {
+
+// A module called once per frame (frames 2: the level embedding, the column attention) is
+// exported once per call, its parameters renamed by call ("col_attn.attn_1.in_proj_weight") and
+// read from copies of one initializer. For training they must be one leaf, as in PyTorch: the
+// parameters whose names collapse to one name (collapse_repeated_calls) and whose values are
+// equal become the one named so; a checkpoint then names each once.
+void tie_repeated_calls(Graph& g) {
+  std::vector<int> uses = g.use_counts();
+  std::map<std::string, std::vector<int>> by_name;
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const Value& x = g.values[v];
+    if (x.is_param && x.is_const() && uses[v]) by_name[collapse_repeated_calls(x.name)].push_back((int)v);
+  }
+  std::vector<int> alias(g.values.size(), -1);
+  for (auto& [name, vs] : by_name) {
+    if (vs.size() < 2) continue;
+    const Tensor& t0 = *g.values[vs[0]].constant;
+    bool same = std::all_of(vs.begin(), vs.end(), [&](int v) {
+      const Tensor& t = *g.values[v].constant;
+      return t.dtype == t0.dtype && t.shape == t0.shape && std::memcmp(t.raw(), t0.raw(), t.nbytes()) == 0;
+    });
+    int keep = -1;  // the first call's, under the uncollapsed name (CREDIT's names have no "_N" parts)
+    for (int v : vs)
+      if (g.values[v].name == name) keep = v;
+    if (!same || keep < 0) continue;
+    for (int v : vs)
+      if (v != keep) alias[v] = keep;
+  }
+  for (Node& n : g.nodes)
+    for (int& i : n.inputs)
+      if (i >= 0 && alias[i] >= 0) i = alias[i];
+}
+
+}  // namespace
+
 void prepare_training_graph(Graph& g, const std::map<std::string, InputSpec>& given) {
   bind_inputs(g, given);
   fold_if(g);
@@ -37,6 +73,7 @@ void prepare_training_graph(Graph& g, const std::map<std::string, InputSpec>& gi
   remove_identities(g);
   eliminate_dead_nodes(g);
   rewrite_linear_layout(g);
+  tie_repeated_calls(g);
   // name_params_by_scope's copies share their source's storage; a trained leaf needs its own
   std::set<const Storage*> seen;
   for (Value& v : g.values)
