@@ -251,10 +251,15 @@ int run_train_bench(const std::string& model, const std::string& input, const st
               "device %s; %lld trainable parameters\n",
               runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(),
               (long long)t.trainable_count());
+  const double param_mb = t.trainable_count() * 4.0 / 1e6, kept_mb = t.executor().kept_bytes() / 1e6;
+  std::printf("memory: trainable parameters %.1f MB, their gradients %.1f MB, AdamW state %.1f MB, forward values "
+              "kept for the backward %.1f MB\n",
+              param_mb, param_mb, t.optimizer_bytes() / 1e6, kept_mb);
   if (json)
     std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"threads\": %d, \"runs\": %d, "
-                "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f}\n",
-                model.c_str(), device.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb());
+                "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"kept_mb\": %.1f}\n",
+                model.c_str(), device.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb(),
+                kept_mb);
   return 0;
 }
 

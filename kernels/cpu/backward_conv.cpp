@@ -441,6 +441,7 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
 
 void register_conv_backward() {
   register_backward("Conv", conv_backward_registered);
+  for (const char* op : {"Conv", "ConvTranspose"}) register_backward_reads(op, {~0u, false});  // x, w: not y
   register_backward("ConvTranspose", conv_backward_registered);
 }
 

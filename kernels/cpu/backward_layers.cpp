@@ -453,6 +453,9 @@ void register_layer_backward() {
     register_backward(op, fast<reduce_backward>);
   for (const char* op : {"ReduceMean", "ReduceSum"})  // the fast path: a broadcast of the gradient
     register_backward_reads(op, {~1u, false});
+  // the norms and GELU recompute what they need from their inputs; not Softmax (reads y)
+  for (const char* op : {"LayerNormalization", "InstanceNormalization", "GroupNormalization", "Gelu"})
+    register_backward_reads(op, {~0u, false});
   register_backward("Gelu", gelu_backward);
   register_linalg_backward();
   register_spectral_norm();

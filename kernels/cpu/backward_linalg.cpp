@@ -584,6 +584,8 @@ void fast(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const O
 }  // namespace
 
 void register_linalg_backward() {
+  for (const char* op : {"MatMul", "Gemm", "Einsum", "Linear"})  // the operands, not the product
+    register_backward_reads(op, {~0u, false});
   register_backward("MatMul", fast<matmul_backward>);
   register_backward("Gemm", fast<gemm_backward>);
   register_backward("Einsum", fast<einsum_backward>);

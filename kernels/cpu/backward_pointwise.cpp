@@ -721,6 +721,10 @@ void register_pointwise_backward() {
     register_backward_reads(op, {0u, false});
   for (const char* op : {"Slice", "Split", "DepthToSpace", "Expand", "Tile", "Pad", "Gather", "GatherND", "Resize"})
     register_backward_reads(op, {~1u, false});  // all but the data input 0
+  // the operands, not the output (which is only the broadcast shape); Where: the condition
+  for (const char* op : {"Mul", "Div", "Pow", "Max", "Min", "Erf"}) register_backward_reads(op, {~0u, false});
+  register_backward_reads("Where", {1u, false});
+  register_backward_reads("Sum", {0u, false});
   register_backward("Sum", checked<sum_bw>);
   register_backward("Where", checked<where_bw>);
   register_backward("Sqrt", checked<unary_bw<Un::Sqrt>>);
