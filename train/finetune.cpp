@@ -165,6 +165,13 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
       return 4;
     }
     run_s += s.seconds;
+    if (t.steps_done() == first + 1) {  // after the first step: what this rank holds
+      const double param_mb = t.trainable_count() * 4.0 / 1e6;
+      if (tty && cfg.progress) std::fprintf(stderr, "\n");
+      note("wxe: memory per rank: trainable parameters %.1f MB, gradients %.1f MB, AdamW state %.1f MB, forward "
+           "values kept for the backward %.1f MB; peak RSS %.0f MB\n",
+           param_mb, param_mb, t.optimizer_bytes() / 1e6, t.executor().kept_bytes() / 1e6, peak_rss_mb());
+    }
     rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, ""});
     if (cfg.validate) {
       std::string& tail = rows.back().tail;
