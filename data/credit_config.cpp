@@ -319,7 +319,8 @@ struct Reader {
                           "grad_accum_every", "use_ema", "ema_decay", "train_batch_size", "valid_batch_size",
                           "batches_per_epoch", "valid_batches_per_epoch", "epochs", "num_epoch", "load_weights",
                           "load_optimizer", "load_scaler", "load_scheduler", "seed", "type", "mode", "amp",
-                          "save_backup_weights", "save_best_weights", "thread_workers", "valid_thread_workers"});
+                          "save_backup_weights", "save_best_weights", "thread_workers", "valid_thread_workers",
+                          "activation_checkpoint"});
     const double big = 1e30;
     const int64_t kMaxCount = (int64_t)1 << 40;  // steps, batches: products of two stay far from overflow
     c->learning_rate = ranged<double>(t["learning_rate"], "trainer.learning_rate", c->learning_rate, 0, big);
@@ -332,6 +333,7 @@ struct Reader {
       fail(where("trainer.grad_accum_every"), ": ", c->grad_accum_every, " x trainer.train_batch_size ",
            c->train_batch_size, " micro-batches per step is more than ", 1 << 20);
     c->use_ema = get<bool>(t["use_ema"], "trainer.use_ema", false);
+    c->activation_checkpoint = get<bool>(t["activation_checkpoint"], "trainer.activation_checkpoint", true);
     c->ema_decay = ranged<double>(t["ema_decay"], "trainer.ema_decay", c->ema_decay, 0, 1);
     c->batches_per_epoch = ranged<int64_t>(t["batches_per_epoch"], "trainer.batches_per_epoch", 0, 0, kMaxCount);
     c->valid_batches_per_epoch =

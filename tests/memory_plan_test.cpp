@@ -4,6 +4,7 @@
 // gives the same outputs and gradients, bit for bit, on whole CREDIT models.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -13,6 +14,7 @@
 #include "importers/onnx/onnx_import.h"
 #include "load/model.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 
 namespace wxe::test {
 namespace {
@@ -35,11 +37,19 @@ struct Step {
   size_t kept = 0;
 };
 
-Step run_step(const std::string& model, bool keep_forward) {
+enum class Plan { KeepAll, FreeUnread, Checkpoint };
+
+Step run_step(const std::string& model, Plan plan) {
   const Tensor x = read_npy(data_path(model == "wxformer_tiny" ? "models/wxformer_tiny/x.npy" : "tests/data/" + model + "_x.npy"));
   Graph g = training_graph_of(model, x);
   ExecOptions opt;
-  opt.keep_forward = keep_forward;
+  opt.keep_forward = plan == Plan::KeepAll;
+  if (plan == Plan::Checkpoint) {
+    opt.segments = checkpoint_segments(g);
+    int n = 0;
+    for (int s : opt.segments) n = std::max(n, s + 1);
+    EXPECT_GE(n, 8) << model << ": attention and feed-forward blocks";
+  }
   GradExecutor ex(g, trainable_parameters(g), opt);
   Step s;
   for (int rep = 0; rep < 2; ++rep) {  // twice: the plan holds across runs (and the power iteration moves)
@@ -53,7 +63,7 @@ Step run_step(const std::string& model, bool keep_forward) {
 
 TEST(MemoryPlan, FreedValuesGiveTheSameGradientsAndLessIsKept) {
   for (const std::string model : {"crossformer_tiny", "wxformer_tiny"}) {
-    const Step all = run_step(model, true), plan = run_step(model, false);
+    const Step all = run_step(model, Plan::KeepAll), plan = run_step(model, Plan::FreeUnread);
     ASSERT_EQ(all.outputs.size(), plan.outputs.size());
     for (size_t i = 0; i < all.outputs.size(); ++i)
       EXPECT_EQ(std::memcmp(all.outputs[i].raw(), plan.outputs[i].raw(), all.outputs[i].nbytes()), 0) << model;
@@ -64,6 +74,48 @@ TEST(MemoryPlan, FreedValuesGiveTheSameGradientsAndLessIsKept) {
                 plan.kept / 1e6, all.kept / 1e6, 100.0 * plan.kept / all.kept);
     EXPECT_LT(plan.kept, all.kept * 0.9) << model;
   }
+}
+
+// Activation checkpointing: each attention and feed-forward block's inner values are dropped
+// after its forward and recomputed in the backward; spectral norm's power iteration is not run
+// again (two steps: a second update would change the second step), so outputs and gradients
+// equal keeping everything bit for bit, and less is kept.
+TEST(MemoryPlan, CheckpointedBlocksGiveTheSameGradients) {
+  for (const std::string model : {"crossformer_tiny", "wxformer_tiny"}) {
+    const Step all = run_step(model, Plan::KeepAll), plan = run_step(model, Plan::FreeUnread),
+               ck = run_step(model, Plan::Checkpoint);
+    for (size_t i = 0; i < all.outputs.size(); ++i)
+      EXPECT_EQ(std::memcmp(all.outputs[i].raw(), ck.outputs[i].raw(), all.outputs[i].nbytes()), 0) << model;
+    ASSERT_EQ(all.grads.size(), ck.grads.size());
+    for (size_t i = 0; i < all.grads.size(); ++i)
+      EXPECT_EQ(std::memcmp(all.grads[i].raw(), ck.grads[i].raw(), all.grads[i].nbytes()), 0) << model << " grad " << i;
+    std::printf("%s: kept with checkpointing %.1f MB (without %.1f MB, all %.1f MB)\n", model.c_str(), ck.kept / 1e6,
+                plan.kept / 1e6, all.kept / 1e6);
+    EXPECT_LT(ck.kept, plan.kept * 0.8) << model;
+  }
+}
+
+// Through the trainer, as `finetune --activation-checkpoint blocks` runs: a 2-step rollout of the
+// spectral-norm model, three optimizer steps, the same losses and parameters bit for bit.
+TEST(MemoryPlan, CheckpointedFinetuneEqualsTheRunWithout) {
+  const std::string data = make_series("ckpt_series", 4, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 21);
+  std::vector<std::vector<double>> losses;
+  std::vector<NamedTensors> params;
+  for (const char* mode : {"none", "blocks"}) {
+    FinetuneConfig c = tiny_config(data, tmp_path(std::string("ckpt_run_") + mode));
+    c.model = data_path("tests/data/crossformer_tiny_opset17.onnx");  // spectral norm traced
+    c.forecast_len = 2;
+    c.accum = 1;
+    c.activation_checkpoint = mode;
+    Trainer t(c, open_npy_dir(data, 2));
+    losses.push_back(run_steps(t, 3));
+    params.push_back(t.parameters());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (size_t i = 0; i < params[0].size(); ++i)
+    EXPECT_EQ(std::memcmp(params[0][i].second.raw(), params[1][i].second.raw(), params[0][i].second.nbytes()), 0)
+        << params[0][i].first;
 }
 
 }  // namespace

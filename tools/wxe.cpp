@@ -574,7 +574,12 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", ba.json, "print one JSON object as the last line");
   bench->add_option("--weights,-w", ba.weights, "load parameters by name (.safetensors or legacy .pt)");
   bool bench_train = false;
-  bench->add_flag("--train", bench_train, "time a training step (forward, backward, clipping, AdamW) instead of the forward pass");
+  std::string bench_checkpoint = "none";
+  CLI::Option* train_flag = bench->add_flag(
+      "--train", bench_train, "time a training step (forward, backward, clipping, AdamW) instead of the forward pass");
+  bench->add_option("--activation-checkpoint", bench_checkpoint, "with --train: none or blocks (see finetune)")
+      ->check(CLI::IsMember({"none", "blocks"}))
+      ->needs(train_flag);
   bench->add_option("--device", ba.device, "cpu (default) or cuda: run on the first GPU (float32)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   bench->add_option("--precision", ba.precision, "fp32 (default) or bf16: convolutions and linear layers on bfloat16, float32 accumulation (cuda: convolutions on TF32)")
@@ -621,6 +626,11 @@ int main(int argc, char** argv) {
   finetune->add_option("--forecast-len", fc.forecast_len, "rollout steps per sample, prediction fed back (default 1)");
   finetune->add_option("--prognostic", fc.prognostic, "output channels fed back into the input in rollouts (default: min of input and output channels)");
   finetune->add_flag("--ema", fc.ema, "keep an exponential moving average of the weights (saved as ema.safetensors)");
+  finetune->add_option("--activation-checkpoint", fc.activation_checkpoint,
+                       "none (keep every activation) or blocks (recompute each attention and feed-forward block's "
+                       "activations in the backward: less memory, about one more forward; same gradients); "
+                       "a CREDIT config's trainer.activation_checkpoint (default true) sets blocks")
+      ->check(CLI::IsMember({"none", "blocks"}));
   finetune->add_option("--ema-decay", fc.ema_decay,
                        "EMA maximum decay (default 0.999); update n uses min(decay, (1+n)/(10+n)), as CREDIT's EMATracker");
   finetune->add_flag("--shuffle", fc.shuffle, "a new sample order every epoch (seeded)");
@@ -726,7 +736,9 @@ int main(int argc, char** argv) {
     if (device != "cpu") use_device_mesh(mesh, device, finetune->parsed());
     if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan, inspect_device);
     if (*infer) return cmd_infer(ia, mesh);
-    if (*bench && bench_train) return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device);
+    if (*bench && bench_train)
+      return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device,
+                             bench_checkpoint);
     if (*bench) return cmd_bench(ba);
     if (*finetune && finetune_config) {
       finetune_from_config(finetune_config_path, fc, [&](const std::string& flag) { return finetune->get_option(flag)->count() > 0; },

@@ -222,7 +222,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
 }
 
 int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
-                    int runs, bool json, const std::string& device) {
+                    int runs, bool json, const std::string& device, const std::string& activation_checkpoint) {
   WXE_CHECK(runs >= 1, "--runs must be at least 1");
   Tensor x = read_npy(input);
   // the output shape comes from a throwaway import; the target is zeros of it
@@ -236,6 +236,7 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   cfg.threads = threads;
   cfg.schedule.lr = 1e-4;
   cfg.device = device;
+  cfg.activation_checkpoint = activation_checkpoint;
   Trainer t(cfg, std::make_unique<FixedSource>(x, y));
   t.step();  // warm-up
   std::map<std::string, OpProfile> warm = t.executor().profile();

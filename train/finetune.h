@@ -15,6 +15,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh = nullptr);
 // against a zero target, after one warm-up step, on `device`. Prints a table (time per op on
 // the cpu) and, with json, one JSON line.
 int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
-                    int runs, bool json, const std::string& device = "cpu");
+                    int runs, bool json, const std::string& device = "cpu",
+                    const std::string& activation_checkpoint = "none");
 
 }  // namespace wxe

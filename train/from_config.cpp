@@ -99,6 +99,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   if (!given("--grad-max-norm")) fc.grad_max_norm = c.grad_max_norm;
   if (!given("--accum")) fc.accum = c.grad_accum_every * c.train_batch_size;  // one sample per micro-batch
   if (!given("--ema")) fc.ema = c.use_ema;
+  if (!given("--activation-checkpoint")) fc.activation_checkpoint = c.activation_checkpoint ? "blocks" : "none";
   if (!given("--ema-decay")) fc.ema_decay = c.ema_decay;
   if (!given("--seed")) fc.seed = c.seed;
   if (!given("--shuffle")) fc.shuffle = true;  // CREDIT's sampler shuffles every epoch

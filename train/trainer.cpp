@@ -94,7 +94,20 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   opt.kernels = cfg.reference ? KernelKind::Reference : KernelKind::Fast;
   opt.optimize = false;
   opt.device = cfg.device;
-  opt.profile = cfg.device == "cpu";  // on a device, timing per op would wait for every kernel
+  opt.profile = cfg.device == "cpu";
+  WXE_CHECK(cfg.activation_checkpoint == "none" || cfg.activation_checkpoint == "blocks",
+            "--activation-checkpoint must be none or blocks, not '", cfg.activation_checkpoint, "'");
+  if (cfg.activation_checkpoint == "blocks") {
+    if (cfg.device != "cpu") {
+      note("wxe: --activation-checkpoint blocks runs on the cpu only for now; %s keeps every activation\n",
+           cfg.device.c_str());
+    } else {  // collectives are never recomputed: each rank would repeat them out of step
+      opt.segments = checkpoint_segments(graph_, [](const Node& n) { return n.op == "AllReduceTP" || n.op == "CopyToTP"; });
+      int blocks = 0;
+      for (int s : opt.segments) blocks = std::max(blocks, s + 1);
+      note("wxe: activation checkpointing: %d blocks recomputed in the backward\n", blocks);
+    }
+  }  // on a device, timing per op would wait for every kernel
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
   if (cfg.device != "cpu") dev_ = &backend_for(cfg.device);
   if (!exec_->host_nodes().empty()) {

@@ -53,6 +53,10 @@ struct FinetuneConfig {
   Schedule schedule;               // its lr is the base lr
   double grad_max_norm = 1.0;      // <= 0: no clipping
   bool ema = false;
+  // "blocks": each attention and feed-forward block's inner activations are recomputed in the
+  // backward instead of kept (engine/passes/passes.h checkpoint_segments; CPU only for now);
+  // "none": keep them. Gradients are bit-identical either way.
+  std::string activation_checkpoint = "none";
   double ema_decay = 0.999;
   bool shuffle = false;
   uint64_t seed = 0;

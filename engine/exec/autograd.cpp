@@ -92,6 +92,44 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
           first_bw_use_[o] = std::min(first_bw_use_[o], (int)k);
         }
     }
+    if (!opt.segments.empty()) {  // activation checkpointing
+      WXE_CHECK(opt.segments.size() == g.nodes.size(), g.source, ": ", opt.segments.size(), " segment ids for ",
+                g.nodes.size(), " nodes");
+      int nseg = 0;
+      for (int s : opt.segments) nseg = std::max(nseg, s + 1);
+      seg_last_.assign(nseg, -1);
+      seg_dropped_.assign(nseg, false);
+      std::vector<int> seg_first(nseg, (int)g.nodes.size()), producer_seg(nv, -2);  // -2: not produced by a node
+      for (size_t k = 0; k < g.nodes.size(); ++k) {
+        const int s = opt.segments[k];
+        for (int o : g.nodes[k].outputs) producer_seg[o] = s;
+        if (s < 0) continue;
+        WXE_CHECK(!op_updates_inputs(g.nodes[k].op), g.source, ": node ", g.nodes[k].name, " (", g.nodes[k].op,
+                  ") updates its inputs and cannot be recomputed");
+        seg_first[s] = std::min(seg_first[s], (int)k);
+        seg_last_[s] = (int)k;
+      }
+      inner_of_.assign(nv, -1);
+      for (size_t v = 0; v < nv; ++v)
+        if (producer_seg[v] >= 0) inner_of_[v] = producer_seg[v];
+      for (int o : g.outputs) inner_of_[o] = -1;
+      for (size_t k = 0; k < g.nodes.size(); ++k)
+        for (int v : g.nodes[k].inputs) {
+          if (v < 0) continue;
+          const int s = opt.segments[k];
+          if (inner_of_[v] >= 0 && inner_of_[v] != s) inner_of_[v] = -1;  // read outside its segment
+        }
+      // a segment's inputs from outside stay until its recompute and its backward have run
+      for (size_t k = 0; k < g.nodes.size(); ++k) {
+        const int s = opt.segments[k];
+        if (s < 0) continue;
+        for (int v : g.nodes[k].inputs)
+          if (v >= 0 && inner_of_[v] != s) {
+            bw_reads_[v] = true;
+            first_bw_use_[v] = std::min(first_bw_use_[v], seg_first[s]);
+          }
+      }
+    }
   }
   for (int p : trainable_) {
     if (!dev_) {
@@ -155,6 +193,7 @@ void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
   std::vector<const Tensor*> in, out, gout;
   std::vector<Tensor*> gin;
   for (size_t k = g_.nodes.size(); k-- > 0;) {
+    if (!seg_last_.empty() && opt_.segments[k] >= 0 && seg_dropped_[opt_.segments[k]]) recompute(opt_.segments[k]);
     if (!backward_[k]) continue;
     const Node& n = g_.nodes[k];
     bool any_out = std::any_of(n.outputs.begin(), n.outputs.end(), [&](int o) { return grad[o].defined(); });
@@ -199,6 +238,46 @@ void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
   for (size_t p = 0; p < trainable_.size(); ++p)
     if (grad[trainable_[p]].defined()) accumulate(grads_[p], grad[trainable_[p]]);
   vals_.clear();
+}
+
+// Activation checkpointing: segment s's nodes run again, in order, restoring its inner values
+// (its other outputs are still kept); what no backward reads is released again at its last use.
+void GradExecutor::recompute(int s) {
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+  std::vector<Tensor> scratch;
+  for (int k = 0; k <= seg_last_[s]; ++k) {
+    if (opt_.segments[k] != s) continue;
+    const Node& n = g_.nodes[k];
+    bool needed = false;
+    for (int o : n.outputs) needed = needed || (inner_of_[o] == s && !vals_[o].defined());
+    if (!needed) continue;
+    in.clear();
+    out.clear();
+    scratch.assign(n.outputs.size(), Tensor());
+    for (int v : n.inputs) in.push_back(v < 0 ? nullptr : &vals_[v]);
+    for (size_t j = 0; j < n.outputs.size(); ++j) {
+      const int o = n.outputs[j];
+      const Value& v = g_.values[o];
+      Tensor& dst = vals_[o].defined() ? scratch[j] : vals_[o];  // a kept output: same bits, discarded
+      dst = Tensor(v.dtype, v.shape);
+      out.push_back(&dst);
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      kernels_[k](n, in, out);
+    } catch (const Error& e) {
+      throw Error(g_.source + ": recomputing node " + n.name + " (" + n.op + "): " + e.what());
+    }
+    if (opt_.profile) {
+      auto& p = profile_[n.op + " (recompute)"];
+      p.ms += ms_since(t0);
+      ++p.calls;
+    }
+    for (int v : n.inputs)
+      if (v >= 0 && inner_of_[v] == s && last_fwd_use_[v] == k) release(v, false);
+  }
+  seg_dropped_[s] = false;
 }
 
 // A forward value nothing reads any more (in_backward: no backward kernel still to run; else:
@@ -307,6 +386,17 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
         if (v >= 0 && last_fwd_use_[v] == (int)k) release(v, false);
       for (int o : n.outputs)
         if (last_fwd_use_[o] < 0) release(o, false);
+    }
+    const int s = seg_last_.empty() ? -1 : opt_.segments[k];
+    if (s >= 0 && seg_last_[s] == (int)k) {  // the segment's forward is done: its inner values go
+      for (size_t v = 0; v < nv; ++v)
+        if (inner_of_[v] == s && vals_[v].defined()) {
+          Tensor shape_only;
+          shape_only.dtype = vals_[v].dtype;
+          shape_only.shape = vals_[v].shape;
+          vals_[v] = std::move(shape_only);
+        }
+      seg_dropped_[s] = true;
     }
   }
   kept_bytes_ = 0;

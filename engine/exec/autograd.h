@@ -80,6 +80,12 @@ class GradExecutor {
   // after its last forward use; one it reads, after the first reader's backward.
   std::vector<bool> bw_reads_;
   std::vector<int> last_fwd_use_, first_bw_use_;
+  // activation checkpointing (ExecOptions::segments): per value, the segment it is inner to
+  // (-1: none); per segment, its last node and whether its inner values are dropped now
+  std::vector<int> inner_of_;
+  std::vector<int> seg_last_;
+  std::vector<bool> seg_dropped_;
+  void recompute(int s);
   size_t kept_bytes_ = 0;
   std::vector<Tensor> grads_;
   std::map<std::string, OpProfile> profile_;

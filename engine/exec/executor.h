@@ -35,6 +35,12 @@ struct ExecOptions {
   // Training (GradExecutor on the CPU): keep every forward value for the backward instead of
   // only what the backward kernels read (engine/ir/ops.h BackwardReads); the oracle of that plan.
   bool keep_forward = false;
+  // Training on the CPU, activation checkpointing: per node, the segment it belongs to (-1:
+  // none; engine/passes/passes.h checkpoint_segments). A segment's inner values (produced and
+  // read only inside it) are dropped when its forward ends and recomputed, from its inputs, when
+  // the backward reaches it; ops that update their inputs (SpectralNorm's power iteration) and
+  // collectives are never in a segment, so the recompute repeats no update and no collective.
+  std::vector<int> segments = {};
 };
 
 struct OpProfile {

@@ -1,6 +1,7 @@
 // Layer: engine/passes, over engine/ir and engine/io.
 // Graph -> Graph passes. Each can run and be tested alone; simplify() runs them in order.
 #pragma once
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -149,5 +150,13 @@ void simplify(Graph& g, const std::map<std::string, InputSpec>& given = {},
 
 // The parameters the graph reads, by name (after prepare_graph: the names a checkpoint needs).
 NamedTensors graph_parameters(const Graph& g);
+
+// Activation checkpointing's segments (ExecOptions::segments): per node, the attention or
+// feed-forward block it belongs to (-1: none), as CREDIT applies torch.utils.checkpoint to each.
+// A block is the parent of a module with a projection role (module_roles.h: "a.to_qkv" -> "a",
+// "f.layers.1" -> "f"); a node belongs to the innermost block its scope (scope_module) lies in.
+// Nodes that update their inputs (op_updates_inputs) and those `exclude` names (collectives)
+// belong to none.
+std::vector<int> checkpoint_segments(const Graph& g, const std::function<bool(const Node&)>& exclude = {});
 
 }  // namespace wxe

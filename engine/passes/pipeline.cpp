@@ -108,6 +108,34 @@ void simplify(Graph& g, const std::map<std::string, InputSpec>& given, const Nam
   finalize_graph(g);
 }
 
+std::vector<int> checkpoint_segments(const Graph& g, const std::function<bool(const Node&)>& exclude) {
+  std::vector<std::string> blocks;
+  for (const Node& n : g.nodes) {
+    if (n.op != "Conv" && n.op != "Linear" && n.op != "MatMul" && n.op != "Gemm") continue;
+    const std::string m = scope_module(n.name);
+    if (m.empty() || module_role(m) == Role::None) continue;
+    for (const auto& [tail, role] : module_table().roles)
+      if (m.size() > tail.size() + 1 && ends_with(m, "." + tail)) {
+        const std::string b = m.substr(0, m.size() - tail.size() - 1);
+        if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
+        break;
+      }
+  }
+  std::vector<int> seg(g.nodes.size(), -1);
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    if (op_updates_inputs(n.op) || (exclude && exclude(n))) continue;
+    const std::string m = scope_module(n.name);
+    size_t best = 0;
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if ((m == blocks[b] || m.rfind(blocks[b] + ".", 0) == 0) && blocks[b].size() > best) {
+        best = blocks[b].size();
+        seg[k] = (int)b;
+      }
+  }
+  return seg;
+}
+
 NamedTensors graph_parameters(const Graph& g) {
   NamedTensors r;
   std::vector<int> uses = g.use_counts();

@@ -6,7 +6,8 @@
 #    iteration's weight_u / weight_v included (compare_checkpoints, 1e-5);
 #  - the sharded checkpoint stores the fused to_qkv weight_orig by heads ("groups": 3);
 #  - a run stopped at step 2 on tp 2 and resumed on tp 1, and one stopped on tp 1 and resumed
-#    on tp 2, continue with the uninterrupted run's losses (rtol 1e-5).
+#    on tp 2, continue with the uninterrupted run's losses (rtol 1e-5);
+#  - with --activation-checkpoint blocks, tp 2 gives the same losses and checkpoint bit for bit.
 # Data parallelism is left out on purpose: each dp rank runs its own power iterations (as under
 # PyTorch DDP), so dp > 1 does not reproduce a one-process run of an SN model.
 # Usage: tp_sn_train_test.sh MPIEXEC WXE COMPARE_CHECKPOINTS SOURCE_DIR
@@ -42,4 +43,10 @@ if "$wxe" finetune "$model" "${common[@]}" --save "$tmp/r1" --resume >/dev/null 
 if mpi 2 --tp 2 --save "$tmp/r2" --resume >/dev/null 2>"$tmp/err" && same_losses "$tmp/r2" "$tmp/tp1" \
    && "$compare" "$tmp/r2/step_000004" "$tmp/tp1/step_000004" 1e-5; then
   ok "sn-tp1-resumed-at-tp2"; else bad "sn-tp1-resumed-at-tp2"; cat "$tmp/err"; fi
+# activation checkpointing at tp 2 (collectives never recomputed, spectral norm not advanced
+# twice): the losses and the checkpoint of the run without it, bit for bit
+if mpi 2 --tp 2 --save "$tmp/ck2" --activation-checkpoint blocks >/dev/null 2>"$tmp/err" \
+   && grep -q "blocks recomputed in the backward" "$tmp/err" && same_losses "$tmp/ck2" "$tmp/tp2" exact \
+   && "$compare" "$tmp/ck2/step_000004" "$tmp/tp2/step_000004" 0; then
+  ok "sn-tp2-checkpointed-equals-tp2"; else bad "sn-tp2-checkpointed-equals-tp2"; cat "$tmp/err"; fi
 exit $((fails > 0))
