@@ -116,6 +116,15 @@ def child_torch(a):
     else:
         notes.append("random init (seed 0)")
     model.train()
+    if a.checkpoint:  # as CREDIT's trainer.activation_checkpoint: torch.utils.checkpoint per block
+        from torch.utils.checkpoint import checkpoint
+
+        wrapped = 0
+        for m in model.modules():
+            if type(m).__name__ in ("Attention", "FeedForward"):
+                m.forward = (lambda f: lambda *args, **kw: checkpoint(f, *args, use_reentrant=False, **kw))(m.forward)
+                wrapped += 1
+        notes.append(f"torch.utils.checkpoint around {wrapped} attention and feed-forward modules")
     x = torch.from_numpy(np.load(xpath))
     out_c = cfg["channels"] * cfg["levels"] + cfg["surface_channels"] + cfg["output_only_channels"]
     h, w = x.shape[-2], x.shape[-1]
@@ -161,6 +170,8 @@ def engine_torch(a, model, threads):
            "--runs", str(a.runs), "--device", a.device]
     if a.torch_sn:
         cmd.append("--torch-sn")
+    if a.checkpoint:
+        cmd.append("--checkpoint")
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
     rc, out, err, rss = run_child(cmd, env=env)
@@ -182,6 +193,8 @@ def engine_wxe(a, model, threads):
            "--runs", str(a.runs), "--json", "--device", a.device]
     if ckpt:
         cmd += ["--weights", ckpt]
+    if a.checkpoint:
+        cmd += ["--activation-checkpoint", "blocks"]
     cmd += a.wxe_arg
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
@@ -249,6 +262,9 @@ def main(argv=None):
                    help="PyTorch side of wxformer_v2026 with spectral norm (default off, like the baked graph)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: wxe bench --train --device cuda against PyTorch on the GPU (fp32, TF32 off)")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing on both sides: wxe --activation-checkpoint blocks, PyTorch "
+                        "torch.utils.checkpoint around each attention and feed-forward module (as CREDIT)")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--_child", choices=sorted(MODELS), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
