@@ -140,9 +140,7 @@ void binary_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, 
     CUDA_LAUNCHED();
     B = bf.f();
   }
-  Walk w;
-  NCHECK(make_walk(os, broadcast_strides(in[0]->shape, os), broadcast_strides(in[1]->shape, os), 0, 0, &w),
-         "broadcast of ", shape_str(in[0]->shape), " and ", shape_str(in[1]->shape), " has too many dims");
+  const Walk w = broadcast_walk(n, in[0]->shape, in[1]->shape, os);
   for (int k = 0; k < 2; ++k) {
     Tensor* gi = gin[k];
     if (!gi || gi->numel() == 0) continue;
@@ -262,33 +260,11 @@ void slice_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, c
   if (!gin[0]) return;
   zero(gin[0]);
   if (!gout[0] || out[0]->numel() == 0) return;
-  const Tensor& x = *in[0];
-  auto opt = [&](size_t i) { return i < in.size() && in[i] ? in[i]->to_i64() : std::vector<int64_t>{}; };
-  auto plan = cpu::slice_plan(n, x.shape, in[1]->to_i64(), in[2]->to_i64(), opt(3), opt(4));
-  const auto st = strides_of(x.shape);
-  int64_t base = 0;
-  std::vector<int64_t> sst(plan.size());
-  Shape shape(plan.size());
-  for (size_t d = 0; d < plan.size(); ++d) {
-    base += plan[d].start * st[d];
-    sst[d] = plan[d].step * st[d];
-    shape[d] = plan[d].len;
-  }
+  const StridedView v = slice_view(n, in);  // gx[view] = gy
   Walk w;
-  NCHECK(make_walk(shape, strides_of(shape), sst, 0, base, &w), "more than ", kMaxRank, " dims after merging");
+  NCHECK(make_walk(v.shape, strides_of(v.shape), v.strides, 0, v.base, &w), "more than ", kMaxRank,
+         " dims after merging");
   launch_copy(w, gout[0]->raw(), gin[0]->raw(), 4);
-}
-
-// A part of `big` along axis, from `start`: copied from big into part or from part into big.
-void part_copy(const Node& n, const Tensor& big, const Tensor& part, int64_t axis, int64_t start, bool to_big) {
-  if (part.numel() == 0) return;
-  const auto bst = strides_of(big.shape), pst = strides_of(part.shape);
-  Walk w;
-  if (to_big)
-    NCHECK(make_walk(part.shape, pst, bst, 0, start * bst[axis], &w), "too many dims");
-  else
-    NCHECK(make_walk(part.shape, bst, pst, start * bst[axis], 0, &w), "too many dims");
-  launch_copy(w, to_big ? part.raw() : big.raw(), to_big ? const_cast<void*>(big.raw()) : const_cast<void*>(part.raw()), 4);
 }
 
 void concat_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {

@@ -84,6 +84,18 @@ void launch_bias_act(float* y, const float* bias, int64_t P, int64_t N, int64_t 
 
 // y = x padded as p says (constant value where p gives no source), y contiguous.
 void launch_pad(const PadIndex& p, int64_t total, const float* x, float* y, float value);
+// Concat and Split (pointwise.cu): part is the block of `big` along `axis` from `start`; copied
+// from part into big (to_big) or from big into part.
+void part_copy(const Node& n, const Tensor& big, const Tensor& part, int64_t axis, int64_t start, bool to_big);
+// Slice's output as a strided view of its input (element offset, strides, shape), pointwise.cu.
+struct StridedView {
+  int64_t base = 0;
+  std::vector<int64_t> strides;
+  Shape shape;
+};
+StridedView slice_view(const Node& n, const Ins& in);
+// The walk of a binary op's output over two operands broadcast to `out` (pointwise.cu).
+Walk broadcast_walk(const Node& n, const Shape& a, const Shape& b, const Shape& out);
 // Resize's taps for the device (pointwise.cu): cpu::resize_axis_taps (from the input's shape and
 // the host inputs roi, scales, sizes) as a ResizeIndex, with the taps' int64 indices and float32
 // weights to copy into device memory of bytes() (upload; the weights at weights(dev)).

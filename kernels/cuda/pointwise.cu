@@ -152,9 +152,7 @@ void binary_op(const Node& n, const Ins& in, const Outs& out) {
   if (in[0]->shape == os && in[1]->shape == os) {
     binary_same_kernel<<<blocks_for(total), kThreads, 0, ctx().stream>>>(op, total, a, b, y);
   } else {
-    Walk w;
-    NCHECK(make_walk(os, broadcast_strides(in[0]->shape, os), broadcast_strides(in[1]->shape, os), 0, 0, &w),
-           "broadcast of ", shape_str(in[0]->shape), " and ", shape_str(in[1]->shape), " has too many dims");
+    const Walk w = broadcast_walk(n, in[0]->shape, in[1]->shape, os);
     binary_kernel<<<blocks_for(total), kThreads, 0, ctx().stream>>>(op, w, a, b, y);
   }
   CUDA_LAUNCHED();
@@ -195,31 +193,9 @@ void transpose_op(const Node& n, const Ins& in, const Outs& out) {
 }
 
 void slice_op(const Node& n, const Ins& in, const Outs& out) {
-  const Tensor& x = *in[0];
-  auto opt = [&](size_t i) { return i < in.size() && in[i] ? in[i]->to_i64() : std::vector<int64_t>{}; };
-  auto plan = cpu::slice_plan(n, x.shape, in[1]->to_i64(), in[2]->to_i64(), opt(3), opt(4));
-  const auto st = strides_of(x.shape);
-  int64_t base = 0;
-  std::vector<int64_t> sst(plan.size());
-  Shape shape(plan.size());
-  for (size_t d = 0; d < plan.size(); ++d) {
-    base += plan[d].start * st[d];
-    sst[d] = plan[d].step * st[d];
-    shape[d] = plan[d].len;
-  }
-  NCHECK(shape == out[0]->shape, "output shape mismatch");
-  if (out[0]->numel()) copy_walk(n, shape, sst, base, strides_of(shape), 0, x, *out[0]);
-}
-
-// Concat and Split: each part is a block of the big tensor along `axis`.
-void part_copy(const Node& n, const Tensor& big, const Tensor& part, int64_t axis, int64_t start, bool to_big) {
-  if (part.numel() == 0) return;
-  const auto bst = strides_of(big.shape), pst = strides_of(part.shape);
-  const int64_t off = start * bst[axis];
-  if (to_big)
-    copy_walk(n, part.shape, pst, 0, bst, off, part, const_cast<Tensor&>(big));
-  else
-    copy_walk(n, part.shape, bst, off, pst, 0, big, const_cast<Tensor&>(part));
+  const StridedView v = slice_view(n, in);
+  NCHECK(v.shape == out[0]->shape, "output shape mismatch");
+  if (out[0]->numel()) copy_walk(n, v.shape, v.strides, v.base, strides_of(v.shape), 0, *in[0], *out[0]);
 }
 
 void concat_op(const Node& n, const Ins& in, const Outs& out) {
@@ -300,6 +276,40 @@ void resize_op(const Node& n, const Ins& in, const Outs& out) {
 }
 
 }  // namespace
+
+// Concat and Split: each part is a block of the big tensor along `axis`.
+void part_copy(const Node& n, const Tensor& big, const Tensor& part, int64_t axis, int64_t start, bool to_big) {
+  if (part.numel() == 0) return;
+  const auto bst = strides_of(big.shape), pst = strides_of(part.shape);
+  const int64_t off = start * bst[axis];
+  if (to_big)
+    copy_walk(n, part.shape, pst, 0, bst, off, part, const_cast<Tensor&>(big));
+  else
+    copy_walk(n, part.shape, bst, off, pst, 0, big, const_cast<Tensor&>(part));
+}
+
+StridedView slice_view(const Node& n, const Ins& in) {
+  const Tensor& x = *in[0];
+  auto opt = [&](size_t i) { return i < in.size() && in[i] ? in[i]->to_i64() : std::vector<int64_t>{}; };
+  auto plan = cpu::slice_plan(n, x.shape, in[1]->to_i64(), in[2]->to_i64(), opt(3), opt(4));
+  const auto st = strides_of(x.shape);
+  StridedView v;
+  v.strides.resize(plan.size());
+  v.shape.resize(plan.size());
+  for (size_t d = 0; d < plan.size(); ++d) {
+    v.base += plan[d].start * st[d];
+    v.strides[d] = plan[d].step * st[d];
+    v.shape[d] = plan[d].len;
+  }
+  return v;
+}
+
+Walk broadcast_walk(const Node& n, const Shape& a, const Shape& b, const Shape& out) {
+  Walk w;
+  NCHECK(make_walk(out, broadcast_strides(a, out), broadcast_strides(b, out), 0, 0, &w), "broadcast of ",
+         shape_str(a), " and ", shape_str(b), " has too many dims");
+  return w;
+}
 
 ResizeTaps resize_taps(const Node& n, const Ins& in, const Shape& out) {
   const Tensor& x = *in[0];
