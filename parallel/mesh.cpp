@@ -29,11 +29,13 @@ Mesh make_mesh(std::unique_ptr<Communicator> world, int tp) {
   return m;
 }
 
-uint64_t fingerprint(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+uint64_t fingerprint(const void* data, size_t n, uint64_t h) {
+  const unsigned char* p = (const unsigned char*)data;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
+
+uint64_t fingerprint(const std::string& text) { return fingerprint(text.data(), text.size()); }
 
 void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what) {
   if (m.world <= 1) return;

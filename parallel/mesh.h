@@ -30,6 +30,8 @@ Mesh make_mesh(std::unique_ptr<Communicator> world, int tp);
 
 // FNV-1a of a text: a fingerprint of what a rank built (plan, parameter shapes, options).
 uint64_t fingerprint(const std::string& text);
+// The same over n bytes, continuing from h (chain several buffers).
+uint64_t fingerprint(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
 // Every rank must have built the same plan, or the collectives would pair up unrelated
 // tensors and corrupt memory: gathers each rank's fingerprint over the world (call it before
 // the first collective that depends on the plan) and throws the same Error on every rank when

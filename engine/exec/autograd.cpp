@@ -82,6 +82,7 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
     last_fwd_use_.assign(nv, -1);
     first_bw_use_.assign(nv, (int)g.nodes.size());
     for (int o : g.outputs) bw_reads_[o] = true;  // returned to the caller
+    for (int i : g.inputs) bw_reads_[i] = true;   // the caller's
     for (size_t k = 0; k < g.nodes.size(); ++k) {
       const Node& n = g.nodes[k];
       const BackwardReads r = backward_reads(n.op);
@@ -127,6 +128,9 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
           const int s = opt.segments[k];
           if (inner_of_[v] >= 0 && inner_of_[v] != s) inner_of_[v] = -1;  // read outside its segment
         }
+      seg_inner_.assign(nseg, {});
+      for (size_t v = 0; v < nv; ++v)
+        if (inner_of_[v] >= 0) seg_inner_[inner_of_[v]].push_back((int)v);
       // a segment's inputs from outside stay until its recompute and its backward have run
       for (size_t k = 0; k < g.nodes.size(); ++k) {
         const int s = opt.segments[k];
@@ -293,7 +297,7 @@ void GradExecutor::recompute(int s) {
 // shape stay (backward kernels read shapes).
 void GradExecutor::release(int v, bool in_backward) {
   if ((!in_backward && bw_reads_[v]) || g_.values[v].is_const() || !vals_[v].defined()) return;
-  if (std::find(g_.inputs.begin(), g_.inputs.end(), v) != g_.inputs.end()) return;  // the caller's
+  if (in_backward && std::find(g_.inputs.begin(), g_.inputs.end(), v) != g_.inputs.end()) return;  // the caller's
   vals_[v] = shape_only(vals_[v]);
 }
 
@@ -394,8 +398,8 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
     }
     const int s = seg_last_.empty() ? -1 : opt_.segments[k];
     if (s >= 0 && seg_last_[s] == (int)k) {  // the segment's forward is done: its inner values go
-      for (size_t v = 0; v < nv; ++v)
-        if (inner_of_[v] == s && vals_[v].defined()) vals_[v] = shape_only(vals_[v]);
+      for (int v : seg_inner_[s])
+        if (vals_[v].defined()) vals_[v] = shape_only(vals_[v]);
       seg_dropped_[s] = true;
     }
   }

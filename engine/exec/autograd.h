@@ -83,6 +83,7 @@ class GradExecutor {
   // activation checkpointing (ExecOptions::segments): per value, the segment it is inner to
   // (-1: none); per segment, its last node and whether its inner values are dropped now
   std::vector<int> inner_of_;
+  std::vector<std::vector<int>> seg_inner_;  // per segment, its inner values
   std::vector<int> seg_last_;
   std::vector<bool> seg_dropped_;
   void recompute(int s);
