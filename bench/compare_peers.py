@@ -77,10 +77,22 @@ V2026 = dict(
     cross_embed_strides=(2, 2, 2, 2), attn_dropout=0.0, ff_dropout=0.0, interp=True,
     padding_conf={"activate": True, "mode": "earth", "pad_lat": [37, 38], "pad_lon": [12, 12]},
 )
+# CREDIT's production grid (the paper's 6-hour CrossFormer, 124 M parameters; exported by
+# models/make_production_model.py, never committed): CREDIT's CrossFormer defaults with the
+# paper's dims, one frame and 16 levels, no boundary padding.
+PRODUCTION = dict(
+    image_height=640, image_width=1280, frames=1, output_frames=1, channels=4, levels=16,
+    surface_channels=7, input_only_channels=3, output_only_channels=0,
+    dim=(128, 256, 512, 1024), depth=(2, 2, 8, 2), dim_head=32, global_window_size=(5, 5, 2, 1),
+    local_window_size=10, cross_embed_kernel_sizes=((4, 8, 16, 32), (2, 4), (2, 4), (2, 4)),
+    cross_embed_strides=(4, 2, 2, 2), attn_dropout=0.0, ff_dropout=0.0, interp=True,
+    padding_conf={"activate": False},
+)
 TORCH_MODELS = {
     "crossformer_tiny": ("credit.models.crossformer", TINY),
     "wxformer_tiny": ("credit.models.wxformer.crossformer", TINY),
     "wxformer_v2026": ("credit.models.wxformer.crossformer", V2026),
+    "crossformer_640": ("credit.models.crossformer", PRODUCTION),
 }
 
 

@@ -71,6 +71,7 @@ from compare_peers import (  # noqa: E402
 
 FIXTURES = os.environ.get("WXE_FIXTURES", "/work/shared/fixtures/credit")
 TESTDATA = os.path.join(REPO, "tests", "data")
+PRODUCTION_DIR = os.environ.get("WXE_PRODUCTION", "/tmp/wxe_production")
 
 # name -> (onnx for wxe, input .npy, checkpoint or None, PyTorch uses spectral norm)
 MODELS = {
@@ -82,6 +83,9 @@ MODELS = {
                       os.path.join(TESTDATA, "wxformer_tiny_checkpoint.pt"), True),
     "wxformer_v2026": (os.path.join(FIXTURES, "wxformer_v2026_snbaked_opset17.onnx"),
                        os.path.join(FIXTURES, "wxformer_v2026_x.npy"), None, False),
+    # models/make_production_model.py --out $WXE_PRODUCTION (never committed)
+    "crossformer_640": (os.path.join(PRODUCTION_DIR, "crossformer_640.onnx"),
+                        os.path.join(PRODUCTION_DIR, "crossformer_640_x.npy"), None, False),
 }
 LR, BETAS, EPS, WEIGHT_DECAY, GRAD_MAX_NORM = 1e-4, (0.9, 0.95), 1e-8, 0.01, 1.0
 

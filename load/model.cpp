@@ -22,10 +22,6 @@ void note(const char* fmt, ...) {
   va_end(ap);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 void check_training_parameters(const Graph& g, const NamedTensors* weights, const std::string& source) {
   const std::vector<int> params = trainable_parameters(g);
   std::map<std::string, int> by_name;

@@ -39,8 +39,6 @@ void prepare_model(Graph& g, const std::map<std::string, InputSpec>& inputs, con
 // equals that of the checkpoint tensors they read. One error naming the tensors otherwise.
 void check_training_parameters(const Graph& g, const NamedTensors* weights, const std::string& source);
 
-bool ends_with(const std::string& s, const std::string& suffix);
-
 // Static-batch exports (the exporter traced the batch into every shape): the batch the graph
 // was traced with when `inputs` differ from its declared input shapes in dim 0 alone (every
 // input the same way), 0 when they fit as they are. Call before the passes bind the inputs.

@@ -256,9 +256,18 @@ std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Gr
 namespace {
 
 // shard_graph and, with `training`, shard_training_graph.
-// failing_block: the CREDIT block of the node being rewritten ("" outside the node loop), so a
-// caller can tell which block an error belongs to
+// failing_block (fit_plan's trial): the CREDIT block of the node being rewritten ("" outside the
+// node loop), so a caller can tell which block an error belongs to. A trial only decides whether
+// the plan shards: the sliced parameters it makes are shape-only (no weight is copied) and it
+// stops after the node walk, before the shape inference and the checks a real shard runs.
 ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std::string* failing_block = nullptr) {
+  const bool trial = failing_block != nullptr;
+  auto cut = [&](const Tensor& t, int axis, int groups = 1) {
+    if (!trial) return slice_dim(t, axis, tp, r, groups);
+    Tensor s = t.shape_only();
+    s.shape[axis] /= tp;
+    return s;
+  };
   ShardStats st;
   st.param_bytes_full = param_bytes(g);
   if (tp == 1) {
@@ -329,7 +338,7 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
         const Tensor& W = *g.values[n.inputs[0]].constant;  // (O, I, 1, 1)
         WXE_CHECK(W.shape[a] % (tp * groups) == 0, where, ": width ", W.shape[a] / groups, " of ", w,
                   " is not divisible by --tp ", tp, replicate_hint);
-        n.inputs[0] = new_const(g, g.values[n.inputs[0]], slice_dim(W, a, tp, r, groups), "");
+        n.inputs[0] = new_const(g, g.values[n.inputs[0]], cut(W, a, groups), "");
         n.op = "SpectralNormTP";
         n.attrs["axis"] = attr_i(a);
         n.attrs["parts"] = attr_i(tp);
@@ -359,10 +368,10 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
         WXE_CHECK(!sharded(n.inputs[0]), where, ": column-parallel layer reads a sharded input");
         if (W) {
           WXE_CHECK(W->shape[0] % tp == 0, where, ": width ", W->shape[0], " of ", w, " is not divisible by --tp ", tp);
-          n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(*W, 0, tp, r), "");
+          n.inputs[1] = new_const(g, g.values[n.inputs[1]], cut(*W, 0), "");
         }
         if (bias >= 0)
-          n.inputs[2] = new_const(g, g.values[bias], slice_dim(*g.values[bias].constant, 0, tp, r, groups), "");
+          n.inputs[2] = new_const(g, g.values[bias], cut(*g.values[bias].constant, 0, groups), "");
         if (training) n.inputs[0] = copy_to_tp(n.inputs[0], n.name);
         set_axis(n.outputs[0], (int)feat);
         if (groups > 1) grouped[n.outputs[0]] = groups;
@@ -375,7 +384,7 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
                 ": row-parallel layer's input is not sharded along its features");
       if (W) {
         WXE_CHECK(W->shape[1] % tp == 0, where, ": width ", W->shape[1], " of ", w, " is not divisible by --tp ", tp);
-        n.inputs[1] = new_const(g, g.values[n.inputs[1]], slice_dim(*W, 1, tp, r), "");
+        n.inputs[1] = new_const(g, g.values[n.inputs[1]], cut(*W, 1), "");
       }
       int final_out = n.outputs[0];
       Value partial = g.values[final_out];
@@ -532,9 +541,9 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
           auto e = expected.find(v.name);
           WXE_CHECK(e != expected.end() && e->second.axis == va, where, ": parameter '", v.name,
                     "' would be sharded along its axis ", va, " but is not a column-parallel layer's bias");
-          i = new_const(g, v, slice_dim(*v.constant, va, tp, r), "");
+          i = new_const(g, v, cut(*v.constant, va), "");
         } else {
-          i = new_const(g, v, slice_dim(*v.constant, va, tp, r), "_tp");  // per head (position bias)
+          i = new_const(g, v, cut(*v.constant, va), "_tp");  // per head (position bias)
         }
         set_axis(i, va);
       }
@@ -549,6 +558,7 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
   if (failing_block) failing_block->clear();
   for (int o : g.outputs)
     WXE_CHECK(!sharded(o), g.source, ": graph output '", g.values[o].name, "' would be sharded");
+  if (trial) return st;
   eliminate_dead_nodes(g);  // drops the full-size weights no node reads any more
   infer_shapes(g);
   st.param_bytes_rank = param_bytes(g);

@@ -232,3 +232,35 @@ TEST(Shard, NextgenLinearModel) {
     EXPECT_LE(max_abs_diff(y, ref), 1e-5) << "tp " << tp;
   }
 }
+
+// fit_plan's trials decide from shapes alone: on a graph whose float weights have no storage
+// they replicate the blocks with fewer heads than tp (crossformer_tiny's stage 0: 2 heads at
+// tp 4), and the fitted plan shards the real graph, in inference and training graphs.
+TEST(Shard, FitPlanTrialsCopyNoWeight) {
+  Tensor x = read_npy(data_path("tests/data/crossformer_tiny_x.npy"));
+  register_collective_ops();
+  for (bool training : {false, true}) {
+    SCOPED_TRACE(training ? "training" : "inference");
+    Graph g = import_onnx(data_path("tests/data/crossformer_tiny_snbaked_opset17.onnx"));
+    if (training)
+      prepare_training_graph(g, {{"x", {x.dtype, x.shape}}});
+    else
+      simplify(g, {{"x", {x.dtype, x.shape}}});
+    Graph shapes = g;
+    int stripped = 0;
+    for (Value& v : shapes.values)
+      if (v.is_const() && v.dtype == DType::F32 && v.constant->numel() > 1) {
+        v.constant = std::make_shared<Tensor>(v.constant->shape_only());
+        ++stripped;
+      }
+    ASSERT_GT(stripped, 50);
+    std::vector<std::string> replicated;
+    TpPlan plan = fit_plan(shapes, discover_plan(g), 4, training, &replicated);
+    EXPECT_EQ(replicated, (std::vector<std::string>{"layers.0.1.layers.0.0", "layers.0.1.layers.0.2"}));
+    EXPECT_EQ(plan.by_weight["layers.0.1.layers.0.0.to_q.weight"], TpSplit::Replicate);
+    EXPECT_EQ(plan.by_weight["layers.1.1.layers.0.0.to_q.weight"], TpSplit::Column);
+    Graph s = g;
+    ShardStats st = training ? shard_training_graph(s, plan, 4, 3) : shard_graph(s, plan, 4, 3);
+    EXPECT_EQ(st.row, 20 - 2);  // stage 0's two attention blocks' to_out replicated (its feed-forwards shard)
+  }
+}

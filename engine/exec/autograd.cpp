@@ -22,14 +22,6 @@ void accumulate(Tensor& dst, const Tensor& src) {
   for (int64_t i = 0; i < n; ++i) d[i] += s[i];
 }
 
-// t's type and shape without its storage (what a backward kernel that reads no elements gets).
-Tensor shape_only(const Tensor& t) {
-  Tensor s;
-  s.dtype = t.dtype;
-  s.shape = t.shape;
-  return s;
-}
-
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -298,7 +290,7 @@ void GradExecutor::recompute(int s) {
 void GradExecutor::release(int v, bool in_backward) {
   if ((!in_backward && bw_reads_[v]) || g_.values[v].is_const() || !vals_[v].defined()) return;
   if (in_backward && std::find(g_.inputs.begin(), g_.inputs.end(), v) != g_.inputs.end()) return;  // the caller's
-  vals_[v] = shape_only(vals_[v]);
+  vals_[v] = vals_[v].shape_only();
 }
 
 // ---------------------------------------------------------------- on a device
@@ -399,7 +391,7 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
     const int s = seg_last_.empty() ? -1 : opt_.segments[k];
     if (s >= 0 && seg_last_[s] == (int)k) {  // the segment's forward is done: its inner values go
       for (int v : seg_inner_[s])
-        if (vals_[v].defined()) vals_[v] = shape_only(vals_[v]);
+        if (vals_[v].defined()) vals_[v] = vals_[v].shape_only();
       seg_dropped_[s] = true;
     }
   }

@@ -28,6 +28,10 @@ std::string str(const A&... a) {
   return os.str();
 }
 
+inline bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 template <class... A>
 [[noreturn]] void fail(const A&... a) {
   throw Error(str(a...));

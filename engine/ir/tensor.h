@@ -78,6 +78,13 @@ struct Tensor {
   Tensor reshaped(Shape s) const;
   // Deep copy.
   Tensor clone() const;
+  // The dtype and shape without storage (what a backward kernel that reads no elements gets).
+  Tensor shape_only() const {
+    Tensor s;
+    s.dtype = dtype;
+    s.shape = shape;
+    return s;
+  }
   // Any integer tensor read as int64 values (for shape-carrying inputs).
   std::vector<int64_t> to_i64() const;
   // Any float tensor converted to float32 (copy).

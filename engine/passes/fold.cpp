@@ -101,10 +101,6 @@ void bind_inputs(Graph& g, const std::map<std::string, InputSpec>& given) {
 
 namespace pass_util {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 void propagate(Graph& g, bool drop, const std::function<bool(size_t, const Node&)>& may_fold, bool only) {
   std::vector<Node> kept;
   for (size_t k = 0; k < g.nodes.size(); ++k) {

@@ -11,8 +11,6 @@ namespace wxe::pass_util {
 
 const std::string kOrig = ".weight_orig";
 
-bool ends_with(const std::string& s, const std::string& suffix);
-
 // Infers shapes node by node and evaluates nodes whose inputs are known and that `may_fold`
 // (node index, node) allows; with `drop` such nodes are removed (their outputs become
 // constants), otherwise they stay in the graph and their outputs' values are merely known

@@ -26,10 +26,6 @@ std::string printable(const std::string& s, size_t max = 120) {
   return r;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Copies a strided view (in elements of size es) out of `src` into contiguous `dst`.
 void gather(uint8_t* dst, const uint8_t* src, size_t es, int64_t offset,
             const std::vector<int64_t>& size, const std::vector<int64_t>& stride) {
