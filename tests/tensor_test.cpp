@@ -26,3 +26,20 @@ TEST(Tensor, ConvertKeepsLargeInt64) {
   Tensor f = t.to_f32();
   EXPECT_EQ(f.data<float>()[1], -5.f);
 }
+
+// The host tensor memory counters (engine/ir/tensor.h) that `bench --train` splits its peak with.
+TEST(Tensor, HostBytesCountLiveAndPeakStorage) {
+  const size_t base = host_bytes_live();
+  reset_host_peak();
+  {
+    Tensor a(DType::F32, {1000, 1000});
+    Tensor view = a.reshaped({1000000});  // same storage: counted once
+    EXPECT_EQ(host_bytes_live(), base + 4000000);
+    { Tensor b(DType::F64, {1000}); }
+    EXPECT_EQ(host_bytes_peak(), base + 4008000);
+  }
+  EXPECT_EQ(host_bytes_live(), base);
+  EXPECT_EQ(host_bytes_peak(), base + 4008000);
+  reset_host_peak();
+  EXPECT_EQ(host_bytes_peak(), base);
+}

@@ -43,6 +43,34 @@ std::string fmt_time(double s) {
   return b;
 }
 
+// The memory of a training step on each rank, gathered to rank 0 under a mesh: parameters,
+// gradients and AdamW state; the activations at the step's peak, split into the values kept
+// for the backward and the transient ones (what the step's peak of host tensors held beyond
+// what persists after it); the host tensors' peak and the process's peak RSS (which adds the
+// program, the libraries' scratch and the allocator's slack). For the step after a
+// reset_host_peak(); on a device the activations are in its memory and only the persistent
+// figures and RSS mean anything.
+void report_memory(const Trainer& t, Mesh* mesh, const char* prefix) {
+  const double param = t.trainable_count() * 4.0, kept = (double)t.executor().kept_bytes();
+  const double peak = (double)host_bytes_peak(), act = peak - (double)host_bytes_live();
+  const std::vector<float> mine = {(float)param, (float)param, (float)t.optimizer_bytes(), (float)kept,
+                                   (float)std::max(0.0, act - kept), (float)peak, (float)(peak_rss_mb() * 1e6)};
+  const int world = mesh ? mesh->world : 1, k = (int)mine.size();
+  Tensor every = Tensor::from_f32({1, k}, mine);
+  if (world > 1) {
+    Tensor all(DType::F32, {world, k});
+    mesh->world_comm->all_gather(every, all);
+    every = all;
+  }
+  for (int r = 0; r < world; ++r) {
+    const float* e = every.data<float>() + r * k;
+    note("%srank %d: parameters %.1f MB, gradients %.1f MB, AdamW state %.1f MB, activations at the peak %.1f MB "
+         "(kept for the backward %.1f, transient %.1f); host tensors at the peak %.1f MB, peak RSS %.0f MB\n",
+         prefix, r, e[0] / 1e6, e[1] / 1e6, e[2] / 1e6, (e[3] + e[4]) / 1e6, e[3] / 1e6, e[4] / 1e6, e[5] / 1e6,
+         e[6] / 1e6);
+  }
+}
+
 // One fixed input and a zero target (wxe bench --train).
 class FixedSource : public SampleSource {
  public:
@@ -148,6 +176,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   double run_s = 0;
   std::string last_ckpt;
   if (first >= cfg.steps) note("wxe: already at step %lld of %lld\n", (long long)first, (long long)cfg.steps);
+  reset_host_peak();
   while (t.steps_done() < cfg.steps) {
     StepLog s;
     try {
@@ -165,12 +194,9 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
       return 4;
     }
     run_s += s.seconds;
-    if (t.steps_done() == first + 1) {  // after the first step: what this rank holds
-      const double param_mb = t.trainable_count() * 4.0 / 1e6;
+    if (t.steps_done() == first + 1) {  // after the first step: what each rank holds
       if (tty && cfg.progress) std::fprintf(stderr, "\n");
-      note("wxe: memory per rank: trainable parameters %.1f MB, gradients %.1f MB, AdamW state %.1f MB, forward "
-           "values kept for the backward %.1f MB; peak RSS %.0f MB\n",
-           param_mb, param_mb, t.optimizer_bytes() / 1e6, t.executor().kept_bytes() / 1e6, peak_rss_mb());
+      report_memory(t, mesh, "wxe: memory: ");
     }
     rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, ""});
     if (cfg.validate) {
@@ -239,6 +265,7 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   cfg.activation_checkpoint = activation_checkpoint;
   Trainer t(cfg, std::make_unique<FixedSource>(x, y));
   t.step();  // warm-up
+  reset_host_peak();
   std::map<std::string, OpProfile> warm = t.executor().profile();
   std::vector<double> ms;
   for (int r = 0; r < runs; ++r) {
@@ -259,10 +286,8 @@ int run_train_bench(const std::string& model, const std::string& input, const st
               "device %s; %lld trainable parameters\n",
               runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(),
               (long long)t.trainable_count());
-  const double param_mb = t.trainable_count() * 4.0 / 1e6, kept_mb = t.executor().kept_bytes() / 1e6;
-  std::printf("memory: trainable parameters %.1f MB, their gradients %.1f MB, AdamW state %.1f MB, forward values "
-              "kept for the backward %.1f MB\n",
-              param_mb, param_mb, t.optimizer_bytes() / 1e6, kept_mb);
+  const double kept_mb = t.executor().kept_bytes() / 1e6;
+  report_memory(t, nullptr, "wxe: memory: ");
   if (json)
     std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"threads\": %d, \"runs\": %d, "
                 "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"kept_mb\": %.1f}\n",

@@ -397,7 +397,8 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
   }
   kept_bytes_ = 0;
   {
-    std::set<const void*> seen;  // views share their input's storage
+    std::set<const void*> seen;  // views share their input's storage; the caller's inputs are not counted
+    for (int i : g_.inputs) seen.insert(vals_[i].storage.get());
     for (size_t v = 0; v < nv; ++v) {
       const Tensor& t = dev_ && dvals_[v].defined() ? dvals_[v] : vals_[v];
       if (t.defined() && !g_.values[v].is_const() && seen.insert(t.storage.get()).second) kept_bytes_ += t.storage->nbytes;

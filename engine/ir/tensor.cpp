@@ -1,5 +1,6 @@
 #include "engine/ir/tensor.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -80,20 +81,34 @@ std::vector<int64_t> strides_of(const Shape& s) {
   return st;
 }
 
+namespace {
+std::atomic<size_t> g_host_live{0}, g_host_peak{0};
+}  // namespace
+
+size_t host_bytes_live() { return g_host_live.load(); }
+size_t host_bytes_peak() { return g_host_peak.load(); }
+void reset_host_peak() { g_host_peak.store(g_host_live.load()); }
+
 Storage::Storage(size_t n) : nbytes(n) {
   WXE_CHECK(n <= max_alloc_bytes(), "cannot allocate ", n, " bytes (more than the ", max_alloc_bytes(),
             " bytes of memory this machine has; corrupt or hostile shape?)");
   size_t rounded = (n + 63) / 64 * 64;
   data = static_cast<uint8_t*>(std::aligned_alloc(64, rounded ? rounded : 64));
   if (!data) fail("out of memory allocating ", n, " bytes");
+  const size_t live = g_host_live.fetch_add(n) + n;
+  size_t peak = g_host_peak.load();
+  while (live > peak && !g_host_peak.compare_exchange_weak(peak, live)) {
+  }
 }
 Storage::Storage(void* p, size_t n, DeviceKind dev, FreeFn f)
     : data(static_cast<uint8_t*>(p)), nbytes(n), device(dev), free_fn(f) {}
 Storage::~Storage() {
-  if (free_fn)
+  if (free_fn) {
     free_fn(data);
-  else
+  } else {
     std::free(data);
+    g_host_live.fetch_sub(nbytes);
+  }
 }
 
 const char* device_name(DeviceKind d) { return d == DeviceKind::CUDA ? "cuda" : "cpu"; }

@@ -27,6 +27,11 @@ size_t tensor_bytes(DType t, const Shape& s);
 // memory), so a corrupt shape fails cleanly instead of faulting or being killed later.
 size_t max_alloc_bytes();
 void set_max_alloc_bytes(size_t n);
+// Host tensor memory (storage this process allocated for tensors; not mapped files, not
+// libraries' scratch): bytes held now and the most held since reset_host_peak().
+size_t host_bytes_live();
+size_t host_bytes_peak();
+void reset_host_peak();
 std::string shape_str(const Shape& s);          // "(1, 7, 32, 64)"
 std::vector<int64_t> strides_of(const Shape& s);  // contiguous strides in elements
 
