@@ -31,6 +31,8 @@ void register_spectral_norm();  // spectral_norm.cpp: the SpectralNorm op and it
 
 void register_linalg_backward();  // backward_linalg.cpp
 
+void register_fused_backward();  // backward_fused.cpp: ChannelLayerNorm
+
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 15;  // elements
@@ -458,6 +460,7 @@ void register_layer_backward() {
     register_backward_reads(op, {~0u, false});
   register_backward("Gelu", gelu_backward);
   register_linalg_backward();
+  register_fused_backward();
   register_spectral_norm();
 }
 
