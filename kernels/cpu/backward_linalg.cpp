@@ -20,8 +20,8 @@
 namespace wxe::cpu {
 
 // oneDNN's eltwise gelu_erf backward, vectorised (float; within about 1e-6 of the double
-// formula gelu_grad): 33M elements a wxformer_v2026 step, which the scalar erf and exp took
-// about a second for.
+// formula gelu_grad). A wxformer_v2026 step has 33M GELU elements; the scalar double erf and
+// exp take about 30 ns each on this machine.
 onednn::PrimCache<dnnl::eltwise_backward> gelu_bwd_cache;
 
 void gelu_grad_fast(const Node& n, const float* x, const float* gy, float* gx, int64_t count) {
