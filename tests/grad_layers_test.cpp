@@ -1,5 +1,6 @@
 // Gradient cases (tests/grad_check.h) for the layer ops of kernels/cpu/backward_layers.cpp:
-// Softmax, the normalizations, Reduce*, Gelu, MatMul, Gemm, Einsum, Linear, SpectralNorm.
+// Softmax, the normalizations (ChannelLayerNorm: backward_fused.cpp), Reduce*, Gelu, MatMul, Gemm,
+// Einsum, Linear, SpectralNorm.
 // grad_test.cpp runs them against finite differences of the reference forward kernels.
 #include <algorithm>
 #include <numeric>
@@ -133,6 +134,17 @@ GRAD_CASES("ReduceProd") {
 GRAD_CASES("Gelu") {
   return {grad_case("Gelu erf", "Gelu", {randn({3, 4, 5}, 40, 2.f)}),
           grad_case("Gelu tanh", "Gelu", {randn({3, 4, 5}, 41, 2.f)}, {{"approximate", attr_s("tanh")}})};
+}
+
+GRAD_CASES("ChannelLayerNorm") {
+  // g and b as CREDIT's (1, C, 1, 1), or C elements; S = 1; S = 70 spans two position tiles
+  auto cln = [](const std::string& label, Shape x, Shape p, unsigned seed) {
+    return grad_case(label, "ChannelLayerNorm", {randn(x, seed), randn(p, seed + 1), randn(p, seed + 2)},
+                     {{"epsilon", attr_f(1e-5f)}});
+  };
+  return {cln("ChannelLayerNorm (2, 5, 3, 4)", {2, 5, 3, 4}, {1, 5, 1, 1}, 45),
+          cln("ChannelLayerNorm (3, 4), no spatial dims", {3, 4}, {4}, 48),
+          cln("ChannelLayerNorm (1, 6, 70)", {1, 6, 70}, {6, 1}, 51)};
 }
 
 GRAD_CASES("MatMul") {

@@ -34,8 +34,9 @@ bool non_differentiable(const std::string& op) {
       "If",
       // random: no gradient to its input (it reads only the shape)
       "RandomNormalLike",
-      // made by the CPU fusion passes for inference; training runs the unfused graph
-      "ChannelLayerNorm", "WindowAttention", "ConvChannelsLast", "DepthToSpaceChannelsLast",
+      // made by the CPU fusion passes for inference only (training fuses the norms and GELU:
+      // engine/passes/fuse.h fuse_for_training)
+      "WindowAttention", "ConvChannelsLast", "DepthToSpaceChannelsLast",
       // collectives: their backward is the conjugate collective (parallel/), not a kernel
       "AllReduceTP", "CopyToTP"};
   return ops.count(op) != 0;
@@ -72,18 +73,29 @@ std::string check_grad(const GradCase& c) {
   // fixed random output weights
   std::vector<Tensor> r;
   for (size_t k = 0; k < outs.size(); ++k) r.push_back(randn(outs[k].shape, 1000 + (unsigned)k));
+  // The backward sees the elements its BackwardReads declares, as in the training executor
+  // (which frees the others); the others are NaN here, so a kernel reading them fails its case.
+  const BackwardReads reads = backward_reads(n.op);
+  std::vector<Tensor> unread;
+  unread.reserve(x.size() + outs.size());  // pointers into it stay valid
+  auto as_read = [&](const Tensor& t, bool read) -> const Tensor* {
+    if (read || t.dtype != DType::F32) return &t;
+    unread.push_back(Tensor(DType::F32, t.shape));
+    std::fill(unread.back().data<float>(), unread.back().data<float>() + t.numel(), NAN);
+    return &unread.back();
+  };
   std::vector<const Tensor*> pin, pout, gout;
   std::vector<Tensor*> gin;
   std::vector<Tensor> grads(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
-    pin.push_back(x[i].defined() ? &x[i] : nullptr);
+    pin.push_back(x[i].defined() ? as_read(x[i], reads.input(i)) : nullptr);
     bool want = x[i].defined() && x[i].dtype == DType::F32 &&
                 std::find(c.fixed.begin(), c.fixed.end(), (int)i) == c.fixed.end();
     if (want) grads[i] = Tensor(DType::F32, x[i].shape);
     gin.push_back(want ? &grads[i] : nullptr);
   }
   for (size_t k = 0; k < outs.size(); ++k) {
-    pout.push_back(&outs[k]);
+    pout.push_back(as_read(outs[k], reads.outputs));
     gout.push_back(outs[k].dtype == DType::F32 ? &r[k] : nullptr);
   }
   bw(n, pin, pout, gout, gin);
@@ -171,6 +183,17 @@ TEST(GradHarness, CatchesAWrongBackward) {
   GradCase c = grad_case("Neg (wrong on purpose)", "Neg", {randn({3, 4}, 1)});
   std::string r = check_grad(c);
   register_backward("Neg", saved);
+  EXPECT_NE(r, "");
+}
+
+// And a backward that reads what its BackwardReads says it does not (the executor would have
+// freed it): Gelu declared as reading nothing.
+TEST(GradHarness, CatchesAnUndeclaredRead) {
+  register_cpu_kernels();
+  const BackwardReads saved = backward_reads("Gelu");
+  register_backward_reads("Gelu", {0u, false});
+  std::string r = check_grad(grad_case("Gelu (reads undeclared)", "Gelu", {randn({3, 4}, 1)}));
+  register_backward_reads("Gelu", saved);
   EXPECT_NE(r, "");
 }
 

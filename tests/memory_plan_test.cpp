@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 
 #include "engine/exec/autograd.h"
 #include "engine/io/npy.h"
+#include "engine/passes/fuse.h"
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "load/model.h"
@@ -34,15 +36,23 @@ Graph training_graph_of(const std::string& model, const Tensor& x) {
 
 struct Step {
   std::vector<Tensor> outputs, grads;
+  std::vector<std::string> names;  // of the trainable parameters, as grads
   size_t kept = 0;
   size_t held = 0, kept0 = 0;  // host tensor bytes the first forward left allocated (engine/ir/tensor.h), kept
 };
 
 enum class Plan { KeepAll, FreeUnread, Checkpoint };
 
-Step run_step(const std::string& model, Plan plan) {
+// With `fused`, the training graph's norms and GELU fused as the trainer does (fuse_for_training).
+Step run_step(const std::string& model, Plan plan, bool fused = false) {
   const Tensor x = read_npy(data_path(model == "wxformer_tiny" ? "models/wxformer_tiny/x.npy" : "tests/data/" + model + "_x.npy"));
   Graph g = training_graph_of(model, x);
+  if (fused) {
+    fuse_for_training(g);
+    const std::map<std::string, int> ops = op_counts(g);
+    EXPECT_GT(ops.count("ChannelLayerNorm") ? ops.at("ChannelLayerNorm") : 0, 0) << model;
+    EXPECT_EQ(ops.count("Erf"), 0u) << model << ": a GELU left unfused";
+  }
   ExecOptions opt;
   opt.keep_forward = plan == Plan::KeepAll;
   if (plan == Plan::Checkpoint) {
@@ -63,6 +73,7 @@ Step run_step(const std::string& model, Plan plan) {
     ex.backward({s.outputs[0]});  // dL/dy = y: the gradient of sum(y^2) / 2
   }
   for (const Tensor& t : ex.grads()) s.grads.push_back(t.clone());
+  for (int v : ex.trainable()) s.names.push_back(g.values[v].name);
   return s;
 }
 
@@ -126,6 +137,88 @@ TEST(MemoryPlan, CheckpointedFinetuneEqualsTheRunWithout) {
   for (size_t i = 0; i < params[0].size(); ++i)
     EXPECT_EQ(std::memcmp(params[0][i].second.raw(), params[1][i].second.raw(), params[0][i].second.nbytes()), 0)
         << params[0][i].first;
+}
+
+// The training graph with its channel LayerNorms and GELUs fused (fuse_for_training; the
+// Linear before a GELU takes it as its activation) against the graph as exported: the same
+// outputs and parameter gradients up to float rounding (the fused kernels sum in another
+// order), and less kept for the backward. Gradients are compared per parameter in relative L2,
+// with a floor at the tensor's share of the global gradient norm (a bias that a norm cancels has
+// a zero gradient, rounding noise in both).
+TEST(FusedTraining, SameGradientsAsTheExportedGraph) {
+  for (const std::string model : {"crossformer_tiny", "wxformer_tiny"}) {
+    SCOPED_TRACE(model);
+    const Step plain = run_step(model, Plan::FreeUnread), fused = run_step(model, Plan::FreeUnread, true);
+    ASSERT_EQ(plain.outputs.size(), fused.outputs.size());
+    for (size_t i = 0; i < plain.outputs.size(); ++i) EXPECT_LE(rel_l2(fused.outputs[i], plain.outputs[i]), 1e-6);
+    ASSERT_EQ(plain.names, fused.names);
+    double total2 = 0;
+    int64_t total_n = 0;
+    for (const Tensor& t : plain.grads) {
+      for (int64_t i = 0; i < t.numel(); ++i) total2 += (double)t.data<float>()[i] * t.data<float>()[i];
+      total_n += t.numel();
+    }
+    const double rms = std::sqrt(total2 / total_n);
+    double worst = 0;
+    for (size_t p = 0; p < plain.grads.size(); ++p) {
+      const Tensor &a = fused.grads[p], &b = plain.grads[p];
+      ASSERT_EQ(a.shape, b.shape) << plain.names[p];
+      double d2 = 0, r2 = 0;
+      for (int64_t i = 0; i < b.numel(); ++i) {
+        const double u = a.data<float>()[i], w = b.data<float>()[i];
+        d2 += (u - w) * (u - w);
+        r2 += w * w;
+      }
+      const double e = std::sqrt(d2) / std::max(std::sqrt(r2), rms * std::sqrt((double)b.numel()));
+      worst = std::max(worst, e);
+      EXPECT_LE(e, 1e-5) << plain.names[p];
+    }
+    std::printf("%s: fused training graph: %zu gradients, worst relative L2 %.2e; kept for the backward %.1f MB "
+                "(exported graph %.1f MB, %.0f%%)\n",
+                model.c_str(), plain.grads.size(), worst, fused.kept / 1e6, plain.kept / 1e6,
+                100.0 * fused.kept / plain.kept);
+    EXPECT_LT(fused.kept, plain.kept * 0.9);
+  }
+}
+
+// The memory plan and activation checkpointing on the fused graph: the fused ops' BackwardReads
+// and their scopes (each fused node in its block's segment) give the same bits as keeping every
+// forward value.
+TEST(FusedTraining, MemoryPlanAndCheckpointingGiveTheSameBits) {
+  for (const std::string model : {"crossformer_tiny", "wxformer_tiny"}) {
+    const Step all = run_step(model, Plan::KeepAll, true), plan = run_step(model, Plan::FreeUnread, true),
+               ck = run_step(model, Plan::Checkpoint, true);
+    ASSERT_EQ(all.grads.size(), plan.grads.size());
+    ASSERT_EQ(all.grads.size(), ck.grads.size());
+    for (size_t i = 0; i < all.outputs.size(); ++i) {
+      EXPECT_EQ(std::memcmp(all.outputs[i].raw(), plan.outputs[i].raw(), all.outputs[i].nbytes()), 0) << model;
+      EXPECT_EQ(std::memcmp(all.outputs[i].raw(), ck.outputs[i].raw(), all.outputs[i].nbytes()), 0) << model;
+    }
+    for (size_t i = 0; i < all.grads.size(); ++i) {
+      EXPECT_EQ(std::memcmp(all.grads[i].raw(), plan.grads[i].raw(), all.grads[i].nbytes()), 0) << model << " " << all.names[i];
+      EXPECT_EQ(std::memcmp(all.grads[i].raw(), ck.grads[i].raw(), all.grads[i].nbytes()), 0) << model << " " << all.names[i];
+    }
+    EXPECT_LT(ck.kept, plan.kept) << model;
+  }
+}
+
+// Through the trainer: the fused run (the default) and FinetuneConfig::fuse = false give the same
+// losses over 3 steps of a 2-step rollout of the spectral-norm model.
+TEST(FusedTraining, FinetuneLossesMatchTheExportedGraph) {
+  const std::string data = make_series("fused_series", 3, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 23);
+  std::vector<std::vector<double>> losses;
+  for (bool fuse : {false, true}) {
+    FinetuneConfig c = tiny_config(data, "");
+    c.model = data_path("tests/data/crossformer_tiny_opset17.onnx");
+    c.forecast_len = 2;
+    c.accum = 1;
+    c.fuse = fuse;
+    Trainer t(c, open_npy_dir(data, 2));
+    const std::map<std::string, int> ops = op_counts(t.graph());
+    EXPECT_EQ(ops.count("ChannelLayerNorm") != 0, fuse);
+    losses.push_back(run_steps(t, 3));
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * std::fabs(losses[0][i])) << "step " << i + 1;
 }
 
 }  // namespace

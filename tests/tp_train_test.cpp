@@ -8,6 +8,7 @@
 #include "engine/exec/autograd.h"
 #include "engine/passes/layout_rules.h"
 #include "engine/io/npy.h"
+#include "engine/passes/fuse.h"
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/collective_ops.h"
@@ -91,8 +92,9 @@ struct RankStep {
 };
 
 // Shards `full` for every rank of `tp` (coroutines, tests/rank_group.h) and runs one forward and
-// backward with output gradient gy, on the fast kernels the trainer runs.
-std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tensor& gy, int tp) {
+// backward with output gradient gy, on the fast kernels the trainer runs; with `fused`, on the
+// sharded graph with its norms and GELU fused, as the trainer runs it (fuse_for_training).
+std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tensor& gy, int tp, bool fused = false) {
   TpPlan plan = discover_plan(full);
   std::vector<RankStep> steps(tp);
   std::vector<std::string> errors = RankGroup::run(tp, [&](int r, RankComm& comm) {
@@ -102,6 +104,7 @@ std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tenso
     RankStep& s = steps[r];
     s.slices = parameter_slices(plan, full, tp, r);
     s.stats = shard_training_graph(g, plan, tp, r);
+    if (fused) fuse_for_training(g);
     GradExecutor ex(g, trainable_parameters(g), {0, KernelKind::Fast});
     s.y = ex.forward({{"x", x}})[0];
     ex.backward({gy});
@@ -148,16 +151,17 @@ double grad_error(const Tensor& got, const Tensor& ref, double scale) {
 // tp ranks against tp 1 on one model: outputs, every parameter's gradient.
 // qkv_layers: column-parallel layers per attention block (3: to_q/to_k/to_v; 1: a fused
 // spectral-norm to_qkv).
+// fused: the tp ranks run the fused graph, tp 1 the exported one.
 void expect_tp_matches_one(const std::string& model, const std::string& input, int tp, int attention_blocks,
-                           int ff_blocks, int qkv_layers = 3) {
-  SCOPED_TRACE(model + " tp " + std::to_string(tp));
+                           int ff_blocks, int qkv_layers = 3, bool fused = false) {
+  SCOPED_TRACE(model + " tp " + std::to_string(tp) + (fused ? " fused" : ""));
   Tensor x = read_npy(data_path(input));
   Graph full = training_graph(model, x);
   Tensor gy = randn(full.values[full.outputs[0]].shape, 7);
   static std::map<std::string, RankStep> tp1;  // per model, shared by its tp 2 and tp 4 tests
   if (!tp1.count(model)) tp1[model] = train_step(full, x, gy, 1)[0];
   const RankStep& one = tp1[model];
-  std::vector<RankStep> ranks = train_step(full, x, gy, tp);
+  std::vector<RankStep> ranks = train_step(full, x, gy, tp, fused);
   double scale = 0;
   for (auto& [name, g] : one.grads) scale = std::max(scale, norm(g));
   TpPlan plan = discover_plan(full);
@@ -367,6 +371,13 @@ TEST(TpTrainingGraph, CrossformerTp4MatchesTp1) {
 // to_qkv's by heads), weight_u / weight_v equal tp 1's on every rank.
 TEST(TpTrainingGraph, CrossformerTinySpectralNormTp2MatchesTp1) {
   expect_tp_matches_one("tests/data/crossformer_tiny_opset17.onnx", "tests/data/crossformer_tiny_x.npy", 2, 10, 10, 1);
+}
+
+// The trainer's graph: sharded, then its norms and GELU fused (the feed-forward's column-parallel
+// Linear takes the GELU; spectral norm kept), against tp 1 as exported.
+TEST(TpTrainingGraph, CrossformerTinyFusedTp2MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tiny_opset17.onnx", "tests/data/crossformer_tiny_x.npy", 2, 10, 10, 1,
+                        true);
 }
 
 TEST(TpTrainingGraph, CrossformerTinyTp2MatchesTp1) {

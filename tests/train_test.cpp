@@ -11,6 +11,7 @@
 #include "engine/exec/autograd.h"
 #include "engine/exec/executor.h"
 #include "engine/io/npy.h"
+#include "engine/passes/fuse.h"
 #include "engine/passes/passes.h"
 #include "engine/io/safetensors.h"
 #include "importers/onnx/onnx_import.h"
@@ -244,10 +245,12 @@ namespace {
 // train mode (one spectral-norm power iteration), latitude- and channel-weighted MSE, one
 // backward. Every parameter gradient within 1e-4 relative L2; u and v updated as PyTorch did.
 // On `device` (a backend name) the GradExecutor runs that backend's kernels and falls back
-// to the host for the others; the same tolerances hold.
-void expect_gradients_match_pytorch(const std::string& model, const std::string& device = "cpu") {
+// to the host for the others; the same tolerances hold. With `fused`, the graph's norms and
+// GELU fused as the trainer runs it (engine/passes/fuse.h fuse_for_training).
+void expect_gradients_match_pytorch(const std::string& model, const std::string& device = "cpu", bool fused = false) {
   const std::string dir = data_path("tests/data/train/");
   Graph g = training_graph(model + "_opset17.onnx", model + "_checkpoint.pt");
+  if (fused) fuse_for_training(g);
   std::vector<int> params = trainable_parameters(g);
   ExecOptions opt;
   opt.device = device;
@@ -313,6 +316,9 @@ void expect_gradients_match_pytorch(const std::string& model, const std::string&
 }
 
 TEST(GoldenGradients, CrossformerTinyMatchesPyTorch) { expect_gradients_match_pytorch("crossformer_tiny"); }
+TEST(GoldenGradients, CrossformerTinyFusedMatchesPyTorch) {
+  expect_gradients_match_pytorch("crossformer_tiny", "cpu", true);
+}
 
 // A backend on host memory with part of the CPU kernel table (forward and backward): the
 // GradExecutor's device path on a whole model without a GPU (values and gradients moving
@@ -591,5 +597,6 @@ TEST(TrainParity, Crossformer20StepsMatchPyTorch) {
 namespace wxe::test {
 namespace {
 TEST(GoldenGradients, WxformerTinyMatchesPyTorch) { expect_gradients_match_pytorch("wxformer_tiny"); }
+TEST(GoldenGradients, WxformerTinyFusedMatchesPyTorch) { expect_gradients_match_pytorch("wxformer_tiny", "cpu", true); }
 }  // namespace
 }  // namespace wxe::test

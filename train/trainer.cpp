@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "engine/passes/fuse.h"
 #include "importers/onnx/onnx_import.h"
 #include "load/model.h"
 #include "parallel/collective_ops.h"
@@ -69,6 +70,8 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     tp_stats_ = shard_training_graph(graph_, plan, tp_, tp_rank_);
     set_tp_communicator(mesh_->tp_comm.get());
   }
+  // host memory: ops a backend lacks fall back to the CPU kernels without copies
+  if (cfg.fuse && !cfg.reference && backend_for(cfg.device).device() == DeviceKind::CPU) fuse_for_training(graph_);
   for (int v : trainable_parameters(graph_)) {
     const std::string& name = graph_.values[v].name;
     bool frozen = std::any_of(cfg.freeze.begin(), cfg.freeze.end(), [&](const std::string& p) { return glob_match(p, name); });
@@ -171,7 +174,8 @@ void Trainer::check_same_plan() {
       {"AdamW's betas, eps or --weight-decay", str(num(a.beta1), num(a.beta2), num(a.eps), num(a.weight_decay))},
       {"--grad-max-norm", num(cfg_.grad_max_norm)}, {"--ema / --ema-decay", str(cfg_.ema, num(cfg_.ema_decay))},
       {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse)},
-      {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device}};
+      {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device},
+      {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}};
   std::vector<uint64_t> fps;
   for (auto& o : options) fps.push_back(fingerprint(o.second));
   const std::vector<uint64_t> all = gather_on_all_ranks(*mesh_, fps);  // every rank finds the same

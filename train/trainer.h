@@ -57,6 +57,11 @@ struct FinetuneConfig {
   // backward instead of kept (engine/passes/passes.h checkpoint_segments; CPU only for now);
   // "none": keep them. Gradients are bit-identical either way.
   std::string activation_checkpoint = "none";
+  // The training graph's channel LayerNorms and GELUs fused as for inference (engine/passes/fuse.h
+  // fuse_for_training): less kept for the backward, fewer kernels. On the CPU and host-memory
+  // backends, not with `reference` (the oracle runs the graph as exported) nor on a GPU (no
+  // device backward for the fused ops yet). false: the exported graph (tests compare the two).
+  bool fuse = true;
   double ema_decay = 0.999;
   bool shuffle = false;
   uint64_t seed = 0;

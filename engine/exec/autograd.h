@@ -7,7 +7,8 @@
 // Parameters are the graph's named leaves: values with a constant payload. The executor
 // shares their storage, so an optimizer that updates them in place changes the next forward,
 // and ops that own buffers (SpectralNorm's u and v) update them in place too.
-// The training graph is run unfused (no CPU fusion passes); the fast kernels are used where
+// The executor runs the graph it is given: no fusion passes of its own (the trainer fuses the
+// norms and GELU first: engine/passes/fuse.h fuse_for_training); the fast kernels are used where
 // the op has one (their weight caches are off for graphs without `constant_weights`).
 //
 // On a device (ExecOptions.device, engine/exec/backend.h) the forward and backward kernels come

@@ -692,4 +692,10 @@ void optimize_for_cpu(Graph& g, Precision precision) {
   if (precision == Precision::BF16) use_bf16(g);
 }
 
+void fuse_for_training(Graph& g) {
+  fuse_gelu(g);
+  fuse_channel_layernorm(g);
+  fuse_linear_gelu(g);
+}
+
 }  // namespace wxe

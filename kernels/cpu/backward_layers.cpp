@@ -31,6 +31,8 @@ void register_spectral_norm();  // spectral_norm.cpp: the SpectralNorm op and it
 
 void register_linalg_backward();  // backward_linalg.cpp
 
+void register_fused_backward();  // backward_fused.cpp: ChannelLayerNorm
+
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 15;  // elements
@@ -407,7 +409,8 @@ void reduce_backward_ref(const Node& n, const Ins& in, const Ins& out, const Ins
 }
 
 // ---------------------------------------------------------------------------------------
-// Gelu: erf form d/dx = Phi(x) + x phi(x); tanh form from y = 0.5 x (1 + tanh(k (x + c x^3))).
+// Gelu: erf form d/dx = Phi(x) + x phi(x) (on oneDNN: gelu_grad_fast); tanh form from
+// y = 0.5 x (1 + tanh(k (x + c x^3))).
 
 void gelu_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
   if (!gin[0]) return;
@@ -419,6 +422,7 @@ void gelu_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, co
   const float* g = gout[0]->data<float>();
   float* gx = gin[0]->data<float>();
   const bool tanh_form = a == "tanh";
+  if (!tanh_form) return gelu_grad_fast(n, x, g, gx, N);
 #pragma omp parallel for schedule(static) if (N > kParallelMin)
   for (int64_t i = 0; i < N; ++i) gx[i] = (float)(g[i] * gelu_grad(x[i], tanh_form));
 }
@@ -458,6 +462,7 @@ void register_layer_backward() {
     register_backward_reads(op, {~0u, false});
   register_backward("Gelu", gelu_backward);
   register_linalg_backward();
+  register_fused_backward();
   register_spectral_norm();
 }
 

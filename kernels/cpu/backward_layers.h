@@ -18,5 +18,8 @@ void matmul_backward(const Node& n, const Ins& in, const Ins& out, const Ins& go
 void gemm_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
 void einsum_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
 void reduce_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
+// gx = gy * Gelu'(x), erf form, on oneDNN (backward_linalg.cpp): the fast path of Gelu's and of a
+// Linear with activation "gelu"'s backward.
+void gelu_grad_fast(const Node& n, const float* x, const float* gy, float* gx, int64_t count);
 
 }  // namespace wxe::cpu
