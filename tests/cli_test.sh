@@ -206,4 +206,19 @@ expect_fail infer-fifo-input "fifo.npy: is not a regular file" timeout 20 "$wxe"
 sed -e 's/timestep: "6h"/timestep: "99999999999999999999h"/' -e "s#path: \"#path: \"$era5/#" "$era5/config.yml" > "$tmp/bad_timestep.yml"
 expect_fail config-bad-timestep "bad_timestep.yml: data.timestep: '99999999999999999999h'" "$wxe" forecast "$tmp/bad_timestep.yml" --model "$model" --init 2020-12-31T18 -o "$tmp/fc3.nc"
 
+# bench --train: the memory line and its JSON figures; what persists (parameters, gradients as
+# large, AdamW twice) and the activations fit within the host tensors' peak
+if "$wxe" bench "$model" --input "$x" --train --runs 1 --threads 1 --json >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "wxe: memory: rank 0: parameters .* activations at the peak .* (kept for the backward .*, transient .*); host tensors at the peak" "$tmp/err" \
+   && tail -n 1 "$tmp/out" | awk '{
+        for (i = 1; i <= NF; ++i) { k = $i; gsub(/[",:{}]/, "", k); v = $(i + 1); gsub(/[,}]/, "", v); f[k] = v + 0 }
+        ok = f["params_mb"] > 0 && f["grads_mb"] == f["params_mb"] && f["adamw_mb"] > 1.99 * f["params_mb"] \
+             && f["kept_mb"] > 0 && f["params_mb"] + f["grads_mb"] + f["adamw_mb"] + f["kept_mb"] + f["transient_mb"] <= f["tensors_peak_mb"] + 0.5 \
+             && f["tensors_peak_mb"] <= f["peak_rss_mb"]
+        exit !ok }'; then
+  echo "ok   bench-train-memory"
+else
+  echo "FAIL bench-train-memory"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+
 exit $((fails > 0))

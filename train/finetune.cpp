@@ -50,7 +50,8 @@ std::string fmt_time(double s) {
 // program, the libraries' scratch and the allocator's slack). For the step after a
 // reset_host_peak(); on a device the activations are in its memory and only the persistent
 // figures and RSS mean anything.
-void report_memory(const Trainer& t, Mesh* mesh, const char* prefix) {
+// Returns this rank's figures in bytes, in the order of the line.
+std::vector<float> report_memory(const Trainer& t, Mesh* mesh, const char* prefix) {
   const double param = t.trainable_count() * 4.0, kept = (double)t.executor().kept_bytes();
   const double peak = (double)host_bytes_peak(), act = peak - (double)host_bytes_live();
   const std::vector<float> mine = {(float)param, (float)param, (float)t.optimizer_bytes(), (float)kept,
@@ -69,6 +70,7 @@ void report_memory(const Trainer& t, Mesh* mesh, const char* prefix) {
          prefix, r, e[0] / 1e6, e[1] / 1e6, e[2] / 1e6, (e[3] + e[4]) / 1e6, e[3] / 1e6, e[4] / 1e6, e[5] / 1e6,
          e[6] / 1e6);
   }
+  return mine;
 }
 
 // One fixed input and a zero target (wxe bench --train).
@@ -286,13 +288,14 @@ int run_train_bench(const std::string& model, const std::string& input, const st
               "device %s; %lld trainable parameters\n",
               runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(),
               (long long)t.trainable_count());
-  const double kept_mb = t.executor().kept_bytes() / 1e6;
-  report_memory(t, nullptr, "wxe: memory: ");
+  const std::vector<float> mem = report_memory(t, nullptr, "wxe: memory: ");
   if (json)
     std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"threads\": %d, \"runs\": %d, "
-                "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"kept_mb\": %.1f}\n",
+                "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"params_mb\": %.1f, "
+                "\"grads_mb\": %.1f, \"adamw_mb\": %.1f, \"kept_mb\": %.1f, \"transient_mb\": %.1f, "
+                "\"tensors_peak_mb\": %.1f}\n",
                 model.c_str(), device.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb(),
-                kept_mb);
+                mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6, mem[4] / 1e6, mem[5] / 1e6);
   return 0;
 }
 
