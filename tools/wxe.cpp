@@ -2,7 +2,6 @@
 // Layer: the top (tools/): options, progress and exit codes; the work is the library's (load/,
 // train/, forecast/) over parallel/, importers/, data/ and engine/.
 #include <CLI/CLI.hpp>
-#include <malloc.h>
 #include <cstring>
 #include <functional>
 #include <sys/resource.h>
@@ -530,14 +529,6 @@ static void use_device_mesh(Mesh& mesh, const std::string& device, bool dp_nccl)
 }
 
 int main(int argc, char** argv) {
-#ifdef M_MMAP_THRESHOLD
-  // Blocks of 1 MiB and more are mapped, and unmapped when freed: a training step frees
-  // activations in an order glibc's heap cannot give back (its free chunks stay resident, and
-  // by default it serves blocks up to 32 MiB from the heap once one was freed), so what the
-  // memory plan frees would stay in the process (wxformer_v2026 with checkpointing: 1.34 GB
-  // peak RSS instead of 1.67 GB). The price: fresh, zeroed pages for each such block.
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
-#endif
   CLI::App app{"wxe: run and fine-tune CREDIT wxformer-style weather models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("wxe ") + kVersion);
