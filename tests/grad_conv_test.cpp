@@ -204,7 +204,7 @@ TEST(ConvBackward, FastPathMatchesReferenceLoops) {
       EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
     }
     // some gradients only: dx alone; dW alone; db alone; dW and db without dx (the first layer,
-    // whose input needs no gradient: backward-weights sums db, backward-data does not run)
+    // whose input needs no gradient: backward-data does not run)
     std::vector<std::vector<bool>> subsets = {{true, false}, {false, true}};
     if (c.bias) subsets = {{true, false, false}, {false, true, false}, {false, false, true}, {false, true, true}};
     for (const std::vector<bool>& want : subsets) {

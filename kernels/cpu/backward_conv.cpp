@@ -19,9 +19,8 @@
 //
 // Fast path: oneDNN (2.6) convolution / deconvolution backward-data and backward-weights
 // primitives for float32, created once per geometry (cached in a PrimCache, dnnl_util.h)
-// with the same translation of the ONNX attributes as make_conv in dnnl.cpp; the bias
-// gradient comes out of backward-weights, backward-data runs only when dx is wanted, and the
-// scratchpads are per-thread buffers (user mode). A Conv with few output channels and a wide
+// with the same translation of the ONNX attributes as make_conv in dnnl.cpp; backward-data
+// runs only when dx is wanted, and the scratchpads are per-thread buffers (user mode). A Conv with few output channels and a wide
 // kernel takes its weight gradient from conv_small_oc.h instead (oneDNN's is im2col + gemm
 // there). Anything it does not take (negative pads of a ConvTranspose with output_shape, empty
 // tensors, a geometry oneDNN rejects) runs the loops.
@@ -273,33 +272,34 @@ void stage_out(const Node& n, const Operand& o, const memory& m, float* data) {
   if (o.copy) execute(n, o.reorder, {{DNNL_ARG_FROM, m}, {DNNL_ARG_TO, mem(o.user, data)}});
 }
 
-// Backward-data (dy, W -> dx) and backward-weights (x, dy -> dW, and db when bias) primitives
-// of one geometry, in oneDNN's terms for both ops: src = x, dst = y. Scratchpads are the
-// caller's (user mode), from per-thread buffers.
+// Backward-data (dy, W -> dx) and backward-weights (x, dy -> dW) primitives of one geometry,
+// in oneDNN's terms for both ops: src = x, dst = y. Scratchpads are the caller's (user mode),
+// from per-thread buffers. The bias gradient is not oneDNN's: its float sum depends on the
+// thread count (2e-5 relative between tp ranks running 1 and 2 threads, tp_train_test), the
+// plain sum in double (bias_grad) does not.
 struct BackwardPrims {
   bool use_ref = false;
   dnnl::primitive data, weights;
   Operand data_dy, data_w, data_dx;
   Operand wts_x, wts_dy, wts_dw;
-  memory::desc data_pad, wts_pad, bias;  // scratchpads; db (plain (C_out), empty without bias)
+  memory::desc data_pad, wts_pad;  // scratchpads
 };
 
 template <class Fwd, class BwdData, class BwdWeights>
 void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user, const memory::desc& w_user,
-               const memory::desc& y_user, bool bias, memory::format_tag act, const Dims& strides, const Dims& dil,
+               const memory::desc& y_user, memory::format_tag act, const Dims& strides, const Dims& dil,
                const Dims& pl, const Dims& pr) {
   const memory::desc x_md = act != memory::format_tag::undef ? memory::desc(x_user.dims(), dt::f32, act) : x_user;
   const memory::desc y_md = act != memory::format_tag::undef ? memory::desc(y_user.dims(), dt::f32, act) : y_user;
   const memory::desc w_md(w_user.dims(), dt::f32, memory::format_tag::any);
-  r.bias = bias ? plain_md({y_user.dims()[1]}) : memory::desc();
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // oneDNN requires the forward primitive desc as a hint for the backward ones
-  typename Fwd::desc fd(dnnl::prop_kind::forward_training, alg, x_md, w_md, r.bias, y_md, strides, dil, pl, pr);
+  typename Fwd::desc fd(dnnl::prop_kind::forward_training, alg, x_md, w_md, y_md, strides, dil, pl, pr);
   typename Fwd::primitive_desc fpd(fd, eng());
   typename BwdData::desc dd(alg, x_md, w_md, y_md, strides, dil, pl, pr);
   typename BwdData::primitive_desc dpd(dd, attr, eng(), fpd);
-  typename BwdWeights::desc wd(alg, x_md, w_md, r.bias, y_md, strides, dil, pl, pr);
+  typename BwdWeights::desc wd(alg, x_md, w_md, y_md, strides, dil, pl, pr);
   typename BwdWeights::primitive_desc wpd(wd, attr, eng(), fpd);
   r.data = BwdData(dpd);
   r.weights = BwdWeights(wpd);
@@ -320,7 +320,7 @@ void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user
 // Measured (oneDNN 2.6, AVX-512, 1 thread, dx + dW): 3x3 on (1,64,48,90) 21 ms blocked vs
 // 46 ms plain, kernel 8 stride 2 on (1,64,96,180) 108 vs 426 ms; 1x1 and ConvTranspose
 // kernel 2 stride 2 about equal either way (plain gemm; the busy machine's noise was larger).
-BackwardPrims make_backward(const ConvGeom& g, bool bias) {
+BackwardPrims make_backward(const ConvGeom& g) {
   BackwardPrims r;
   const int f = g.first();
   const int64_t G = g.group, Cig = g.C_in / G, Cog = g.C_out / G;
@@ -365,11 +365,11 @@ BackwardPrims make_backward(const ConvGeom& g, bool bias) {
     try {
       if (!g.transpose)
         make_pair<dnnl::convolution_forward, dnnl::convolution_backward_data, dnnl::convolution_backward_weights>(
-            r, dnnl::algorithm::convolution_direct, x_user, w_user, y_user, bias, act, strides, dil, pl, pr);
+            r, dnnl::algorithm::convolution_direct, x_user, w_user, y_user, act, strides, dil, pl, pr);
       else
         make_pair<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
                   dnnl::deconvolution_backward_weights>(r, dnnl::algorithm::deconvolution_direct, x_user, w_user,
-                                                        y_user, bias, act, strides, dil, pl, pr);
+                                                        y_user, act, strides, dil, pl, pr);
       r.use_ref = false;
       return r;
     } catch (const dnnl::error&) {
@@ -392,12 +392,10 @@ PrimCache<BackwardPrims> backward_cache;  // by geometry key
 enum { kDy, kW, kWide, kDy2, kPad };
 thread_local Scratch bwd_scratch[5];
 
-// dx, dW and db by oneDNN (any pointer may be null; db only with dW: the weights primitive
-// sums it on the way); false when the geometry is not supported.
+// dx and dW by oneDNN (either pointer may be null); false when the geometry is not supported.
 bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
-                   float* dW, float* db) {
-  const bool bias = dW && db;
-  auto p = backward_cache.get(geom_key(g) + (bias ? "b" : ""), [&] { return make_backward(g, bias); });
+                   float* dW) {
+  auto p = backward_cache.get(geom_key(g), [&] { return make_backward(g); });
   if (p->use_ref) return false;
   memory dy_m;
   if (dx) {
@@ -415,7 +413,6 @@ bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float
     memory dw_m = out_mem(p->wts_dw, dW, bwd_scratch[kW]);
     Args args{{DNNL_ARG_SRC, x_m}, {DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_DIFF_WEIGHTS, dw_m},
               {DNNL_ARG_SCRATCHPAD, mem(p->wts_pad, bwd_scratch[kPad].get(p->wts_pad.get_size()))}};
-    if (bias) args.emplace(DNNL_ARG_DIFF_BIAS, mem(p->bias, db));
     execute(n, p->weights, args);
     stage_out(n, p->wts_dw, dw_m, dW);
   }
@@ -456,22 +453,16 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
   float* DX = gx ? gx->data<float>() : nullptr;
   float* DW = gw ? gw->data<float>() : nullptr;
   float* DB = gb ? gb->data<float>() : nullptr;
-  auto db_alone = [&] { bias_grad(DY, g.N, g.C_out, g.out[0] * g.out[1] * g.out[2], DB); };
+  if (DB) bias_grad(DY, g.N, g.C_out, g.out[0] * g.out[1] * g.out[2], DB);
+  if (!DX && !DW) return false;
   const bool empty = in[0]->numel() == 0 || in[1]->numel() == 0 || dy->numel() == 0;
-  if (kind == KernelKind::Fast && !empty && (DX || DW)) {
-    if (small_oc_conv_applies(g)) {  // few output channels, wide kernel
-      if (DW) small_oc_conv_weight_grad(g, X, DY, DW);
-      if (DB) db_alone();
-      if (DX && !backward_dnnl(n, g, X, W, DY, DX, nullptr, nullptr)) backward_loops(g, X, W, DY, DX, nullptr);
-      return true;
-    }
-    if (backward_dnnl(n, g, X, W, DY, DX, DW, DB)) {
-      if (DB && !DW) db_alone();
-      return true;
-    }
+  if (kind == KernelKind::Fast && !empty && small_oc_conv_applies(g)) {  // few output channels, wide kernel
+    if (DW) small_oc_conv_weight_grad(g, X, DY, DW);
+    if (DX && !backward_dnnl(n, g, X, W, DY, DX, nullptr)) backward_loops(g, X, W, DY, DX, nullptr);
+    return true;
   }
-  if (DB) db_alone();
-  if (DX || DW) backward_loops(g, X, W, DY, DX, DW);
+  if (kind == KernelKind::Fast && !empty && backward_dnnl(n, g, X, W, DY, DX, DW)) return true;
+  backward_loops(g, X, W, DY, DX, DW);
   return false;
 }
 
