@@ -218,7 +218,7 @@ TEST(BackwardFast, BinaryOpsMatchReference) {
   expect_pointwise("Max with ties", "Max", {t, t});
 }
 
-TEST(BackwardFast, ErfTransposeConcatMatchReference) {
+TEST(BackwardFast, ErfTransposeConcatDepthToSpaceMatchReference) {
   Tensor x = randn({1, 64, 32, 48}, 100, 2.f);
   x.data<float>()[0] = 12.f;  // exp(-144): below float range
   x.data<float>()[1] = -9.5f;
@@ -245,6 +245,11 @@ TEST(BackwardFast, ErfTransposeConcatMatchReference) {
   }
   expect_pointwise("Concat axis 1 of three", "Concat", {randn({1, 16, 32, 48}, 102), randn({1, 8, 32, 48}, 103), randn({1, 16, 32, 48}, 104)},
                    {{"axis", attr_i(1)}}, 0);
+  // DepthToSpace as in WXFormer's up blocks (pixel shuffle, CRD) and DCR with block 3
+  expect_pointwise("DepthToSpace CRD (1,336,8,12) block 2", "DepthToSpace", {randn({1, 336, 8, 12}, 107)},
+                   {{"blocksize", attr_i(2)}, {"mode", attr_s("CRD")}}, 0);
+  expect_pointwise("DepthToSpace DCR (2,18,3,5) block 3", "DepthToSpace", {randn({2, 18, 3, 5}, 108)},
+                   {{"blocksize", attr_i(3)}}, 0);
   expect_pointwise("Concat axis -1", "Concat", {randn({2, 3, 2}, 105), randn({2, 3, 5}, 106)}, {{"axis", attr_i(-1)}}, 0);
 }
 

@@ -6,9 +6,11 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/backward_conv.h"
+#include "kernels/cpu/conv_small_oc.h"
 #include "tests/grad_check.h"
 #include "tests/test_util.h"
 
@@ -201,13 +203,92 @@ TEST(ConvBackward, FastPathMatchesReferenceLoops) {
       EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 1e-5) << "gradient of input " << i;
       EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
     }
-    // one gradient at a time (dW alone: the first layer, whose input needs none; dx alone)
-    for (size_t only = 0; only < 2; ++only) {
-      std::vector<bool> want(x.size(), false);
-      want[only] = true;
-      Grads one = backward(n, x, y, &dy, want, KernelKind::Fast);
-      EXPECT_EQ(one.dnnl, c.dnnl);
-      EXPECT_LT(rel_l2(one.t[only], ref.t[only]), 1e-5) << "gradient of input " << only << " alone";
+    // some gradients only: dx alone; dW alone; db alone; dW and db without dx (the first layer,
+    // whose input needs no gradient: backward-data does not run)
+    std::vector<std::vector<bool>> subsets = {{true, false}, {false, true}};
+    if (c.bias) subsets = {{true, false, false}, {false, true, false}, {false, false, true}, {false, true, true}};
+    for (const std::vector<bool>& want : subsets) {
+      Grads some = backward(n, x, y, &dy, want, KernelKind::Fast);
+      EXPECT_EQ(some.dnnl, (want[0] || want[1]) && c.dnnl);
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (!want[i]) continue;
+        EXPECT_LT(rel_l2(some.t[i], ref.t[i]), 1e-5)
+            << "gradient of input " << i << " with dx " << want[0] << " dW " << want[1];
+      }
+    }
+  }
+}
+
+// Conv geometries for conv_small_oc.h (few output channels, kernel width 16 or 32, no pads):
+// the forward and the weight gradient against the reference kernel and loops, with column
+// counts past a whole number of vector blocks (the tail), odd channel counts, stride 1 (no
+// column phases) and 3, batch 2 and 1-D; the path must apply to each.
+TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
+  register_cpu_kernels();
+  const Attr s2 = attr_ints({2, 2});
+  const std::vector<FastCase> cases = {
+      {"k16 s2 batch 2, 29 columns", "Conv", {2, 3, 20, 72}, {4, 3, 16, 16}, 4, {{"strides", s2}}},
+      {"k32 s2 2 outputs", "Conv", {1, 2, 36, 90}, {2, 2, 32, 32}, 2, {{"strides", s2}}},
+      {"k16 stride 1, 6 outputs, 5 rows", "Conv", {1, 3, 20, 45}, {6, 3, 16, 16}, 0, {}},
+      {"k16 stride 3, 3 outputs", "Conv", {1, 2, 17, 90}, {3, 2, 16, 16}, 3, {{"strides", attr_ints({3, 3})}}},
+      {"k 5x16 s2 8 outputs", "Conv", {1, 4, 11, 80}, {8, 4, 5, 16}, 8, {{"strides", s2}}},
+      {"1-D k32 s2", "Conv", {2, 3, 140}, {4, 3, 32}, 4, {{"strides", attr_ints({2})}}},
+      {"15 outputs k16", "Conv", {1, 2, 16, 50}, {15, 2, 16, 16}, 15, {}},
+  };
+  for (const FastCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> x = conv_inputs(c.x, c.w, c.bias, 70);
+    std::vector<const Tensor*> px;
+    for (auto& t : x) px.push_back(&t);
+    Node n = make_node(c.op, (int)x.size(), 1, c.attrs);
+    EXPECT_TRUE(cpu::small_oc_conv_applies(cpu::conv_geometry(n, c.x, c.w, false)));
+    Tensor y = run_node(n, px)[0], yf = run_node(n, px, KernelKind::Fast)[0];
+    EXPECT_LT(rel_l2(yf, y), 1e-5) << "forward";
+    EXPECT_LT(max_abs_diff(yf, y), 1e-3) << "forward";
+    Tensor dy = randn(y.shape, 71);
+    const std::vector<bool> all(x.size(), true);
+    Grads ref = backward(n, x, y, &dy, all, KernelKind::Reference);
+    for (std::vector<bool> want : {all, std::vector<bool>{false, true, c.bias > 0}}) {
+      want.resize(x.size());
+      Grads fast = backward(n, x, y, &dy, want, KernelKind::Fast);
+      EXPECT_TRUE(fast.dnnl);
+      for (size_t i = 0; i < x.size(); ++i)
+        if (want[i]) {
+          EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 1e-5) << "gradient of input " << i;
+          EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
+        }
+    }
+  }
+  // pads, dilation, group, narrow kernels, 16 outputs: not this path
+  auto applies = [](Shape xs, Shape ws, Attrs a) {
+    return cpu::small_oc_conv_applies(cpu::conv_geometry(make_node("Conv", 2, 1, a), xs, ws, false));
+  };
+  EXPECT_FALSE(applies({1, 2, 40, 40}, {4, 2, 16, 16}, pads2(7, 7, 7, 7)));
+  EXPECT_FALSE(applies({1, 2, 40, 40}, {4, 2, 16, 16}, {{"dilations", attr_ints({1, 2})}}));
+  EXPECT_FALSE(applies({1, 4, 40, 40}, {4, 2, 16, 16}, {{"group", attr_i(2)}}));
+  EXPECT_FALSE(applies({1, 2, 40, 40}, {4, 2, 8, 8}, {}));
+  EXPECT_FALSE(applies({1, 2, 40, 40}, {16, 2, 16, 16}, {}));
+}
+
+// Weights updated in place between calls (as the optimizer does): the fast forward and backward
+// read the new values (nothing keeps a stale reordered copy), on the oneDNN and small-output
+// paths.
+TEST(ConvBackward, WeightsUpdatedInPlaceAreSeen) {
+  register_cpu_kernels();
+  for (auto [xs, ws, a] : {std::tuple<Shape, Shape, Attrs>{{1, 16, 12, 20}, {24, 16, 3, 3}, pads2(1, 1, 1, 1)},
+                           {{1, 3, 20, 72}, {4, 3, 16, 16}, {{"strides", attr_ints({2, 2})}}}}) {
+    std::vector<Tensor> x = conv_inputs(xs, ws, ws[0], 80);
+    Node n = make_node("Conv", 3, 1, a);
+    Tensor dy = randn(run_node(n, {&x[0], &x[1], &x[2]})[0].shape, 81);
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE(str(shape_str(ws), " step ", step));
+      float* w = x[1].data<float>();
+      for (int64_t i = 0; i < x[1].numel(); ++i) w[i] = w[i] * 0.5f + 0.01f * (float)(i % 5);
+      Tensor y = run_node(n, {&x[0], &x[1], &x[2]})[0], yf = run_node(n, {&x[0], &x[1], &x[2]}, KernelKind::Fast)[0];
+      EXPECT_LT(rel_l2(yf, y), 1e-5);
+      Grads ref = backward(n, x, y, &dy, {true, true, true}, KernelKind::Reference);
+      Grads fast = backward(n, x, y, &dy, {true, true, true}, KernelKind::Fast);
+      for (size_t i = 0; i < 3; ++i) EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 1e-5) << "gradient of input " << i;
     }
   }
 }

@@ -157,6 +157,97 @@ void plot(const FinetuneConfig& cfg, const std::vector<LogRow>& rows) {
   }
 }
 
+// Each distinct Conv / ConvTranspose of the training graph run alone on its shapes (random
+// data; min of `reps` timed runs after one warm-up): forward, backward-data (dx; only where the
+// step needs it: an input that depends on a trained parameter) and backward-weights (dW, db).
+// GFLOP/s counts 2 * multiply-adds, the same count for the three.
+void print_conv_profile(const GradExecutor& ex, int reps) {
+  const Graph& g = ex.graph();
+  std::vector<bool> needs(g.values.size(), false);
+  for (int v : ex.trainable()) needs[v] = true;
+  for (const Node& n : g.nodes) {
+    bool any = false;
+    for (int v : n.inputs) any = any || (v >= 0 && needs[v]);
+    for (int v : n.outputs) needs[v] = any;
+  }
+  struct Row {
+    const Node* n;
+    int count;
+    bool dx;
+  };
+  std::vector<std::pair<std::string, Row>> rows;
+  for (const Node& n : g.nodes) {
+    if ((n.op != "Conv" && n.op != "ConvTranspose") || n.inputs.size() < 2 || n.inputs[0] < 0 || n.inputs[1] < 0)
+      continue;
+    std::string key = n.op + shape_str(g.values[n.inputs[0]].shape) + shape_str(g.values[n.inputs[1]].shape);
+    for (const char* a : {"strides", "pads", "dilations", "output_padding"})
+      if (n.attrs.count(a)) key += str(" ", a[0], shape_str(n.ints(a)));
+    if (n.i("group", 1) != 1) key += str(" g", n.i("group", 1));
+    const bool bias = n.inputs.size() > 2 && n.inputs[2] >= 0, dx = needs[n.inputs[0]];
+    key += str(bias ? " bias" : "", dx ? "" : " (no dx)");
+    auto it = std::find_if(rows.begin(), rows.end(), [&](auto& r) { return r.first == key; });
+    if (it == rows.end()) rows.push_back({key, {&n, 1, dx}});
+    else ++it->second.count;
+  }
+  if (rows.empty()) return;
+  auto filled = [](const Shape& s, uint32_t seed) {
+    Tensor t(DType::F32, s);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      seed = seed * 1664525u + 1013904223u;
+      t.data<float>()[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+    }
+    return t;
+  };
+  auto min_ms = [&](auto&& f) {
+    f();
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      f();
+      best = std::min(best, seconds_since(t0) * 1e3);
+    }
+    return best;
+  };
+  std::printf("%-74s %5s %17s %17s %17s\n", "conv (x, w, attributes)", "count", "forward ms GF/s",
+              "bwd-data ms GF/s", "bwd-weights ms GF/s");
+  double total[3] = {0, 0, 0};
+  for (auto& [key, r] : rows) {
+    const Node& n = *r.n;
+    std::vector<Tensor> in;
+    for (size_t i = 0; i < n.inputs.size() && i < 3; ++i)
+      in.push_back(n.inputs[i] >= 0 ? filled(g.values[n.inputs[i]].shape, 7 + (uint32_t)i) : Tensor());
+    Tensor y(DType::F32, g.values[n.outputs[0]].shape), dy = filled(y.shape, 11);
+    std::vector<const Tensor*> pin;
+    std::vector<Tensor> gr;
+    for (auto& t : in) {
+      pin.push_back(t.defined() ? &t : nullptr);
+      gr.push_back(t.defined() ? Tensor(DType::F32, t.shape) : Tensor());
+    }
+    const KernelFn fwd = kernel_for(n.op, KernelKind::Fast);
+    const BackwardFn bwd = backward_kernel(n.op);
+    auto gin = [&](bool data) {
+      std::vector<Tensor*> p;
+      for (size_t i = 0; i < gr.size(); ++i) p.push_back(gr[i].defined() && (i == 0) == data ? &gr[i] : nullptr);
+      return p;
+    };
+    const Shape& ws = in[1].shape;
+    const double gflop = 2.0 * (double)(n.op == "Conv" ? y.numel() : in[0].numel()) * (double)(in[1].numel() / ws[0]) / 1e9;
+    const double ms[3] = {min_ms([&] { fwd(n, pin, {&y}); }),
+                          r.dx ? min_ms([&] { bwd(n, pin, {&y}, {&dy}, gin(true)); }) : 0.0,
+                          min_ms([&] { bwd(n, pin, {&y}, {&dy}, gin(false)); })};
+    std::string cells;
+    for (int k = 0; k < 3; ++k) {
+      total[k] += ms[k] * r.count;
+      char c[32];
+      std::snprintf(c, sizeof c, " %9.1f %7.1f", ms[k], gflop / ms[k] * 1e3);
+      cells += ms[k] > 0 ? std::string(c) : std::string(18, ' ');
+    }
+    std::printf("%-74s %5d%s\n", key.c_str(), r.count, cells.c_str());
+  }
+  std::printf("%-74s %5s %9.1f %7s %9.1f %7s %9.1f\n", "total ms per step (count x min)", "", total[0], "", total[1], "",
+              total[2]);
+}
+
 }  // namespace
 
 int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
@@ -299,6 +390,7 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   std::sort(by_op.rbegin(), by_op.rend());
   if (!by_op.empty()) std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");  // none on a device
   for (size_t i = 0; i < by_op.size() && i < 20; ++i) std::printf("%-36s %10.2f\n", by_op[i].second.c_str(), by_op[i].first);
+  if (device == "cpu") print_conv_profile(t.executor(), 3);
   std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
               "device %s; %lld trainable parameters\n",
               runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(),

@@ -19,9 +19,11 @@
 //
 // Fast path: oneDNN (2.6) convolution / deconvolution backward-data and backward-weights
 // primitives for float32, created once per geometry (cached in a PrimCache, dnnl_util.h)
-// with the same translation of the ONNX attributes as make_conv in dnnl.cpp. Anything it
-// does not take (negative pads of a ConvTranspose with output_shape, empty tensors, a
-// geometry oneDNN rejects) runs the loops.
+// with the same translation of the ONNX attributes as make_conv in dnnl.cpp; backward-data
+// runs only when dx is wanted, and the scratchpads are per-thread buffers (user mode). A Conv with few output channels and a wide
+// kernel takes its weight gradient from conv_small_oc.h instead (oneDNN's is im2col + gemm
+// there). Anything it does not take (negative pads of a ConvTranspose with output_shape, empty
+// tensors, a geometry oneDNN rejects) runs the loops.
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include "engine/ir/ops.h"
 #include "kernels/cpu/backward_conv.h"
 #include "kernels/cpu/backward_util.h"
+#include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 
@@ -270,29 +273,34 @@ void stage_out(const Node& n, const Operand& o, const memory& m, float* data) {
 }
 
 // Backward-data (dy, W -> dx) and backward-weights (x, dy -> dW) primitives of one geometry,
-// in oneDNN's terms for both ops: src = x, dst = y.
+// in oneDNN's terms for both ops: src = x, dst = y. Scratchpads are the caller's (user mode),
+// from per-thread buffers. The bias gradient is not oneDNN's: its float sum depends on the
+// thread count (2e-5 relative between tp ranks running 1 and 2 threads, tp_train_test), the
+// plain sum in double (bias_grad) does not.
 struct BackwardPrims {
   bool use_ref = false;
   dnnl::primitive data, weights;
   Operand data_dy, data_w, data_dx;
   Operand wts_x, wts_dy, wts_dw;
+  memory::desc data_pad, wts_pad;  // scratchpads
 };
 
 template <class Fwd, class BwdData, class BwdWeights>
 void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user, const memory::desc& w_user,
-               const memory::desc& y_user, bool blocked, const Dims& strides, const Dims& dil, const Dims& pl,
-               const Dims& pr) {
-  const auto any = memory::format_tag::any;
-  const memory::desc x_md = blocked ? memory::desc(x_user.dims(), dt::f32, any) : x_user;
-  const memory::desc y_md = blocked ? memory::desc(y_user.dims(), dt::f32, any) : y_user;
-  const memory::desc w_md(w_user.dims(), dt::f32, any);
+               const memory::desc& y_user, memory::format_tag act, const Dims& strides, const Dims& dil,
+               const Dims& pl, const Dims& pr) {
+  const memory::desc x_md = act != memory::format_tag::undef ? memory::desc(x_user.dims(), dt::f32, act) : x_user;
+  const memory::desc y_md = act != memory::format_tag::undef ? memory::desc(y_user.dims(), dt::f32, act) : y_user;
+  const memory::desc w_md(w_user.dims(), dt::f32, memory::format_tag::any);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // oneDNN requires the forward primitive desc as a hint for the backward ones
   typename Fwd::desc fd(dnnl::prop_kind::forward_training, alg, x_md, w_md, y_md, strides, dil, pl, pr);
   typename Fwd::primitive_desc fpd(fd, eng());
   typename BwdData::desc dd(alg, x_md, w_md, y_md, strides, dil, pl, pr);
-  typename BwdData::primitive_desc dpd(dd, eng(), fpd);
+  typename BwdData::primitive_desc dpd(dd, attr, eng(), fpd);
   typename BwdWeights::desc wd(alg, x_md, w_md, y_md, strides, dil, pl, pr);
-  typename BwdWeights::primitive_desc wpd(wd, eng(), fpd);
+  typename BwdWeights::primitive_desc wpd(wd, attr, eng(), fpd);
   r.data = BwdData(dpd);
   r.weights = BwdWeights(wpd);
   r.data_dy = operand(y_user, dpd.diff_dst_desc(), true);
@@ -301,10 +309,14 @@ void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user
   r.wts_x = operand(x_user, wpd.src_desc(), true);
   r.wts_dy = operand(y_user, wpd.diff_dst_desc(), true);
   r.wts_dw = operand(w_user, wpd.diff_weights_desc(), false);
+  r.data_pad = dpd.scratchpad_desc();
+  r.wts_pad = wpd.scratchpad_desc();
 }
 
-// Activation layouts (oneDNN's choice, "any", or the plain tensors): as the forward path in
-// dnnl.cpp, blocked for spatial Conv, plain for pointwise Conv and for ConvTranspose.
+// Activation layouts: as the forward path in dnnl.cpp, blocked for spatial Conv (nChw16c, named:
+// with "any" oneDNN 2.6 picks a slower layout for some channel counts, backward-data of 84
+// channels of 256 x 384 at 3x3: 269 ms vs 160 ms nChw16c, 1 thread), plain for pointwise Conv
+// and for ConvTranspose.
 // Measured (oneDNN 2.6, AVX-512, 1 thread, dx + dW): 3x3 on (1,64,48,90) 21 ms blocked vs
 // 46 ms plain, kernel 8 stride 2 on (1,64,96,180) 108 vs 426 ms; 1x1 and ConvTranspose
 // kernel 2 stride 2 about equal either way (plain gemm; the busy machine's noise was larger).
@@ -344,20 +356,25 @@ BackwardPrims make_backward(const ConvGeom& g) {
   }
   wd.insert(wd.end(), ks.begin(), ks.end());
   ws.insert(ws.end(), kst.begin(), kst.end());
+  using tag = memory::format_tag;
   const bool blocked = !g.transpose && !pointwise;
-  try {
-    const memory::desc x_user = plain_md(src), y_user = plain_md(dst), w_user(wd, dt::f32, ws);
-    if (!g.transpose)
-      make_pair<dnnl::convolution_forward, dnnl::convolution_backward_data, dnnl::convolution_backward_weights>(
-          r, dnnl::algorithm::convolution_direct, x_user, w_user, y_user, blocked, strides, dil, pl, pr);
-    else
-      make_pair<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
-                dnnl::deconvolution_backward_weights>(r, dnnl::algorithm::deconvolution_direct, x_user, w_user,
-                                                      y_user, blocked, strides, dil, pl, pr);
-  } catch (const dnnl::error&) {
-    return r;
+  const tag act16[3] = {tag::nCw16c, tag::nChw16c, tag::nCdhw16c};
+  const memory::desc x_user = plain_md(src), y_user = plain_md(dst), w_user(wd, dt::f32, ws);
+  // blocked: nChw16c, else oneDNN's choice; plain: the tensors' own layout
+  for (tag act : blocked ? std::vector<tag>{act16[g.nsp - 1], tag::any} : std::vector<tag>{tag::undef}) {
+    try {
+      if (!g.transpose)
+        make_pair<dnnl::convolution_forward, dnnl::convolution_backward_data, dnnl::convolution_backward_weights>(
+            r, dnnl::algorithm::convolution_direct, x_user, w_user, y_user, act, strides, dil, pl, pr);
+      else
+        make_pair<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
+                  dnnl::deconvolution_backward_weights>(r, dnnl::algorithm::deconvolution_direct, x_user, w_user,
+                                                        y_user, act, strides, dil, pl, pr);
+      r.use_ref = false;
+      return r;
+    } catch (const dnnl::error&) {
+    }
   }
-  r.use_ref = false;
   return r;
 }
 
@@ -371,9 +388,9 @@ std::string geom_key(const ConvGeom& g) {
 PrimCache<BackwardPrims> backward_cache;  // by geometry key
 
 // Staging buffers by role; dx's buffer is reused for x and W's for dW, as the data pass
-// finishes before the weights pass starts.
-enum { kDy, kW, kWide, kDy2 };
-thread_local Scratch bwd_scratch[4];
+// finishes before the weights pass starts; one scratchpad for both passes.
+enum { kDy, kW, kWide, kDy2, kPad };
+thread_local Scratch bwd_scratch[5];
 
 // dx and dW by oneDNN (either pointer may be null); false when the geometry is not supported.
 bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
@@ -385,14 +402,18 @@ bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float
     dy_m = stage_in(n, p->data_dy, dy, bwd_scratch[kDy]);
     memory w_m = stage_in(n, p->data_w, W, bwd_scratch[kW]);
     memory dx_m = out_mem(p->data_dx, dx, bwd_scratch[kWide]);
-    execute(n, p->data, {{DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DIFF_SRC, dx_m}});
+    memory pad = mem(p->data_pad, bwd_scratch[kPad].get(p->data_pad.get_size()));
+    execute(n, p->data,
+            {{DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DIFF_SRC, dx_m}, {DNNL_ARG_SCRATCHPAD, pad}});
     stage_out(n, p->data_dx, dx_m, dx);
   }
   if (dW) {
     memory x_m = stage_in(n, p->wts_x, x, bwd_scratch[kWide]);
     if (!dx || !(p->wts_dy.prim == p->data_dy.prim)) dy_m = stage_in(n, p->wts_dy, dy, bwd_scratch[kDy2]);
     memory dw_m = out_mem(p->wts_dw, dW, bwd_scratch[kW]);
-    execute(n, p->weights, {{DNNL_ARG_SRC, x_m}, {DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_DIFF_WEIGHTS, dw_m}});
+    Args args{{DNNL_ARG_SRC, x_m}, {DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_DIFF_WEIGHTS, dw_m},
+              {DNNL_ARG_SCRATCHPAD, mem(p->wts_pad, bwd_scratch[kPad].get(p->wts_pad.get_size()))}};
+    execute(n, p->weights, args);
     stage_out(n, p->wts_dw, dw_m, dW);
   }
   return true;
@@ -431,9 +452,15 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
   const float* DY = dy->data<float>();
   float* DX = gx ? gx->data<float>() : nullptr;
   float* DW = gw ? gw->data<float>() : nullptr;
-  if (gb) bias_grad(DY, g.N, g.C_out, g.out[0] * g.out[1] * g.out[2], gb->data<float>());
+  float* DB = gb ? gb->data<float>() : nullptr;
+  if (DB) bias_grad(DY, g.N, g.C_out, g.out[0] * g.out[1] * g.out[2], DB);
   if (!DX && !DW) return false;
   const bool empty = in[0]->numel() == 0 || in[1]->numel() == 0 || dy->numel() == 0;
+  if (kind == KernelKind::Fast && !empty && small_oc_conv_applies(g)) {  // few output channels, wide kernel
+    if (DW) small_oc_conv_weight_grad(g, X, DY, DW);
+    if (DX && !backward_dnnl(n, g, X, W, DY, DX, nullptr)) backward_loops(g, X, W, DY, DX, nullptr);
+    return true;
+  }
   if (kind == KernelKind::Fast && !empty && backward_dnnl(n, g, X, W, DY, DX, DW)) return true;
   backward_loops(g, X, W, DY, DX, DW);
   return false;

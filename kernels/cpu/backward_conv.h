@@ -8,8 +8,9 @@ namespace wxe::cpu {
 
 // The backward kernel of a Conv or ConvTranspose node (engine/ir/ops.h BackwardFn contract).
 // Reference: plain loops with double accumulation (the oracle). Fast: oneDNN's backward-data
-// and backward-weights primitives where they apply, the loops otherwise. Returns true when
-// oneDNN computed dx and dw (the bias gradient is always a plain sum).
+// and backward-weights primitives where they apply, conv_small_oc.h's weight gradient for few
+// output channels and wide kernels, the loops otherwise. Returns true when the fast path
+// computed dx and dw (the bias gradient is always a plain sum in double).
 bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin,
                    KernelKind kind);
 

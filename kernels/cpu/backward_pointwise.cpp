@@ -15,7 +15,8 @@
 // Fast paths (the registered kernels; backward_pointwise.h gives tests either one): binary
 // arithmetic over contiguous arrays (a broadcast operand expanded once, the gradient of a
 // broadcast input summed by broadcast_sum, broadcast.h), Erf in float, Transpose as the
-// inverse transpose of the gradient, Concat as a split of it. The code above them stays as
+// inverse transpose of the gradient, Concat as a split of it, DepthToSpace as the row copies
+// of its forward run backwards. The code above them stays as
 // the reference.
 #include "kernels/cpu/backward_pointwise.h"
 
@@ -686,6 +687,32 @@ void concat_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& g
   }
 }
 
+// DepthToSpace (a permutation): the gradient copied back row by row, the forward's loop
+// (fast.cpp) with its sides swapped: gx[n, ic(c, i, j), h, w] = gy[n, c, h b + i, w b + j],
+// CRD: ic = c b^2 + i b + j, DCR: ic = (i b + j) C_out + c.
+void depth_to_space_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  const std::string mode = n.s("mode", "DCR");
+  const int64_t b = n.i("blocksize", 0);
+  if (in[0]->rank() != 4 || b <= 0 || (mode != "CRD" && mode != "DCR")) return first_input_bw<true>(n, in, out, gout, gin);
+  const Shape& s = in[0]->shape;
+  const int64_t N = s[0], C = s[1], H = s[2], W = s[3], Co = C / (b * b), Wo = W * b;
+  const bool crd = mode == "CRD";
+  const float* gy = gout[0]->data<float>();
+  float* gx = gin[0]->data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < N * Co * H; ++row) {
+    const int64_t h = row % H, nc = row / H, c = nc % Co, bn = nc / Co;
+    for (int64_t i = 0; i < b; ++i) {
+      const float* g = gy + ((nc * H + h) * b + i) * Wo;
+      for (int64_t j = 0; j < b; ++j) {
+        const int64_t ic = crd ? c * b * b + i * b + j : (i * b + j) * Co + c;
+        float* d = gx + ((bn * C + ic) * H + h) * W;
+        for (int64_t w = 0; w < W; ++w) d[w] = g[w * b + j];
+      }
+    }
+  }
+}
+
 // Op -> (reference, fast) for the ops with a fast path.
 const std::map<std::string, std::pair<BackwardFn, BackwardFn>>& fast_table() {
   static const std::map<std::string, std::pair<BackwardFn, BackwardFn>> t = {
@@ -698,6 +725,7 @@ const std::map<std::string, std::pair<BackwardFn, BackwardFn>>& fast_table() {
       {"Min", {checked<binary_bw<Bin::Min>>, checked<binary_bw_fast<Bin::Min>>}},
       {"Erf", {checked<unary_bw<Un::Erf>>, checked<erf_bw_fast>}},
       {"Transpose", {checked<first_input_bw<true>>, checked<transpose_bw_fast>}},
+      {"DepthToSpace", {checked<first_input_bw<true>>, checked<depth_to_space_bw_fast>}},
       {"Concat", {checked<concat_bw>, checked<concat_bw_fast>}},
   };
   return t;
@@ -750,7 +778,6 @@ void register_pointwise_backward() {
   register_backward("Flatten", checked<copy_bw>);
   register_backward("Split", checked<first_input_bw<true>>);
   register_backward("Slice", checked<first_input_bw<true>>);
-  register_backward("DepthToSpace", checked<first_input_bw<true>>);
   register_backward("Gather", checked<first_input_bw<false>>);    // repeated indices
   register_backward("GatherND", checked<first_input_bw<false>>);
   register_backward("Expand", checked<first_input_bw<false>>);

@@ -37,6 +37,7 @@
 #include <unordered_map>
 
 #include "engine/ir/ops.h"
+#include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/transpose.h"
@@ -655,6 +656,9 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
   if (bias && bias->shape != Shape{g.C_out}) return reference(n, in, out);
   if (out[0]->numel() == 0 || in[0]->numel() == 0) return reference(n, in, out);
   const bool bf16 = n.s("precision", "") == "bf16";
+  if (!channels_last && !bf16 && small_oc_conv_applies(g))  // few output channels, wide kernel: conv_small_oc.h
+    return small_oc_conv_forward(g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
+                                 out[0]->data<float>());
   const std::string key = geom_key(g) + (bias ? "b" : "") + (src_nhwc ? "<nhwc" : "") + (dst_nhwc ? ">nhwc" : "") +
                           (bf16 ? "bf16" : "");
   auto p = conv_cache.get(key, [&] { return make_conv(g, bias != nullptr, src_nhwc, dst_nhwc, bf16); });
