@@ -360,8 +360,13 @@ BackwardPrims make_backward(const ConvGeom& g) {
   const bool blocked = !g.transpose && !pointwise;
   const tag act16[3] = {tag::nCw16c, tag::nChw16c, tag::nCdhw16c};
   const memory::desc x_user = plain_md(src), y_user = plain_md(dst), w_user(wd, dt::f32, ws);
-  // blocked: nChw16c, else oneDNN's choice; plain: the tensors' own layout
-  for (tag act : blocked ? std::vector<tag>{act16[g.nsp - 1], tag::any} : std::vector<tag>{tag::undef}) {
+  // blocked: nChw16c, else oneDNN's choice; plain: the tensors' own layout. Named only for
+  // 16 channels or more on both sides: with fewer (CREDIT's first cross-embedding convs, 7 -> 2
+  // channels at kernel 32) oneDNN 2.6 has only its reference kernel for nChw16c (0.1 GFLOP/s).
+  const bool named = std::min(Cig, Cog) >= 16;
+  std::vector<tag> acts{tag::undef};
+  if (blocked) acts = named ? std::vector<tag>{act16[g.nsp - 1], tag::any} : std::vector<tag>{tag::any};
+  for (tag act : acts) {
     try {
       if (!g.transpose)
         make_pair<dnnl::convolution_forward, dnnl::convolution_backward_data, dnnl::convolution_backward_weights>(
