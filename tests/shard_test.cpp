@@ -11,7 +11,6 @@
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/collective_ops.h"
-#include "parallel/sequence_parallel.h"
 #include "parallel/shard.h"
 #include "tests/test_util.h"
 
@@ -264,15 +263,4 @@ TEST(Shard, FitPlanTrialsCopyNoWeight) {
     ShardStats st = training ? shard_training_graph(s, plan, 4, 3) : shard_graph(s, plan, 4, 3);
     EXPECT_EQ(st.row, 20 - 2);  // stage 0's two attention blocks' to_out replicated (its feed-forwards shard)
   }
-}
-
-TEST(Shard, DISABLED_DumpTraining) {
-  Tensor x = read_npy(data_path("tests/data/crossformer_tiny_x.npy"));
-  register_collective_ops();
-  Graph g = import_onnx(data_path(getenv("DUMP_MODEL")));
-  prepare_training_graph(g, {{"x", {x.dtype, x.shape}}});
-  TpPlan plan = fit_plan(g, discover_plan(g), 2, true);
-  shard_training_graph(g, plan, 2, 0);
-  if (getenv("DUMP_SP")) sequence_parallel(g, 2);
-  std::printf("%s", dump(g).c_str());
 }
