@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "engine/passes/fuse.h"
 #include "engine/passes/passes.h"
 #include "parallel/collective_ops.h"
 #include "parallel/shard.h"
@@ -57,6 +58,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
   SequenceParallelStats st;
   if (tp <= 1) return st;
   register_collective_ops();
+  fold_pad_into_conv(g);  // a cross-embedding's explicit Pad becomes its Conv's pads: a halo below
   const size_t nodes = g.nodes.size();
   const std::vector<int> uses = g.use_counts();
   std::vector<std::vector<int>> readers(g.values.size());
@@ -217,7 +219,8 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
       continue;
     }
     // a per-pixel op: bands in, a band out
-    bool pixel = (elementwise_op(n.op) || per_pixel_reduce(g, n)) && n.outputs.size() == 1 &&
+    const bool concat = n.op == "Concat" && n.i("axis", 0) != kRows && n.i("axis", 0) != kRows - 4;
+    bool pixel = (elementwise_op(n.op) || per_pixel_reduce(g, n) || concat) && n.outputs.size() == 1 &&
                  g.values[n.outputs[0]].shape.size() == 4;
     const Shape os = pixel ? g.values[n.outputs[0]].shape : Shape{};
     for (size_t i = 0; pixel && i < n.inputs.size(); ++i) {
@@ -227,7 +230,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
       const int d = kRows - (4 - (int)val.shape.size());  // broadcasting aligns from the right
       if (d < 0 || val.shape[d] == 1) continue;            // broadcast along the rows
       // a whole replicated activation: cut to bands; a constant with rows: not per pixel here
-      pixel = !val.is_const() && val.shape == os && val.dtype == DType::F32;
+      pixel = !val.is_const() && val.dtype == DType::F32 && val.shape.size() == 4 && val.shape[kRows] == os[kRows];
     }
     if (pixel) {
       for (int& v : n.inputs) {
@@ -243,6 +246,45 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
       set_band(n.outputs[0]);
       out.push_back(std::move(n));
       continue;
+    }
+    // a convolution on a band: halo rows from the neighbouring bands, its output a band
+    if (n.op == "Conv" && n.inputs.size() >= 2 && is_band(n.inputs[0]) &&
+        std::none_of(n.inputs.begin() + 1, n.inputs.end(), is_band)) {
+      const Shape xs = g.values[n.inputs[0]].shape, ys = g.values[n.outputs[0]].shape;
+      const Shape& ws = g.values[n.inputs[1]].shape;
+      std::vector<int64_t> pads = n.ints("pads", {0, 0, 0, 0}), strides = n.ints("strides", {1, 1}),
+                           dil = n.ints("dilations", {1, 1});
+      const std::string ap = n.s("auto_pad", "NOTSET");
+      if (xs.size() == 4 && ys.size() == 4 && ws.size() == 4 && pads.size() == 4 && strides.size() == 2 &&
+          dil.size() == 2 && dil[0] == 1 && (ap == "NOTSET" || ap.empty())) {
+        const int64_t s0 = strides[0], top = pads[0], bottom = ws[2] - s0 - pads[0], rows = xs[kRows] / tp;
+        // every band's output rows come from its own rows and the halo: H = OH * stride
+        if (ys[kRows] % tp == 0 && ys[kRows] * s0 == xs[kRows] && top >= 0 && bottom >= 0 && top <= rows &&
+            bottom <= rows && pads[2] == ws[2] - s0 - top) {
+          int x = n.inputs[0];
+          if (top || bottom) {
+            const int h = new_value(x, "_halo");
+            Node halo = collective("HaloTP", n.name + "/HaloTP", x, h);
+            halo.attrs["top"] = attr_i(top);
+            halo.attrs["bottom"] = attr_i(bottom);
+            out.push_back(std::move(halo));
+            ++st.halos;
+            x = h;
+          }
+          n.inputs[0] = x;
+          pads[0] = pads[2] = 0;
+          n.attrs["pads"] = attr_ints(pads);
+          // the weights' and bias's gradients: the sum of every band's
+          for (size_t i = 1; i < n.inputs.size(); ++i) {
+            const int v = n.inputs[i];
+            if (v >= 0 && g.values[v].dtype == DType::F32 && (!g.values[v].is_const() || g.values[v].is_param))
+              n.inputs[i] = copy_of(v, n.name);
+          }
+          set_band(n.outputs[0]);
+          out.push_back(std::move(n));
+          continue;
+        }
+      }
     }
     // anything else reads whole tensors
     const int c = copy_after((int)k);

@@ -201,18 +201,22 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       EXPECT_EQ(s.sp.reduce_scatters, s.stats.row) << "row-parallel layers left with an all-reduce";
       EXPECT_EQ(ops["AllReduceTP"], s.stats.all_reduces - s.sp.reduce_scatters);
       EXPECT_EQ(ops["ReduceScatterTP"], s.sp.reduce_scatters);
-      // each of the 4 stages' first block reads the whole stage input: a CopyToTP stays there
-      EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks - 4);
+      // stage 0's first block reads the whole input: a CopyToTP stays there; the later stages'
+      // cross-embedding convolutions run on bands (a halo for each kernel taller than its stride)
+      EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks - 1);
+      EXPECT_EQ(s.sp.halos, 3);
+      EXPECT_EQ(ops["HaloTP"], s.sp.halos);
 
       EXPECT_EQ(ops["AllGatherTP"], s.sp.gathers + s.sp.replicated_gathers);
       EXPECT_GT(s.sp.copies, 0);  // norm gains and biases on bands
       EXPECT_EQ(ops["CopyToTP"], s.stats.copies - s.sp.gathers + s.sp.copies);
       // forward and backward of each: a reduce-scatter and its gather; a gather for the layers,
       // again in the backward, and its reduce-scatter; a gather before replicated ops (the
-      // backward slices); a scatter's gather in the backward; all-reduces as before
+      // backward slices); a scatter's gather in the backward; a halo's exchange both ways;
+      // all-reduces as before
       EXPECT_EQ(s.all_reduces, ops["AllReduceTP"] + ops["CopyToTP"] + 4 * s.stats.spectral_norms +
                                    2 * s.sp.reduce_scatters + 3 * s.sp.gathers + s.sp.replicated_gathers +
-                                   s.sp.scatters);
+                                   s.sp.scatters + 2 * s.sp.halos);
       EXPECT_LT(s.kept, whole[r].kept) << "sequence parallelism keeps as much as tp alone";
     }
     // u and v: whole on every rank, as the one process updated them
