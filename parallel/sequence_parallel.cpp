@@ -197,6 +197,17 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     if (n.op == "LayerNormalization") return norm(n.i("axis", -1), rank) > a ? a : -1;
     if (n.op == "Linear") return norm(n.i("axis", -1), rank) == a ? -1 : a;
     if (n.op == "Conv") return a == 0 ? 0 : -1;  // per sample; rows: the halo rule below
+    if (n.op == "ConvTranspose" && a == kRows && rank == 4) {  // kernel rows = stride: no overlap between bands
+      const std::vector<int64_t> st = n.ints("strides", {1, 1}), pads = n.ints("pads", {0, 0, 0, 0}),
+                                 op = n.ints("output_padding", {0, 0}), dil = n.ints("dilations", {1, 1});
+      const Shape& ws = g.values[n.inputs[1]].shape;
+      const bool local = ws.size() == 4 && st.size() == 2 && ws[2] == st[0] && pads.size() == 4 && pads[0] == 0 &&
+                         pads[2] == 0 && op.size() == 2 && op[0] == 0 && dil.size() == 2 && dil[0] == 1 &&
+                         !n.has("output_shape") && n.s("auto_pad", "NOTSET") == "NOTSET";
+      return local ? a : -1;
+    }
+    if (n.op == "ConvTranspose") return a == 0 ? 0 : -1;
+    if (n.op == "DepthToSpace") return rank == 4 && a == kRows ? a : -1;  // each row becomes blocksize rows
     if (n.op == "Slice") {
       if (n.inputs.size() < 3) return -1;
       std::vector<int64_t> axes;

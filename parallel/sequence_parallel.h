@@ -22,7 +22,13 @@
 //     into q/k/v or the feed-forward), that CopyToTP goes: the gather's backward reduce-scatters
 //     the ranks' partial gradients (grad "sum"). Before replicated ops the backward keeps the rank's
 //     band of the whole gradient (grad "slice").
-// Only activations of rank 4 whose rows tp divides are cut; the rest stay replicated. The
+//   - The band follows the window layout (Reshape/Transpose that keep it one axis, batch 1):
+//     blocks tp cannot shard (too few heads) attend within each rank's windows; per-token
+//     Linear, Softmax, Einsum along the band's letter, Slices on other axes, ConvTranspose with
+//     kernel rows = stride and DepthToSpace keep it too.
+// Still whole (gathered): long-distance attention (its groups span every band), GroupNorm /
+// InstanceNorm (statistics over the grid), and anything else not listed. Only axes tp divides
+// are cut; the rest stay replicated. The
 // answer is tp 1's up to the order of float sums. Collectives: parallel/collective_ops.h.
 #pragma once
 #include <vector>

@@ -230,9 +230,11 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       EXPECT_EQ(ops["AllReduceTP"], s.stats.all_reduces - s.sp.reduce_scatters);
       EXPECT_EQ(ops["ReduceScatterTP"], s.sp.reduce_scatters);
       // stage 0's first block reads the whole input: a CopyToTP stays there; the later stages'
-      // cross-embedding convolutions run on bands (a halo for each kernel taller than its stride)
+      // cross-embedding convolutions run on bands (a halo for each kernel taller than its
+      // stride), and so do the decoder's first three up-sampling blocks (ConvTranspose with
+      // kernel = stride, then a 3x3 convolution with a halo) up to their GroupNorm (gathered)
       EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks - 1);
-      EXPECT_EQ(s.sp.halos, 3);
+      EXPECT_EQ(s.sp.halos, 3 + 3);
       EXPECT_EQ(ops["HaloTP"], s.sp.halos);
 
       EXPECT_EQ(ops["AllGatherTP"], s.sp.gathers + s.sp.replicated_gathers);
@@ -471,8 +473,8 @@ TEST(TpTrainingGraph, CrossformerTinyReplicatedBlocksOnWindowBandsTp4) {
     expect_same_step(tp[r], one, tp[0]);
     EXPECT_EQ(sp[r].sp.reduce_scatters, 18);  // every row-parallel layer
     // gathered whole for replicated ops: the long-distance attention of stage 0's second block
-    // (q, k, v: its groups span every band), the 4 up-sampling ConvTransposes; the short-distance
-    // attention stays on bands
+    // (q, k, v: its groups span every band), the decoder's GroupNorms (3) and last
+    // ConvTranspose; the short-distance attention stays on bands
     EXPECT_EQ(sp[r].sp.replicated_gathers, 3 + 4);
     EXPECT_LT(sp[r].kept, tp[r].kept * 0.85);
   }
