@@ -62,6 +62,11 @@ struct FinetuneConfig {
   // backends, not with `reference` (the oracle runs the graph as exported) nor on a GPU (no
   // device backward for the fused ops yet). false: the exported graph (tests compare the two).
   bool fuse = true;
+  // "bf16": Conv and Linear multiply in bfloat16 with float32 accumulation, forward and backward
+  // (data and weight gradients; engine/passes/fuse.h use_bf16, kernels/cpu/dnnl.cpp and
+  // backward_conv.cpp / backward_linalg.cpp); parameters, gradients, AdamW state and every other
+  // op stay float32. CPU (and host-memory backends) only, not with `reference`. "fp32": float32.
+  std::string precision = "fp32";
   double ema_decay = 0.999;
   bool shuffle = false;
   uint64_t seed = 0;

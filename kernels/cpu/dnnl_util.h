@@ -187,6 +187,10 @@ struct MatMulPrim {
 MatMulPrim make_matmul(const memory::desc& src, const memory::desc& wei, const memory::desc* bias,
                        const memory::desc& dst, const dnnl::primitive_attr& attr = {});
 
+// dst[i] = src[i] as bfloat16 (round to nearest even, NaN kept NaN), for i < count; parallel
+// over large arrays. The same rounding as oneDNN's f32 -> bf16 reorders.
+void to_bf16(const float* src, int64_t count, uint16_t* dst);
+
 }  // namespace onednn
 
 }  // namespace wxe::cpu
