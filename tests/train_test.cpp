@@ -610,6 +610,7 @@ namespace {
 // spectral norm in train mode (its 1x1 convolutions stay Conv), each on two random pairs. The
 // curves differ (bfloat16 ran) by at most 0.5 % per step (about 1e-3 seen).
 double bf16_curve_gap(FinetuneConfig c, const std::string& what) {
+  c.threads = 1;  // steadier on a busy machine than two threads; about 1 s per run of 20 steps
   std::vector<double> loss[2];
   for (int k = 0; k < 2; ++k) {
     c.precision = k ? "bf16" : "fp32";
