@@ -24,6 +24,9 @@
 // kernel takes its weight gradient from conv_small_oc.h instead (oneDNN's is im2col + gemm
 // there). Anything it does not take (negative pads of a ConvTranspose with output_shape, empty
 // tensors, a geometry oneDNN rejects) runs the loops.
+// A Conv with precision = "bf16" (finetune --precision bf16) stages dy, W and x as bfloat16
+// (the operand reorders convert) and gets float32 dx and dW: bfloat16 products, float32
+// accumulation; the bias gradient and conv_small_oc's weight gradient stay float32.
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>

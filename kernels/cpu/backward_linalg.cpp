@@ -1,6 +1,7 @@
 // Backward kernels of MatMul, Gemm, Einsum and Linear (linalg.cpp): the reference loops
 // (double accumulation) and the fast path, oneDNN matmuls on strided views (float
-// accumulation, as the forward fast path). backward_layers.h lets tests pick either.
+// accumulation, as the forward fast path; a Linear with precision = "bf16" multiplies in
+// bfloat16). backward_layers.h lets tests pick either.
 #include "kernels/cpu/backward_layers.h"
 
 #include <algorithm>

@@ -22,8 +22,10 @@
 //   theirs. Conv (not 1x1) also runs on channels-last activations, reordered in and out
 //   through per-thread scratch buffers (see make_conv for the measurements behind that).
 // - A Conv or Linear node with the attribute precision = "bf16" (optimize_for_cpu with
-//   Precision::BF16) multiplies bfloat16 activations and weights with float32 accumulation
-//   and output (avx512_bf16: half the time of float32); the reference kernels stay float32.
+//   Precision::BF16; the training graph of finetune --precision bf16, whose backward kernels
+//   read the same attribute) multiplies bfloat16 activations and weights with float32
+//   accumulation and output (avx512_bf16: half the time of float32); the reference kernels
+//   stay float32.
 // - Anything the fast path does not handle (non-float32 inputs, equations it cannot map,
 //   shapes oneDNN rejects) runs the reference kernel of the op.
 #include <oneapi/dnnl/dnnl.hpp>
