@@ -164,6 +164,12 @@ TEST(BackwardFast, LinearBf16NearReference) {
     }
     // the bias gradient: float32 sums of gY (with gelu: of gY Gelu'(Z), Z from the bfloat16 forward)
     EXPECT_LT(rel_l2(b16[2], ref[2]), c.attrs.count("activation") ? 1e-2 : 1e-6);
+    // dX alone, dW and db without dX: the same bits
+    for (const std::vector<bool>& want : {std::vector<bool>{true, false, false}, std::vector<bool>{false, true, true}}) {
+      const std::vector<Tensor> some = grads(n16, c.in, want, with_kind<cpu::linear_backward, KernelKind::Fast>);
+      for (size_t i = 0; i < 3; ++i)
+        if (want[i]) EXPECT_EQ(max_abs_diff(some[i], b16[i]), 0.0) << "gradient of input " << i << " alone";
+    }
   }
 }
 

@@ -362,6 +362,31 @@ void swap_outer(const float* src, int64_t A, int64_t B, int64_t Q, float* dst) {
     for (int64_t a = 0; a < A; ++a) std::memcpy(dst + (b * A + a) * Q, src + (a * B + b) * Q, (size_t)Q * sizeof(float));
 }
 
+// dst[b][a][q] = bf16_bits(src[a][b][q]): swap_outer and the conversion to bfloat16 in one pass.
+void swap_outer_bf16(const float* src, int64_t A, int64_t B, int64_t Q, uint16_t* dst) {
+#pragma omp parallel for collapse(2) schedule(static) if (A * B * Q > kParallelMin)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t a = 0; a < A; ++a) {
+      const float* s = src + (a * B + b) * Q;
+      uint16_t* d = dst + (b * A + a) * Q;
+      for (int64_t q = 0; q < Q; ++q) d[q] = bf16_bits(s[q]);
+    }
+}
+
+// out[j] = sum over p and q of g (P, N, Q)[p, j, q], double accumulators; parallel over j.
+void middle_sums(const float* g, int64_t P, int64_t N, int64_t Q, float* out) {
+#pragma omp parallel for schedule(static) if (P * N * Q > kParallelMin)
+  for (int64_t j = 0; j < N; ++j) {
+    double s = 0;
+    for (int64_t p = 0; p < P; ++p) {
+      const float* x = g + (p * N + j) * Q;
+#pragma omp simd reduction(+ : s)
+      for (int64_t q = 0; q < Q; ++q) s += x[q];
+    }
+    out[j] = (float)s;
+  }
+}
+
 enum { kGzT, kXT, kDxT };
 thread_local Scratch linear_scratch[3];  // gZ, X and dX with the outer two dims swapped
 thread_local Scratch linear_bf16[3];     // gZ, X and W as bfloat16 (precision = "bf16")
@@ -371,8 +396,8 @@ thread_local Scratch linear_bf16[3];     // gZ, X and W as bfloat16 (precision =
 // copies with the outer dims swapped), dW = gZ' X'^T, dX' = W^T gZ', dX = dX' swapped back.
 // One big matmul each, whatever the window count (P) or the spatial size (Q).
 // With precision = "bf16" (as the forward): gZ, X and W are converted to bfloat16 once each
-// and both products multiply in bfloat16 with float32 accumulation; dX and dW are float32.
-// The bias gradient sums the float32 gZ.
+// (with P > 1 in the same pass as the swap) and both products multiply in bfloat16 with
+// float32 accumulation; dX and dW are float32. The bias gradient sums the float32 gZ.
 bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const LinearShape& d, const Outs& gin) {
   const int64_t P = d.P, K = d.K, Q = d.Q, N = d.N;
   Tensor* gx = gin[0];
@@ -398,6 +423,22 @@ bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const L
     return true;
   }
   const int64_t M = P * Q;
+  if (bf16 && P > 1) {  // gZ' and X' straight into bfloat16
+    auto* gzh = static_cast<uint16_t*>(linear_bf16[0].get((size_t)(N * M) * sizeof(uint16_t)));
+    swap_outer_bf16(gz, P, N, Q, gzh);
+    if (gx) {
+      float* dxm = linear_scratch[kDxT].floats(K * M);
+      if (!matmul_views(n, 1, K, N, M, w_op, true, gzh, false, dxm, 1.f, true)) return false;
+      swap_outer(dxm, K, P, Q, gx->data<float>());
+    }
+    if (gw) {
+      auto* xh = static_cast<uint16_t*>(linear_bf16[1].get((size_t)(K * M) * sizeof(uint16_t)));
+      swap_outer_bf16(X, P, K, Q, xh);
+      if (!matmul_views(n, 1, N, M, K, gzh, false, xh, true, gw->data<float>(), 1.f, true)) return false;
+    }
+    if (gb) middle_sums(gz, P, N, Q, gb->data<float>());
+    return true;
+  }
   const float* gzm = gz;  // (N, M)
   const float* xm = X;    // (K, M)
   if (P > 1) {

@@ -42,13 +42,7 @@ MatMulPrim make_matmul(const memory::desc& src, const memory::desc& wei, const m
 
 void to_bf16(const float* src, int64_t count, uint16_t* dst) {
 #pragma omp parallel for schedule(static) if (count > (1 << 16))
-  for (int64_t i = 0; i < count; ++i) {
-    uint32_t u;
-    std::memcpy(&u, src + i, 4);
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : rounded);
-  }
+  for (int64_t i = 0; i < count; ++i) dst[i] = bf16_bits(src[i]);
 }
 
 }  // namespace wxe::cpu::onednn
