@@ -346,7 +346,7 @@ struct Reader {
     c->load_weights = get<bool>(t["load_weights"], "trainer.load_weights", false);
     c->load_optimizer = get<bool>(t["load_optimizer"], "trainer.load_optimizer", false);
     c->seed = get<uint64_t>(t["seed"], "trainer.seed", c->seed);
-    if (get<bool>(t["amp"], "trainer.amp", false)) fail(where("trainer.amp"), ": mixed precision is not implemented");
+    c->amp = get<bool>(t["amp"], "trainer.amp", false);
     c->use_scheduler = get<bool>(t["use_scheduler"], "trainer.use_scheduler", false);
     const YAML::Node s = t["scheduler"];
     if (c->use_scheduler) {

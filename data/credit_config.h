@@ -44,6 +44,7 @@ struct CreditConfig {
   double learning_rate = 1e-3, weight_decay = 0.0, grad_max_norm = 1.0, ema_decay = 0.9999;  // ema_decay: CREDIT's default
   bool use_scheduler = false, use_ema = false, load_weights = false, load_optimizer = false;
   bool activation_checkpoint = true;  // trainer.activation_checkpoint: CREDIT's default
+  bool amp = false;  // trainer.amp: mixed precision (CREDIT: float16 autocast on the GPU; finetune: --precision bf16)
   // trainer.scheduler (linear-warmup-cosine), counted in batches as CREDIT's trainer steps it
   // once per batch; CREDIT's defaults
   int64_t warmup_steps = 1000, total_steps = 500000;

@@ -115,6 +115,17 @@ fi
 expect_fail finetune-no-data "no x_" "$wxe" finetune "$model" --data "$tmp" --save "$tmp/ft2" --steps 1
 expect_fail finetune-freeze "matches no parameter" "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft2" --steps 1 --freeze "nothing.*"
 expect_fail finetune-accum "at least 1" "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft2" --steps 1 --accum 0
+expect_fail finetune-bf16-device "--precision bf16 trains on the cpu only for now" "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft2" --steps 1 --precision bf16 --device cuda
+expect_fail finetune-bf16-reference "--precision bf16 does not apply" "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft2" --steps 1 --precision bf16 --reference
+expect_fail bench-train-bf16-device "--precision bf16 trains on the cpu only for now" "$wxe" bench "$model" --input "$x" --train --precision bf16 --device cuda
+# finetune --precision bf16: says what runs in bfloat16, trains, and the loss is finite
+if "$wxe" finetune "$model" --data "$tmp/data" --save "$tmp/ft_bf16" --steps 2 --lr 1e-4 --threads 2 --precision bf16 >"$tmp/out" 2>"$tmp/err" \
+   && grep -q "wxe: precision bf16: [0-9]* Linear and [1-9][0-9]* Conv nodes multiply in bfloat16" "$tmp/err" \
+   && grep -q "final loss [0-9]" "$tmp/out"; then
+  echo "ok   finetune-bf16"
+else
+  echo "FAIL finetune-bf16"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
 
 # back to CREDIT: the fine-tuned checkpoint as a CREDIT trainer checkpoint, in the original's
 # order with its optimizer indices; a checkpoint of another model is refused

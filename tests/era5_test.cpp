@@ -439,6 +439,27 @@ TEST(Era5Data, ErrorsNameFileAndVariable) {
   }
 }
 
+// trainer.amp (CREDIT's mixed precision) is --precision bf16 unless the flag was given.
+TEST(FinetuneConfig, AmpIsBf16) {
+  const std::string cfg = write_config("amp", {{"use_ema: false", "use_ema: false\n  amp: true"}});
+  FinetuneConfig fc;
+  fc.model = data_path("models/wxformer_tiny/model.onnx");
+  fc.save = tmp_path("ft_amp");
+  finetune_from_config(cfg, fc, [](const std::string& f) { return f == "--save"; }, false);
+  EXPECT_EQ(fc.precision, "bf16");
+  FinetuneConfig f2;
+  f2.model = fc.model;
+  f2.save = fc.save;
+  finetune_from_config(cfg, f2, [](const std::string& f) { return f == "--save" || f == "--precision"; }, false);
+  EXPECT_EQ(f2.precision, "fp32");
+  FinetuneConfig f3;
+  f3.model = fc.model;
+  f3.save = fc.save;
+  finetune_from_config(write_config("no_amp"), f3, [](const std::string& f) { return f == "--save"; }, false);
+  EXPECT_EQ(f3.precision, "fp32");
+  fs::remove_all(fc.save);
+}
+
 TEST(FinetuneConfig, ValidationRmseAndBiasOfAKnownPredictor) {
   FinetuneConfig fc;
   fc.model = data_path("models/wxformer_tiny/model.onnx");

@@ -3,6 +3,7 @@
 // reference loops against the same finite differences, and the oneDNN path against the
 // reference loops on CrossFormer-like shapes.
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <string>
@@ -157,6 +158,83 @@ struct FastCase {
   Attrs attrs;
   bool dnnl = true;  // the fast path is expected to take it
 };
+
+// precision = "bf16" (finetune --precision bf16): Conv backward-data and backward-weights
+// multiply in bfloat16 with float32 accumulation. Against the float32 reference loops: within
+// bfloat16's rounding (1e-2 relative L2; about 2.5e-3 seen), and visibly apart from the float32
+// fast path (bfloat16 really ran). What stays float32: the bias gradient; ConvTranspose (as in
+// the forward); the weight gradient of the few-output-channel wide-kernel convs
+// (conv_small_oc.h, float32 AVX loops).
+TEST(ConvBackward, Bf16NearReferenceLoops) {
+  register_cpu_kernels();
+  const Attr s2 = attr_ints({2, 2});
+  struct Case {
+    std::string label, op;
+    Shape x, w;
+    int64_t bias;
+    Attrs attrs;
+    bool dx16, dw16;  // expected in bfloat16
+  };
+  const std::vector<Case> cases = {
+      {"3x3 pad 1 bias", "Conv", {2, 16, 12, 20}, {24, 16, 3, 3}, 24, pads2(1, 1, 1, 1), true, true},
+      {"3x3 pad 1, 64 channels", "Conv", {1, 64, 12, 16}, {64, 64, 3, 3}, 64, pads2(1, 1, 1, 1), true, true},
+      {"cross-embed k4 s2", "Conv", {1, 4, 16, 20}, {8, 4, 4, 4}, 8, with(pads2(1, 1, 1, 1), "strides", s2), true, true},
+      {"cross-embed k8 s2", "Conv", {1, 32, 16, 20}, {16, 32, 8, 8}, 0, with(pads2(3, 3, 3, 3), "strides", s2), true,
+       true},
+      {"cross-embed k16 s2, 4 outputs (dW: small_oc, float32)", "Conv", {1, 3, 32, 32}, {4, 3, 16, 16}, 4,
+       {{"strides", s2}}, true, false},
+      {"1x1 bias", "Conv", {1, 32, 8, 10}, {48, 32, 1, 1}, 48, {}, true, true},
+      {"1x1 batch 2", "Conv", {2, 64, 6, 10}, {32, 64, 1, 1}, 0, {}, true, true},
+      {"T stride 2 kernel 2 (float32)", "ConvTranspose", {1, 16, 8, 10}, {16, 8, 2, 2}, 8, {{"strides", s2}}, false,
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op + " " + c.label);
+    std::vector<Tensor> x = conv_inputs(c.x, c.w, c.bias, 50);
+    std::vector<const Tensor*> px;
+    for (auto& t : x) px.push_back(&t);
+    Node n = make_node(c.op, (int)x.size(), 1, c.attrs);
+    Node n16 = n;
+    n16.attrs["precision"] = attr_s("bf16");
+    Tensor y = run_node(n, px)[0];
+    Tensor dy = randn(y.shape, 51);
+    const std::vector<bool> all(x.size(), true);
+    Grads ref = backward(n, x, y, &dy, all, KernelKind::Reference);
+    Grads f32 = backward(n, x, y, &dy, all, KernelKind::Fast);
+    Grads b16 = backward(n16, x, y, &dy, all, KernelKind::Fast);
+    EXPECT_TRUE(b16.dnnl);
+    {  // the forward: bfloat16 for Conv (the small_oc convs too), float32 for ConvTranspose
+      const double e16 = rel_l2(run_node(n16, px, KernelKind::Fast)[0], y);
+      if (c.dx16) {
+        EXPECT_LT(e16, 1e-2) << "forward";
+        EXPECT_GT(e16, 1e-4) << "forward: bfloat16 did not run";
+      } else {
+        EXPECT_LT(e16, 1e-5) << "forward";
+      }
+    }
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double e16 = rel_l2(b16.t[i], ref.t[i]), e32 = rel_l2(f32.t[i], ref.t[i]);
+      const bool in_bf16 = i == 0 ? c.dx16 : i == 1 ? c.dw16 : false;
+      if (in_bf16) {
+        EXPECT_LT(e16, 1e-2) << "gradient of input " << i;
+        EXPECT_GT(e16, 1e-4) << "gradient of input " << i << ": bfloat16 did not run";
+        EXPECT_GT(e16, 20 * e32) << "gradient of input " << i;
+      } else {
+        EXPECT_EQ(max_abs_diff(b16.t[i], f32.t[i]), 0.0) << "gradient of input " << i << " should be float32's";
+      }
+      std::printf("Conv bf16 %s: gradient of input %zu rel_l2 %.2e (float32 fast path %.2e)\n", c.label.c_str(), i,
+                  e16, e32);
+    }
+    // dx alone and dW alone take the same path
+    for (const std::vector<bool>& want : {std::vector<bool>{true, false}, std::vector<bool>{false, true}}) {
+      std::vector<bool> w = want;
+      w.resize(x.size(), false);
+      Grads some = backward(n16, x, y, &dy, w, KernelKind::Fast);
+      for (size_t i = 0; i < 2; ++i)
+        if (w[i]) EXPECT_EQ(max_abs_diff(some.t[i], b16.t[i]), 0.0) << "gradient of input " << i << " alone";
+    }
+  }
+}
 
 // oneDNN's backward against the reference loops on shapes like the CrossFormer's.
 TEST(ConvBackward, FastPathMatchesReferenceLoops) {

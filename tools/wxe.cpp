@@ -664,6 +664,10 @@ int main(int argc, char** argv) {
   finetune->add_option("--freeze", fc.freeze, "freeze parameters whose name matches this glob (repeatable)")->allow_extra_args(false);
   finetune->add_option("--threads,-t", fc.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
   finetune->add_flag("--reference", fc.reference, "reference kernels only (slow; the oracle)");
+  finetune->add_option("--precision", fc.precision, "fp32 (default) or bf16: convolutions and linear layers forward and "
+                       "backward on bfloat16 with float32 accumulation; parameters, gradients and AdamW state float32 "
+                       "(cpu only)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   finetune->add_option("--device", fc.device, "cpu (default) or cuda: forward and backward on the GPU (float32; "
                        "ops without a GPU kernel run on the host); under mpirun one GPU per rank")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -716,6 +720,12 @@ int main(int argc, char** argv) {
     return usage_error("--reference runs the CPU reference kernels; --device " + fa.device + " does not apply");
   if (*infer && ia.reference && ia.precision == "bf16")
     return usage_error("--reference runs the float32 reference kernels; --precision bf16 does not apply");
+  if (*finetune && fc.reference && fc.precision == "bf16")
+    return usage_error("--reference runs the float32 reference kernels; --precision bf16 does not apply");
+  if ((*finetune && fc.precision == "bf16" && fc.device != "cpu") ||
+      (*bench && bench_train && ba.precision == "bf16" && ba.device != "cpu"))
+    return usage_error("--precision bf16 trains on the cpu only for now (no bfloat16 backward kernels on --device " +
+                       (*finetune ? fc.device : ba.device) + " yet); use --precision fp32");
   bool finetune_config = false;
   std::string finetune_config_path;
   if (*finetune) {
@@ -762,7 +772,7 @@ int main(int argc, char** argv) {
     if (*infer) return cmd_infer(ia, mesh);
     if (*bench && bench_train)
       return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device,
-                             bench_checkpoint);
+                             bench_checkpoint, ba.precision);
     if (*bench) return cmd_bench(ba);
     if (*finetune && finetune_config) {
       finetune_from_config(finetune_config_path, fc, [&](const std::string& flag) { return finetune->get_option(flag)->count() > 0; },

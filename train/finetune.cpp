@@ -359,7 +359,8 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
 }
 
 int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
-                    int runs, bool json, const std::string& device, const std::string& activation_checkpoint) {
+                    int runs, bool json, const std::string& device, const std::string& activation_checkpoint,
+                    const std::string& precision) {
   WXE_CHECK(runs >= 1, "--runs must be at least 1");
   Tensor x = read_npy(input);
   // the output shape comes from a throwaway import; the target is zeros of it
@@ -374,6 +375,7 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   cfg.schedule.lr = 1e-4;
   cfg.device = device;
   cfg.activation_checkpoint = activation_checkpoint;
+  cfg.precision = precision;
   lean_heap(cfg);
   Trainer t(cfg, std::make_unique<FixedSource>(x, y));
   t.step();  // warm-up
@@ -396,16 +398,16 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   for (size_t i = 0; i < by_op.size() && i < 20; ++i) std::printf("%-36s %10.2f\n", by_op[i].second.c_str(), by_op[i].first);
   if (device == "cpu") print_conv_profile(t.executor(), 3);
   std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
-              "device %s; %lld trainable parameters\n",
-              runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(),
+              "device %s; precision %s; %lld trainable parameters\n",
+              runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(), precision.c_str(),
               (long long)t.trainable_count());
   const std::vector<float> mem = report_memory(t, nullptr, "wxe: memory: ");
   if (json)
-    std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"threads\": %d, \"runs\": %d, "
+    std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"runs\": %d, "
                 "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"params_mb\": %.1f, "
                 "\"grads_mb\": %.1f, \"adamw_mb\": %.1f, \"kept_mb\": %.1f, \"transient_mb\": %.1f, "
                 "\"tensors_peak_mb\": %.1f}\n",
-                model.c_str(), device.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb(),
+                model.c_str(), device.c_str(), precision.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb(),
                 mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6, mem[4] / 1e6, mem[5] / 1e6);
   return 0;
 }

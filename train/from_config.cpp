@@ -100,6 +100,13 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   if (!given("--accum")) fc.accum = c.grad_accum_every * c.train_batch_size;  // one sample per micro-batch
   if (!given("--ema")) fc.ema = c.use_ema;
   if (!given("--activation-checkpoint")) fc.activation_checkpoint = c.activation_checkpoint ? "blocks" : "none";
+  // CREDIT's amp autocasts to float16 on a GPU (with a gradient scaler); wxe's mixed precision is
+  // bfloat16 (float32's range: no loss scaling), Conv and Linear only
+  if (!given("--precision") && c.amp) {
+    fc.precision = "bf16";
+    if (lead) note("wxe: %s: trainer.amp: --precision bf16 (Conv and Linear in bfloat16, float32 accumulation)\n",
+                   config.c_str());
+  }
   if (!given("--ema-decay")) fc.ema_decay = c.ema_decay;
   if (!given("--seed")) fc.seed = c.seed;
   if (!given("--shuffle")) fc.shuffle = true;  // CREDIT's sampler shuffles every epoch

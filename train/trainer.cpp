@@ -74,6 +74,20 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   }
   // host memory: ops a backend lacks fall back to the CPU kernels without copies
   if (cfg.fuse && !cfg.reference && backend_for(cfg.device).device() == DeviceKind::CPU) fuse_for_training(graph_);
+  WXE_CHECK(cfg.precision == "fp32" || cfg.precision == "bf16", "--precision must be fp32 or bf16, not '",
+            cfg.precision, "'");
+  if (cfg.precision == "bf16") {
+    WXE_CHECK(!cfg.reference, "--precision bf16: the reference kernels compute in float32 only; drop --reference or "
+              "--precision bf16");
+    WXE_CHECK(backend_for(cfg.device).device() == DeviceKind::CPU, "--precision bf16 trains on the cpu only for now "
+              "(--device ", cfg.device, " has no bfloat16 backward kernels yet); use --precision fp32");
+    use_bf16(graph_);
+    int convs = 0, linears = 0;
+    for (const Node& n : graph_.nodes)
+      if (n.s("precision", "") == "bf16") ++(n.op == "Linear" ? linears : convs);
+    note("wxe: precision bf16: %d Linear and %d Conv nodes multiply in bfloat16 (float32 accumulation, forward and "
+         "backward); parameters, gradients, AdamW state and the other ops float32\n", linears, convs);
+  }
   for (int v : trainable_parameters(graph_)) {
     const std::string& name = graph_.values[v].name;
     bool frozen = std::any_of(cfg.freeze.begin(), cfg.freeze.end(), [&](const std::string& p) { return glob_match(p, name); });
@@ -182,7 +196,7 @@ void Trainer::check_same_plan() {
       {"--grad-max-norm", num(cfg_.grad_max_norm)}, {"--ema / --ema-decay", str(cfg_.ema, num(cfg_.ema_decay))},
       {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse)},
       {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device},
-      {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}};
+      {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}, {"--precision", cfg_.precision}};
   std::vector<uint64_t> fps;
   for (auto& o : options) fps.push_back(fingerprint(o.second));
   const std::vector<uint64_t> all = gather_on_all_ranks(*mesh_, fps);  // every rank finds the same

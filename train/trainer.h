@@ -66,6 +66,11 @@ struct FinetuneConfig {
   // With tp > 1 on the CPU: the regions tensor parallelism leaves replicated (residual stream,
   // norms) hold bands of latitudes per rank (parallel/sequence_parallel.h). false: whole.
   bool sequence_parallel = true;
+  // "bf16": Conv and Linear multiply in bfloat16 with float32 accumulation, forward and backward
+  // (data and weight gradients; engine/passes/fuse.h use_bf16, kernels/cpu/dnnl.cpp and
+  // backward_conv.cpp / backward_linalg.cpp); parameters, gradients, AdamW state and every other
+  // op stay float32. CPU (and host-memory backends) only, not with `reference`. "fp32": float32.
+  std::string precision = "fp32";
   double ema_decay = 0.999;
   bool shuffle = false;
   uint64_t seed = 0;

@@ -24,6 +24,9 @@
 // kernel takes its weight gradient from conv_small_oc.h instead (oneDNN's is im2col + gemm
 // there). Anything it does not take (negative pads of a ConvTranspose with output_shape, empty
 // tensors, a geometry oneDNN rejects) runs the loops.
+// A Conv with precision = "bf16" (finetune --precision bf16) stages dy, W and x as bfloat16
+// (the operand reorders convert) and gets float32 dx and dW: bfloat16 products, float32
+// accumulation; the bias gradient and conv_small_oc's weight gradient stay float32.
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -279,6 +282,7 @@ void stage_out(const Node& n, const Operand& o, const memory& m, float* data) {
 // plain sum in double (bias_grad) does not.
 struct BackwardPrims {
   bool use_ref = false;
+  bool bf16 = false;  // dy, W and x staged as bfloat16 (the Operand reorders convert)
   dnnl::primitive data, weights;
   Operand data_dy, data_w, data_dx;
   Operand wts_x, wts_dy, wts_dw;
@@ -288,18 +292,27 @@ struct BackwardPrims {
 template <class Fwd, class BwdData, class BwdWeights>
 void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user, const memory::desc& w_user,
                const memory::desc& y_user, memory::format_tag act, const Dims& strides, const Dims& dil,
-               const Dims& pl, const Dims& pr) {
-  const memory::desc x_md = act != memory::format_tag::undef ? memory::desc(x_user.dims(), dt::f32, act) : x_user;
-  const memory::desc y_md = act != memory::format_tag::undef ? memory::desc(y_user.dims(), dt::f32, act) : y_user;
-  const memory::desc w_md(w_user.dims(), dt::f32, memory::format_tag::any);
+               const Dims& pl, const Dims& pr, bool bf16) {
+  // bf16: the operands the products read (x, W, dy) in bfloat16; what they write (dx, dW) float32
+  const dt ct = bf16 ? dt::bf16 : dt::f32;
+  // plain (pointwise Conv) in bfloat16: the row-major layout, converted
+  auto act_md = [&](const memory::desc& user, dt t) {
+    const Dims d = user.dims();
+    return act != memory::format_tag::undef ? memory::desc(d, t, act)
+           : t == dt::bf16                  ? memory::desc(d, t, Dims(strides_of(Shape(d.begin(), d.end()))))
+                                            : user;
+  };
+  const memory::desc x_md = act_md(x_user, ct), dx_md = act_md(x_user, dt::f32), y_md = act_md(y_user, ct);
+  const memory::desc w_md(w_user.dims(), ct, memory::format_tag::any);
+  const memory::desc dw_md(w_user.dims(), dt::f32, memory::format_tag::any);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // oneDNN requires the forward primitive desc as a hint for the backward ones
   typename Fwd::desc fd(dnnl::prop_kind::forward_training, alg, x_md, w_md, y_md, strides, dil, pl, pr);
   typename Fwd::primitive_desc fpd(fd, eng());
-  typename BwdData::desc dd(alg, x_md, w_md, y_md, strides, dil, pl, pr);
+  typename BwdData::desc dd(alg, dx_md, w_md, y_md, strides, dil, pl, pr);
   typename BwdData::primitive_desc dpd(dd, attr, eng(), fpd);
-  typename BwdWeights::desc wd(alg, x_md, w_md, y_md, strides, dil, pl, pr);
+  typename BwdWeights::desc wd(alg, x_md, dw_md, y_md, strides, dil, pl, pr);
   typename BwdWeights::primitive_desc wpd(wd, attr, eng(), fpd);
   r.data = BwdData(dpd);
   r.weights = BwdWeights(wpd);
@@ -311,6 +324,7 @@ void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user
   r.wts_dw = operand(w_user, wpd.diff_weights_desc(), false);
   r.data_pad = dpd.scratchpad_desc();
   r.wts_pad = wpd.scratchpad_desc();
+  r.bf16 = bf16;
 }
 
 // Activation layouts: as the forward path in dnnl.cpp, blocked for spatial Conv (nChw16c, named:
@@ -320,7 +334,10 @@ void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user
 // Measured (oneDNN 2.6, AVX-512, 1 thread, dx + dW): 3x3 on (1,64,48,90) 21 ms blocked vs
 // 46 ms plain, kernel 8 stride 2 on (1,64,96,180) 108 vs 426 ms; 1x1 and ConvTranspose
 // kernel 2 stride 2 about equal either way (plain gemm; the busy machine's noise was larger).
-BackwardPrims make_backward(const ConvGeom& g) {
+// bf16 (precision = "bf16", Conv only, as the forward in dnnl.cpp): bfloat16 operands, float32
+// accumulation and gradients; where oneDNN has no bfloat16 primitive for the geometry, float32
+// (BackwardPrims::bf16 says which ran).
+BackwardPrims make_backward(const ConvGeom& g, bool want_bf16) {
   BackwardPrims r;
   const int f = g.first();
   const int64_t G = g.group, Cig = g.C_in / G, Cog = g.C_out / G;
@@ -366,20 +383,23 @@ BackwardPrims make_backward(const ConvGeom& g) {
   const bool named = std::min(Cig, Cog) >= 16;
   std::vector<tag> acts{tag::undef};
   if (blocked) acts = named ? std::vector<tag>{act16[g.nsp - 1], tag::any} : std::vector<tag>{tag::any};
-  for (tag act : acts) {
-    try {
-      if (!g.transpose)
-        make_pair<dnnl::convolution_forward, dnnl::convolution_backward_data, dnnl::convolution_backward_weights>(
-            r, dnnl::algorithm::convolution_direct, x_user, w_user, y_user, act, strides, dil, pl, pr);
-      else
-        make_pair<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
-                  dnnl::deconvolution_backward_weights>(r, dnnl::algorithm::deconvolution_direct, x_user, w_user,
-                                                        y_user, act, strides, dil, pl, pr);
-      r.use_ref = false;
-      return r;
-    } catch (const dnnl::error&) {
+  std::vector<bool> types{false};
+  if (want_bf16 && !g.transpose) types = {true, false};
+  for (bool bf16 : types)
+    for (tag act : acts) {
+      try {
+        if (!g.transpose)
+          make_pair<dnnl::convolution_forward, dnnl::convolution_backward_data, dnnl::convolution_backward_weights>(
+              r, dnnl::algorithm::convolution_direct, x_user, w_user, y_user, act, strides, dil, pl, pr, bf16);
+        else
+          make_pair<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
+                    dnnl::deconvolution_backward_weights>(r, dnnl::algorithm::deconvolution_direct, x_user, w_user,
+                                                          y_user, act, strides, dil, pl, pr, bf16);
+        r.use_ref = false;
+        return r;
+      } catch (const dnnl::error&) {
+      }
     }
-  }
   return r;
 }
 
@@ -400,7 +420,8 @@ thread_local Scratch bwd_scratch[5];
 // dx and dW by oneDNN (either pointer may be null); false when the geometry is not supported.
 bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
                    float* dW) {
-  auto p = backward_cache.get(geom_key(g), [&] { return make_backward(g); });
+  const bool bf16 = n.op == "Conv" && n.s("precision", "") == "bf16";
+  auto p = backward_cache.get(geom_key(g) + (bf16 ? "bf16" : ""), [&] { return make_backward(g, bf16); });
   if (p->use_ref) return false;
   memory dy_m;
   if (dx) {

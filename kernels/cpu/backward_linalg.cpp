@@ -1,6 +1,7 @@
 // Backward kernels of MatMul, Gemm, Einsum and Linear (linalg.cpp): the reference loops
 // (double accumulation) and the fast path, oneDNN matmuls on strided views (float
-// accumulation, as the forward fast path). backward_layers.h lets tests pick either.
+// accumulation, as the forward fast path; a Linear with precision = "bf16" multiplies in
+// bfloat16). backward_layers.h lets tests pick either.
 #include "kernels/cpu/backward_layers.h"
 
 #include <algorithm>
@@ -217,8 +218,7 @@ const float* linear_gz(const Node& n, const Ins& in, const float* gy, const Line
   store.resize((size_t)(P * N * Q));
   if (kind == KernelKind::Fast) {
     Node m = n;
-    m.attrs.erase("activation");
-    m.attrs.erase("precision");
+    m.attrs.erase("activation");  // precision stays: Z as the forward computed it
     Tensor z(DType::F32, {P, N, Q});
     kernel_for("Linear", KernelKind::Fast)(m, in, {&z});
     gelu_grad_fast(n, z.data<float>(), gy, store.data(), P * N * Q);
@@ -293,15 +293,16 @@ using namespace onednn;
 PrimCache<MatMulPrim> bwd_matmul_cache;
 
 // (batch, rows, cols) view of consecutive matrices stored (rows, cols) or, transposed, (cols, rows).
-memory::desc matrix_view(int64_t batch, int64_t rows, int64_t cols, bool transposed) {
+memory::desc matrix_view(int64_t batch, int64_t rows, int64_t cols, bool transposed, dt type = dt::f32) {
   const Dims st = transposed ? Dims{1, rows} : Dims{cols, 1};
-  if (batch == 1) return memory::desc({rows, cols}, dt::f32, st);
-  return memory::desc({batch, rows, cols}, dt::f32, Dims{rows * cols, st[0], st[1]});
+  if (batch == 1) return memory::desc({rows, cols}, type, st);
+  return memory::desc({batch, rows, cols}, type, Dims{rows * cols, st[0], st[1]});
 }
 
-// Returns false when oneDNN has no primitive for it (the caller runs its loops).
-bool matmul_views(const Node& n, int64_t batch, int64_t M, int64_t K, int64_t N, const float* A, bool ta,
-                  const float* B, bool tb, float* C, float alpha = 1.f) {
+// Returns false when oneDNN has no primitive for it (the caller runs its loops). With bf16, A
+// and B are bfloat16 (uint16_t) arrays; the products accumulate in float32 and C is float32.
+bool matmul_views(const Node& n, int64_t batch, int64_t M, int64_t K, int64_t N, const void* A, bool ta,
+                  const void* B, bool tb, float* C, float alpha = 1.f, bool bf16 = false) {
   if (batch == 0 || M == 0 || N == 0) return true;
   if (K == 0) {
     std::fill(C, C + batch * M * N, 0.f);
@@ -309,11 +310,13 @@ bool matmul_views(const Node& n, int64_t batch, int64_t M, int64_t K, int64_t N,
   }
   uint32_t abits;
   std::memcpy(&abits, &alpha, 4);
-  const std::string key = str("bwd", batch, "x", M, "x", K, "x", N, ta ? "t" : "n", tb ? "t" : "n", abits);
+  const std::string key =
+      str("bwd", batch, "x", M, "x", K, "x", N, ta ? "t" : "n", tb ? "t" : "n", abits, bf16 ? "bf16" : "");
   auto p = bwd_matmul_cache.get(key, [&] {
     dnnl::primitive_attr attr;
     if (alpha != 1.f) attr.set_output_scales(0, {alpha});
-    return make_matmul(matrix_view(batch, M, K, ta), matrix_view(batch, K, N, tb), nullptr,
+    const dt in_type = bf16 ? dt::bf16 : dt::f32;
+    return make_matmul(matrix_view(batch, M, K, ta, in_type), matrix_view(batch, K, N, tb, in_type), nullptr,
                        matrix_view(batch, M, N, false), attr);
   });
   if (p->use_ref) return false;
@@ -359,13 +362,42 @@ void swap_outer(const float* src, int64_t A, int64_t B, int64_t Q, float* dst) {
     for (int64_t a = 0; a < A; ++a) std::memcpy(dst + (b * A + a) * Q, src + (a * B + b) * Q, (size_t)Q * sizeof(float));
 }
 
+// dst[b][a][q] = bf16_bits(src[a][b][q]): swap_outer and the conversion to bfloat16 in one pass.
+void swap_outer_bf16(const float* src, int64_t A, int64_t B, int64_t Q, uint16_t* dst) {
+#pragma omp parallel for collapse(2) schedule(static) if (A * B * Q > kParallelMin)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t a = 0; a < A; ++a) {
+      const float* s = src + (a * B + b) * Q;
+      uint16_t* d = dst + (b * A + a) * Q;
+      for (int64_t q = 0; q < Q; ++q) d[q] = bf16_bits(s[q]);
+    }
+}
+
+// out[j] = sum over p and q of g (P, N, Q)[p, j, q], double accumulators; parallel over j.
+void middle_sums(const float* g, int64_t P, int64_t N, int64_t Q, float* out) {
+#pragma omp parallel for schedule(static) if (P * N * Q > kParallelMin)
+  for (int64_t j = 0; j < N; ++j) {
+    double s = 0;
+    for (int64_t p = 0; p < P; ++p) {
+      const float* x = g + (p * N + j) * Q;
+#pragma omp simd reduction(+ : s)
+      for (int64_t q = 0; q < Q; ++q) s += x[q];
+    }
+    out[j] = (float)s;
+  }
+}
+
 enum { kGzT, kXT, kDxT };
 thread_local Scratch linear_scratch[3];  // gZ, X and dX with the outer two dims swapped
+thread_local Scratch linear_bf16[3];     // gZ, X and W as bfloat16 (precision = "bf16")
 
 // Linear: with Q == 1, dX (P, K) = gZ (P, N) W and dW = gZ^T X. Otherwise the contraction runs
 // over (p, q): gZ and X viewed as (N, M) and (K, M), M = P Q (themselves when P == 1, else
 // copies with the outer dims swapped), dW = gZ' X'^T, dX' = W^T gZ', dX = dX' swapped back.
 // One big matmul each, whatever the window count (P) or the spatial size (Q).
+// With precision = "bf16" (as the forward): gZ, X and W are converted to bfloat16 once each
+// (with P > 1 in the same pass as the swap) and both products multiply in bfloat16 with
+// float32 accumulation; dX and dW are float32. The bias gradient sums the float32 gZ.
 bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const LinearShape& d, const Outs& gin) {
   const int64_t P = d.P, K = d.K, Q = d.Q, N = d.N;
   Tensor* gx = gin[0];
@@ -373,13 +405,40 @@ bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const L
   Tensor* gb = opt_t(in, 2) ? opt_gin(gin, 2) : nullptr;
   const float* X = in[0]->data<float>();
   const float* W = in[1]->data<float>();
+  const bool bf16 = n.s("precision", "") == "bf16";
+  // the operand as the matmul reads it: itself, or its bfloat16 copy in linear_bf16[slot]
+  auto operand = [&](const float* p, int64_t count, int slot) -> const void* {
+    if (!bf16) return p;
+    auto* h = static_cast<uint16_t*>(linear_bf16[slot].get((size_t)count * sizeof(uint16_t)));
+    to_bf16(p, count, h);
+    return h;
+  };
+  const void* w_op = gx ? operand(W, N * K, 2) : nullptr;
   if (Q == 1) {
-    if (gx && !matmul_views(n, 1, P, N, K, gz, false, W, false, gx->data<float>())) return false;
-    if (gw && !matmul_views(n, 1, N, P, K, gz, true, X, false, gw->data<float>())) return false;
+    const void* gz_op = operand(gz, P * N, 0);
+    if (gx && !matmul_views(n, 1, P, N, K, gz_op, false, w_op, false, gx->data<float>(), 1.f, bf16)) return false;
+    if (gw && !matmul_views(n, 1, N, P, K, gz_op, true, operand(X, P * K, 1), false, gw->data<float>(), 1.f, bf16))
+      return false;
     if (gb) column_sums(gz, P, N, gb->data<float>());
     return true;
   }
   const int64_t M = P * Q;
+  if (bf16 && P > 1) {  // gZ' and X' straight into bfloat16
+    auto* gzh = static_cast<uint16_t*>(linear_bf16[0].get((size_t)(N * M) * sizeof(uint16_t)));
+    swap_outer_bf16(gz, P, N, Q, gzh);
+    if (gx) {
+      float* dxm = linear_scratch[kDxT].floats(K * M);
+      if (!matmul_views(n, 1, K, N, M, w_op, true, gzh, false, dxm, 1.f, true)) return false;
+      swap_outer(dxm, K, P, Q, gx->data<float>());
+    }
+    if (gw) {
+      auto* xh = static_cast<uint16_t*>(linear_bf16[1].get((size_t)(K * M) * sizeof(uint16_t)));
+      swap_outer_bf16(X, P, K, Q, xh);
+      if (!matmul_views(n, 1, N, M, K, gzh, false, xh, true, gw->data<float>(), 1.f, true)) return false;
+    }
+    if (gb) middle_sums(gz, P, N, Q, gb->data<float>());
+    return true;
+  }
   const float* gzm = gz;  // (N, M)
   const float* xm = X;    // (K, M)
   if (P > 1) {
@@ -392,12 +451,14 @@ bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const L
       xm = u;
     }
   }
+  const void* gz_op = operand(gzm, N * M, 0);
   if (gx) {
     float* dxm = P > 1 ? linear_scratch[kDxT].floats(K * M) : gx->data<float>();
-    if (!matmul_views(n, 1, K, N, M, W, true, gzm, false, dxm)) return false;
+    if (!matmul_views(n, 1, K, N, M, w_op, true, gz_op, false, dxm, 1.f, bf16)) return false;
     if (P > 1) swap_outer(dxm, K, P, Q, gx->data<float>());
   }
-  if (gw && !matmul_views(n, 1, N, M, K, gzm, false, xm, true, gw->data<float>())) return false;
+  if (gw && !matmul_views(n, 1, N, M, K, gz_op, false, operand(xm, K * M, 1), true, gw->data<float>(), 1.f, bf16))
+    return false;
   if (gb) row_sums(gzm, N, M, gb->data<float>());
   return true;
 }

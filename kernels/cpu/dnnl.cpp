@@ -22,8 +22,10 @@
 //   theirs. Conv (not 1x1) also runs on channels-last activations, reordered in and out
 //   through per-thread scratch buffers (see make_conv for the measurements behind that).
 // - A Conv or Linear node with the attribute precision = "bf16" (optimize_for_cpu with
-//   Precision::BF16) multiplies bfloat16 activations and weights with float32 accumulation
-//   and output (avx512_bf16: half the time of float32); the reference kernels stay float32.
+//   Precision::BF16; the training graph of finetune --precision bf16, whose backward kernels
+//   read the same attribute) multiplies bfloat16 activations and weights with float32
+//   accumulation and output (avx512_bf16: half the time of float32); the reference kernels
+//   stay float32.
 // - Anything the fast path does not handle (non-float32 inputs, equations it cannot map,
 //   shapes oneDNN rejects) runs the reference kernel of the op.
 #include <oneapi/dnnl/dnnl.hpp>
@@ -594,10 +596,12 @@ ConvPrim make_conv(const ConvGeom& g, bool has_bias, bool src_nhwc = false, bool
     r.dst_user = dst_nhwc ? memory::desc(dst, dt::f32, memory::format_tag::nhwc) : plain_md(dst);
     r.wei_user = memory::desc(wd, dt::f32, ws);
     const auto any = memory::format_tag::any;
-    // bf16 (blocked convs only): activations and weights converted by their reorders,
-    // float32 accumulation, bias and output
-    const dt cdt = bf16 && blocked ? dt::bf16 : dt::f32;
-    memory::desc s_md = blocked ? memory::desc(src, cdt, any) : r.src_user;
+    // bf16 (Conv, not ConvTranspose): activations and weights converted by their reorders
+    // (pointwise: to plain bfloat16 nchw), float32 accumulation, bias and output
+    const dt cdt = bf16 && !g.transpose ? dt::bf16 : dt::f32;
+    memory::desc s_md = blocked ? memory::desc(src, cdt, any)
+                        : cdt == dt::bf16 ? memory::desc(src, cdt, Dims(strides_of(Shape(src.begin(), src.end()))))
+                                          : r.src_user;
     memory::desc d_md = blocked ? memory::desc(dst, dt::f32, any) : r.dst_user;
     memory::desc w_md(wd, cdt, any);
     r.bias = has_bias ? plain_md({g.C_out}) : memory::desc();
@@ -635,6 +639,7 @@ ConvPrim make_conv(const ConvGeom& g, bool has_bias, bool src_nhwc = false, bool
     if (r.r_wei) r.wei_reorder = make_reorder(r.wei_user, r.wei);
     if (r.r_dst) r.dst_reorder = make_reorder(r.dst, r.dst_user);
   } catch (const dnnl::error&) {
+    if (bf16) return make_conv(g, has_bias, src_nhwc, dst_nhwc, false);  // no bfloat16 kernel for it: float32
     return ref_only<ConvPrim>();
   }
   return r;

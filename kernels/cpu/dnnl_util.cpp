@@ -40,4 +40,9 @@ MatMulPrim make_matmul(const memory::desc& src, const memory::desc& wei, const m
   return r;
 }
 
+void to_bf16(const float* src, int64_t count, uint16_t* dst) {
+#pragma omp parallel for schedule(static) if (count > (1 << 16))
+  for (int64_t i = 0; i < count; ++i) dst[i] = bf16_bits(src[i]);
+}
+
 }  // namespace wxe::cpu::onednn

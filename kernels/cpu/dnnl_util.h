@@ -187,6 +187,17 @@ struct MatMulPrim {
 MatMulPrim make_matmul(const memory::desc& src, const memory::desc& wei, const memory::desc* bias,
                        const memory::desc& dst, const dnnl::primitive_attr& attr = {});
 
+// f as bfloat16 bits: round to nearest even, NaN kept NaN (oneDNN's f32 -> bf16 rounding).
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return (uint16_t)(nan ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// dst[i] = bf16_bits(src[i]) for i < count; parallel over large arrays.
+void to_bf16(const float* src, int64_t count, uint16_t* dst);
+
 }  // namespace onednn
 
 }  // namespace wxe::cpu
