@@ -196,7 +196,8 @@ void Trainer::check_same_plan() {
       {"--grad-max-norm", num(cfg_.grad_max_norm)}, {"--ema / --ema-decay", str(cfg_.ema, num(cfg_.ema_decay))},
       {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse)},
       {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device},
-      {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}, {"--precision", cfg_.precision}};
+      {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}, {"--precision", cfg_.precision},
+      {"--sequence-parallel", str(cfg_.sequence_parallel)}};
   std::vector<uint64_t> fps;
   for (auto& o : options) fps.push_back(fingerprint(o.second));
   const std::vector<uint64_t> all = gather_on_all_ranks(*mesh_, fps);  // every rank finds the same
