@@ -94,6 +94,119 @@ void copy_to_tp_backward(const Node& n, const std::vector<const Tensor*>& in, co
   if (gin[0]) sum_over_tp(*gin[0]);
 }
 
+// ---- sequence parallelism (parallel/sequence_parallel.h): a tensor split into tp bands along
+// attribute `axis` (rank r holds rows [r n/T, (r+1) n/T) of it) ----
+
+// The tp group a band op runs over: attribute `parts` is its size.
+Communicator& band_group(const Node& n) {
+  const int64_t parts = n.i("parts", 0);
+  WXE_CHECK(g_tp && g_tp->size() == parts, "node ", n.name, " (", n.op, "): made for ", parts,
+            " tp ranks, the tp group has ", g_tp ? g_tp->size() : 1);
+  return *g_tp;
+}
+
+struct Bands {
+  int64_t outer = 1, rows = 0, inner = 1;  // of one band: outer x rows x inner elements
+};
+
+Bands bands_of(const Node& n, const Shape& full) {
+  const int64_t a = n.i("axis", 2), parts = n.i("parts", 1);
+  WXE_CHECK(a >= 0 && a < (int64_t)full.size() && full[a] % parts == 0, "node ", n.name, " (", n.op, "): axis ", a,
+            " of ", shape_str(full), " is not divisible into ", parts, " bands");
+  Bands b;
+  for (int64_t d = 0; d < a; ++d) b.outer *= full[d];
+  for (size_t d = a + 1; d < full.size(); ++d) b.inner *= full[d];
+  b.rows = full[a] / parts;
+  return b;
+}
+
+// Copies band r of `full` into `band` (to_band) or back (!to_band); `band` may be a block of a
+// larger buffer (band_at: element offset).
+void band_copy(const Bands& b, float* full, float* band, int64_t r, int64_t parts, bool to_band) {
+  const int64_t run = b.rows * b.inner;
+  for (int64_t o = 0; o < b.outer; ++o) {
+    float* f = full + (o * parts + r) * run;
+    float* x = band + o * run;
+    if (to_band) std::memcpy(x, f, run * sizeof(float));
+    else std::memcpy(f, x, run * sizeof(float));
+  }
+}
+
+// full = every rank's band, in rank order along the axis
+void gather_bands(const Node& n, const Tensor& band, Tensor& full) {
+  Communicator& c = band_group(n);
+  const Bands b = bands_of(n, full.shape);
+  const int64_t per = b.outer * b.rows * b.inner;
+  Tensor send(DType::F32, {per}), all(DType::F32, {per * c.size()});
+  std::memcpy(send.raw(), band.raw(), per * sizeof(float));
+  c.all_gather(send, all);
+  for (int r = 0; r < c.size(); ++r) band_copy(b, full.data<float>(), all.data<float>() + r * per, r, c.size(), false);
+}
+
+// band = this rank's band of the sum over ranks of `full`
+void reduce_scatter_bands(const Node& n, const Tensor& full, Tensor& band) {
+  Communicator& c = band_group(n);
+  const Bands b = bands_of(n, full.shape);
+  const int64_t per = b.outer * b.rows * b.inner;
+  Tensor blocks(DType::F32, {per * c.size()}), mine(DType::F32, {per});
+  for (int r = 0; r < c.size(); ++r)
+    band_copy(b, const_cast<float*>(full.data<float>()), blocks.data<float>() + r * per, r, c.size(), true);
+  c.reduce_scatter_sum(blocks, mine);
+  std::memcpy(band.raw(), mine.raw(), per * sizeof(float));
+}
+
+void take_band(const Node& n, const Tensor& full, Tensor& band) {
+  Communicator& c = band_group(n);
+  band_copy(bands_of(n, full.shape), const_cast<float*>(full.data<float>()), band.data<float>(), c.rank(), c.size(),
+            true);
+}
+
+std::vector<TypeShape> band_shape(const Node& n, const std::vector<const Value*>& in, bool gather) {
+  WXE_CHECK(in.size() == 1 && in[0] && in[0]->dtype == DType::F32, "node ", n.name, " (", n.op,
+            "): needs one float32 input");
+  Shape s = in[0]->shape;
+  const int64_t a = n.i("axis", 2), parts = n.i("parts", 0);
+  WXE_CHECK(parts > 0 && a >= 0 && a < (int64_t)s.size() && (gather || s[a] % parts == 0), "node ", n.name, " (",
+            n.op, "): axis ", a, " of ", shape_str(s), " cannot be split into ", parts, " bands");
+  s[a] = gather ? s[a] * parts : s[a] / parts;
+  return {{DType::F32, s}};
+}
+
+// ReduceScatterTP: forward the sum over tp, this rank's band of it; backward all-gather.
+void reduce_scatter_tp(const Node& n, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  reduce_scatter_bands(n, *in[0], *out[0]);
+}
+void reduce_scatter_tp_backward(const Node& n, const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
+                                const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
+  if (!gin[0]) return;
+  WXE_CHECK(gout[0], "node ", n.name, ": no output gradient");  // every rank must join the gather
+  gather_bands(n, *gout[0], *gin[0]);
+}
+
+// AllGatherTP: forward the whole tensor from the bands. Backward, attribute grad: "sum" (the
+// readers are tp-sharded layers: each rank's gradient is a part, summed and scattered:
+// reduce-scatter), "slice" (replicated readers: every rank has the whole gradient already).
+void all_gather_tp(const Node& n, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  gather_bands(n, *in[0], *out[0]);
+}
+void all_gather_tp_backward(const Node& n, const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
+                            const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
+  if (!gin[0]) return;
+  const bool sum = n.s("grad", "sum") == "sum";
+  if (!gout[0]) {
+    WXE_CHECK(!sum, "node ", n.name, ": no output gradient");
+    std::memset(gin[0]->raw(), 0, gin[0]->nbytes());
+    return;
+  }
+  if (sum) reduce_scatter_bands(n, *gout[0], *gin[0]);
+  else take_band(n, *gout[0], *gin[0]);
+}
+
+// ScatterTP: forward this rank's band of a replicated tensor; backward all-gather.
+void scatter_tp(const Node& n, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  take_band(n, *in[0], *out[0]);
+}
+
 }  // namespace
 
 void register_collective_device_kernels() {
@@ -112,6 +225,18 @@ void register_collective_ops() {
   register_backward("AllReduceTP", all_reduce_tp_backward);
   register_op("CopyToTP", same_shape, copy_to_tp);
   register_backward("CopyToTP", copy_to_tp_backward);
+  register_op("ReduceScatterTP", [](const Node& n, const std::vector<const Value*>& in) { return band_shape(n, in, false); },
+              reduce_scatter_tp);
+  register_backward("ReduceScatterTP", reduce_scatter_tp_backward);
+  register_op("AllGatherTP", [](const Node& n, const std::vector<const Value*>& in) { return band_shape(n, in, true); },
+              all_gather_tp);
+  register_backward("AllGatherTP", all_gather_tp_backward);
+  register_op("ScatterTP", [](const Node& n, const std::vector<const Value*>& in) { return band_shape(n, in, false); },
+              scatter_tp);
+  register_backward("ScatterTP", reduce_scatter_tp_backward);  // the gradient's bands gathered
+  // the backward passes read gradients only: nothing of the forward is kept for them
+  for (const char* op : {"AllReduceTP", "CopyToTP", "ReduceScatterTP", "AllGatherTP", "ScatterTP"})
+    register_backward_reads(op, {0u, false});
   register_spectral_norm_tp();
 }
 

@@ -109,12 +109,16 @@ int64_t prod(const Shape& s, size_t from, size_t to) {
   return p;
 }
 
-bool elementwise(const std::string& op) {
+}  // namespace
+
+bool elementwise_op(const std::string& op) {
   static const std::set<std::string> ops = {"Add", "Sub", "Mul", "Div", "Pow", "Erf", "Sqrt", "Relu", "Sigmoid",
                                             "Tanh", "Exp", "Log", "Neg", "Abs", "Gelu", "Cast", "Where", "Max",
                                             "Min", "Reciprocal", "Softplus", "LeakyRelu", "Clip"};
   return ops.count(op) != 0;
 }
+
+namespace {
 
 // letters of each Einsum operand and of the output (spaces dropped; explicit "->" required)
 std::vector<std::string> einsum_terms(const Node& n) {
@@ -522,7 +526,7 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
       WXE_CHECK(opos != std::string::npos, where, ": sums over the sharded axis '", letter,
                 "' (fewer heads than --tp ", tp, "?)", replicate_hint);
       set_axis(n.outputs[0], (int)opos);
-    } else if (elementwise(n.op)) {
+    } else if (elementwise_op(n.op)) {
       const Shape os = g.values[n.outputs[0]].shape;
       int oa = a + (int)(os.size() - in_shape.size());  // broadcasting aligns from the right
       for (int& i : n.inputs) {

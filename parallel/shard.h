@@ -87,6 +87,8 @@ std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Gr
 // layers are set to replicate and its name appended to `replicated`. Errors outside any
 // block, or in a block with nothing left to replicate, are thrown as they are.
 TpPlan fit_plan(const Graph& g, TpPlan plan, int tp, bool training, std::vector<std::string>* replicated = nullptr);
+// Elementwise ops (with broadcasting) that a sharded axis passes through.
+bool elementwise_op(const std::string& op);
 // Parameter bytes of the graph (constants marked is_param that some node reads).
 size_t param_bytes(const Graph& g);
 

@@ -12,6 +12,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,8 +31,10 @@ class RankComm : public Communicator {
   int rank() const override { return rank_; }
   int size() const override;
   void all_reduce_sum(Tensor& t) override;  // float32 or float64; summed in double, in rank order
-  void all_gather(const Tensor&, Tensor&) override { fail("RankComm: all_gather unused"); }
-  void reduce_scatter_sum(const Tensor&, Tensor&) override { fail("RankComm: reduce_scatter_sum unused"); }
+  // Through the one meeting point: zeros but this rank's block, summed (exact); the sum, this
+  // rank's block of it. Each counts as one collective call (gathers / reduce_scatters too).
+  void all_gather(const Tensor& in, Tensor& out) override;
+  void reduce_scatter_sum(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor&, int) override { fail("RankComm: broadcast unused"); }
   void barrier() override {
     Tensor none(DType::F32, {0});
@@ -39,6 +42,7 @@ class RankComm : public Communicator {
   }
   [[noreturn]] void abort(const std::string& m, int) override { fail(m); }
   int calls = 0;  // collectives this rank took part in
+  int gathers = 0, reduce_scatters = 0;
 
  private:
   RankGroup& g_;
@@ -174,6 +178,23 @@ inline int RankComm::size() const { return g_.size(); }
 inline void RankComm::all_reduce_sum(Tensor& t) {
   ++calls;
   g_.all_reduce(rank_, t);
+}
+inline void RankComm::all_gather(const Tensor& in, Tensor& out) {
+  WXE_CHECK(in.dtype == DType::F32 && out.numel() == in.numel() * size(), "RankComm: all_gather sizes");
+  Tensor all = Tensor::zeros(DType::F32, {out.numel()});
+  std::memcpy(all.data<float>() + rank_ * in.numel(), in.raw(), in.nbytes());
+  g_.all_reduce(rank_, all);
+  std::memcpy(out.raw(), all.raw(), out.nbytes());
+  ++calls;
+  ++gathers;
+}
+inline void RankComm::reduce_scatter_sum(const Tensor& in, Tensor& out) {
+  WXE_CHECK(in.dtype == DType::F32 && in.numel() == out.numel() * size(), "RankComm: reduce_scatter sizes");
+  Tensor all = in.clone();
+  g_.all_reduce(rank_, all);
+  std::memcpy(out.raw(), all.data<float>() + rank_ * out.numel(), out.nbytes());
+  ++calls;
+  ++reduce_scatters;
 }
 
 }  // namespace wxe::test

@@ -12,6 +12,7 @@
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/collective_ops.h"
+#include "parallel/sequence_parallel.h"
 #include "parallel/shard.h"
 #include "tests/rank_group.h"
 #include "tests/test_util.h"
@@ -89,12 +90,18 @@ struct RankStep {
   std::map<std::string, Tensor> grads;  // trainable parameter -> gradient
   std::map<std::string, Tensor> sn_buffers;  // weight_u / weight_v after the step (power iteration)
   int all_reduces = 0;                  // collectives this rank took part in
+  SequenceParallelStats sp;             // with sequence parallelism
+  std::map<std::string, int> ops;       // collective nodes of the graph it ran, by op
+  size_t kept = 0;                      // bytes the forward kept for the backward
 };
 
 // Shards `full` for every rank of `tp` (coroutines, tests/rank_group.h) and runs one forward and
 // backward with output gradient gy, on the fast kernels the trainer runs; with `fused`, on the
 // sharded graph with its norms and GELU fused, as the trainer runs it (fuse_for_training).
-std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tensor& gy, int tp, bool fused = false) {
+// With `sp`, sequence parallelism as the trainer runs it (parallel/sequence_parallel.h), the
+// gathers recomputed in the backward.
+std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tensor& gy, int tp, bool fused = false,
+                                 bool sp = false) {
   TpPlan plan = discover_plan(full);
   std::vector<RankStep> steps(tp);
   std::vector<std::string> errors = RankGroup::run(tp, [&](int r, RankComm& comm) {
@@ -104,9 +111,15 @@ std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tenso
     RankStep& s = steps[r];
     s.slices = parameter_slices(plan, full, tp, r);
     s.stats = shard_training_graph(g, plan, tp, r);
+    if (sp) s.sp = sequence_parallel(g, tp);
     if (fused) fuse_for_training(g);
-    GradExecutor ex(g, trainable_parameters(g), {0, KernelKind::Fast});
+    for (const Node& n : g.nodes)
+      if (ends_with(n.op, "TP")) ++s.ops[n.op];
+    ExecOptions opt{0, KernelKind::Fast};
+    if (sp) add_gather_segments(g, opt.segments);
+    GradExecutor ex(g, trainable_parameters(g), opt);
     s.y = ex.forward({{"x", x}})[0];
+    s.kept = ex.kept_bytes();
     ex.backward({gy});
     for (size_t p = 0; p < ex.trainable().size(); ++p) s.grads[g.values[ex.trainable()[p]].name] = ex.grads()[p];
     for (const Value& v : g.values)
@@ -152,16 +165,19 @@ double grad_error(const Tensor& got, const Tensor& ref, double scale) {
 // qkv_layers: column-parallel layers per attention block (3: to_q/to_k/to_v; 1: a fused
 // spectral-norm to_qkv).
 // fused: the tp ranks run the fused graph, tp 1 the exported one.
+// sp: the tp ranks with sequence parallelism (and, for the memory check, without).
 void expect_tp_matches_one(const std::string& model, const std::string& input, int tp, int attention_blocks,
-                           int ff_blocks, int qkv_layers = 3, bool fused = false) {
-  SCOPED_TRACE(model + " tp " + std::to_string(tp) + (fused ? " fused" : ""));
+                           int ff_blocks, int qkv_layers = 3, bool fused = false, bool sp = false) {
+  SCOPED_TRACE(model + " tp " + std::to_string(tp) + (fused ? " fused" : "") + (sp ? " sequence-parallel" : ""));
   Tensor x = read_npy(data_path(input));
   Graph full = training_graph(model, x);
   Tensor gy = randn(full.values[full.outputs[0]].shape, 7);
   static std::map<std::string, RankStep> tp1;  // per model, shared by its tp 2 and tp 4 tests
   if (!tp1.count(model)) tp1[model] = train_step(full, x, gy, 1)[0];
   const RankStep& one = tp1[model];
-  std::vector<RankStep> ranks = train_step(full, x, gy, tp, fused);
+  std::vector<RankStep> ranks = train_step(full, x, gy, tp, fused, sp);
+  std::vector<RankStep> whole;  // the same without sequence parallelism: keeps more
+  if (sp) whole = train_step(full, x, gy, tp, fused);
   double scale = 0;
   for (auto& [name, g] : one.grads) scale = std::max(scale, norm(g));
   TpPlan plan = discover_plan(full);
@@ -177,7 +193,28 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
     // SpectralNormTP (one power iteration) sums 2 times forward (sigma reuses the iteration's
     // W_mat v), 2 times backward
     EXPECT_EQ(s.stats.spectral_norms, qkv_layers == 1 ? s.stats.column + s.stats.row : 0);
-    EXPECT_EQ(s.all_reduces, s.stats.all_reduces + s.stats.copies + 4 * s.stats.spectral_norms);
+    if (!sp) {
+      EXPECT_EQ(s.all_reduces, s.stats.all_reduces + s.stats.copies + 4 * s.stats.spectral_norms);
+    } else {
+      std::map<std::string, int> ops = s.ops;
+      // every row-parallel layer's sum is a reduce-scatter, every column-parallel group's copy a gather
+      EXPECT_EQ(s.sp.reduce_scatters, s.stats.row) << "row-parallel layers left with an all-reduce";
+      EXPECT_EQ(ops["AllReduceTP"], s.stats.all_reduces - s.sp.reduce_scatters);
+      EXPECT_EQ(ops["ReduceScatterTP"], s.sp.reduce_scatters);
+      // each of the 4 stages' first block reads the whole stage input: a CopyToTP stays there
+      EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks - 4);
+
+      EXPECT_EQ(ops["AllGatherTP"], s.sp.gathers + s.sp.replicated_gathers);
+      EXPECT_GT(s.sp.copies, 0);  // norm gains and biases on bands
+      EXPECT_EQ(ops["CopyToTP"], s.stats.copies - s.sp.gathers + s.sp.copies);
+      // forward and backward of each: a reduce-scatter and its gather; a gather for the layers,
+      // again in the backward, and its reduce-scatter; a gather before replicated ops (the
+      // backward slices); a scatter's gather in the backward; all-reduces as before
+      EXPECT_EQ(s.all_reduces, ops["AllReduceTP"] + ops["CopyToTP"] + 4 * s.stats.spectral_norms +
+                                   2 * s.sp.reduce_scatters + 3 * s.sp.gathers + s.sp.replicated_gathers +
+                                   s.sp.scatters);
+      EXPECT_LT(s.kept, whole[r].kept) << "sequence parallelism keeps as much as tp alone";
+    }
     // u and v: whole on every rank, as the one process updated them
     ASSERT_EQ(s.sn_buffers.size(), one.sn_buffers.size());
     for (auto& [name, ref] : one.sn_buffers) {
@@ -383,6 +420,25 @@ TEST(TpTrainingGraph, CrossformerTinyFusedTp2MatchesTp1) {
 TEST(TpTrainingGraph, CrossformerTinyTp2MatchesTp1) {
   expect_tp_matches_one("tests/data/crossformer_tiny_snbaked_opset17.onnx", "tests/data/crossformer_tiny_x.npy", 2,
                         10, 10);
+}
+
+// Sequence parallelism: the residual stream and norms in bands of latitudes between the sharded
+// layers (reduce-scatter / all-gather), gathers recomputed in the backward; tp 1's outputs and
+// gradients, fewer bytes kept than tensor parallelism alone.
+TEST(TpTrainingGraph, CrossformerSequenceParallelTp2MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tp_snbaked.onnx", "tests/data/crossformer_tp_x.npy", 2, 10, 10, 3,
+                        false, true);
+}
+
+TEST(TpTrainingGraph, CrossformerSequenceParallelTp4MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tp_snbaked.onnx", "tests/data/crossformer_tp_x.npy", 4, 10, 10, 3,
+                        false, true);
+}
+
+// Spectral norm kept, norms and GELU fused after the sequence-parallel rewrite, as the trainer runs it.
+TEST(TpTrainingGraph, CrossformerTinyFusedSequenceParallelTp2MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tiny_opset17.onnx", "tests/data/crossformer_tiny_x.npy", 2, 10, 10, 1,
+                        true, true);
 }
 
 }  // namespace wxe::test

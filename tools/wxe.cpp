@@ -631,6 +631,12 @@ int main(int argc, char** argv) {
                        "activations in the backward: less memory, about one more forward; same gradients); "
                        "a CREDIT config's trainer.activation_checkpoint (default true) sets blocks")
       ->check(CLI::IsMember({"none", "blocks"}));
+  std::string sequence_parallel = "on";
+  finetune->add_option("--sequence-parallel", sequence_parallel,
+                       "on (default) or off: with --tp on the CPU, each rank keeps its band of latitudes of the "
+                       "residual stream and norms between the tp-sharded layers (reduce-scatter / all-gather "
+                       "instead of all-reduce); off: those activations whole on every rank")
+      ->check(CLI::IsMember({"on", "off"}));
   finetune->add_option("--ema-decay", fc.ema_decay,
                        "EMA maximum decay (default 0.999); update n uses min(decay, (1+n)/(10+n)), as CREDIT's EMATracker");
   finetune->add_flag("--shuffle", fc.shuffle, "a new sample order every epoch (seeded)");
@@ -699,6 +705,7 @@ int main(int argc, char** argv) {
     fc.schedule.kind = schedule == "constant" ? ScheduleKind::Constant : ScheduleKind::LinearWarmupCosine;
     fc.schedule.total_steps = total_steps > 0 ? total_steps : fc.steps;
     fc.plain_mse = loss == "mse";
+    fc.sequence_parallel = sequence_parallel == "on";
     fc.plot = [](const std::string& png, const std::string& title, const std::vector<double>& x,
                  const std::vector<double>& y) { plot_loss_curve(png, title, x, y); };
     finetune_config = ends_with(fc.model, ".yml") || ends_with(fc.model, ".yaml");

@@ -264,6 +264,10 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
          "forward + backward, %zu parameters sharded\n",
          mesh->tp, t.tp_stats().column, t.tp_stats().row, t.tp_stats().all_reduces, t.tp_stats().copies,
          t.tp_slices().size());
+  if (mesh && mesh->tp > 1 && t.sp_stats().reduce_scatters)
+    note("wxe: sequence parallel: %d reduce-scatters and %d gathers (+%d before replicated ops) keep bands of "
+         "latitudes between the tp-sharded layers\n",
+         t.sp_stats().reduce_scatters, t.sp_stats().gathers, t.sp_stats().replicated_gathers);
   if (mesh && mesh->world > 1)
     note("wxe: mesh dp %d x tp %d: %d micro-batches per step per data-parallel group; optimizer state %.1f MiB "
          "per rank\n",

@@ -68,6 +68,8 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     TpPlan plan = plan_for(graph_, cfg.plan, tp_, true);
     slices_ = parameter_slices(plan, graph_, tp_, tp_rank_);
     tp_stats_ = shard_training_graph(graph_, plan, tp_, tp_rank_);
+    // the memory plan it serves is the CPU's (engine/exec/autograd.h)
+    if (cfg.sequence_parallel && cfg.device == "cpu") sp_stats_ = sequence_parallel(graph_, tp_);
     set_tp_communicator(mesh_->tp_comm.get());
   }
   // host memory: ops a backend lacks fall back to the CPU kernels without copies
@@ -96,20 +98,25 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   opt.kernels = cfg.reference ? KernelKind::Reference : KernelKind::Fast;
   opt.optimize = false;
   opt.device = cfg.device;
-  opt.profile = cfg.device == "cpu";
+  opt.profile = cfg.device == "cpu";  // on a device, timing per op would wait for every kernel
   WXE_CHECK(cfg.activation_checkpoint == "none" || cfg.activation_checkpoint == "blocks",
             "--activation-checkpoint must be none or blocks, not '", cfg.activation_checkpoint, "'");
   if (cfg.activation_checkpoint == "blocks") {
     if (cfg.device != "cpu") {
       note("wxe: --activation-checkpoint blocks runs on the cpu only for now; %s keeps every activation\n",
            cfg.device.c_str());
-    } else {  // collectives are never recomputed: each rank would repeat them out of step
-      opt.segments = checkpoint_segments(graph_, [](const Node& n) { return n.op == "AllReduceTP" || n.op == "CopyToTP"; });
+    } else {  // of the collectives only the gathers are recomputed (each rank reaches it at the same node)
+      opt.segments = checkpoint_segments(graph_, [](const Node& n) {
+        return n.op == "AllReduceTP" || n.op == "CopyToTP" || n.op == "ReduceScatterTP" || n.op == "ScatterTP";
+      });
       int blocks = 0;
       for (int s : opt.segments) blocks = std::max(blocks, s + 1);
       note("wxe: activation checkpointing: %d blocks recomputed in the backward\n", blocks);
     }
-  }  // on a device, timing per op would wait for every kernel
+  }
+  // sequence parallelism: the whole activation a gather makes for the column-parallel layers is
+  // made again in the backward rather than kept
+  if (sp_stats_.gathers) add_gather_segments(graph_, opt.segments);
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
   if (cfg.device != "cpu") dev_ = &backend_for(cfg.device);
   if (!exec_->host_nodes().empty()) {

@@ -33,6 +33,7 @@
 #include "engine/passes/layout_rules.h"
 #include "load/checkpoint.h"
 #include "parallel/mesh.h"
+#include "parallel/sequence_parallel.h"
 #include "parallel/shard.h"
 #include "train/loss.h"
 #include "train/optim.h"
@@ -62,6 +63,9 @@ struct FinetuneConfig {
   // backends, not with `reference` (the oracle runs the graph as exported) nor on a GPU (no
   // device backward for the fused ops yet). false: the exported graph (tests compare the two).
   bool fuse = true;
+  // With tp > 1 on the CPU: the regions tensor parallelism leaves replicated (residual stream,
+  // norms) hold bands of latitudes per rank (parallel/sequence_parallel.h). false: whole.
+  bool sequence_parallel = true;
   double ema_decay = 0.999;
   bool shuffle = false;
   uint64_t seed = 0;
@@ -131,6 +135,7 @@ class Trainer {
   int64_t trainable_count() const;
   // What tensor parallelism did (zero without it) and which parameters are sharded how.
   const ShardStats& tp_stats() const { return tp_stats_; }
+  const SequenceParallelStats& sp_stats() const { return sp_stats_; }
   const std::map<std::string, TensorSlice>& tp_slices() const { return slices_; }
 
  private:
@@ -140,6 +145,7 @@ class Trainer {
   int dp_ = 1, dp_rank_ = 0, tp_ = 1, tp_rank_ = 0;
   std::map<std::string, TensorSlice> slices_;  // tp-sharded parameters: this rank's block of each
   ShardStats tp_stats_;
+  SequenceParallelStats sp_stats_;
   Graph graph_;
   std::unique_ptr<GradExecutor> exec_;
   std::vector<int> trainable_;       // value ids

@@ -102,8 +102,9 @@ int other_input(const Node& n, int v) {
 
 // Per-channel parameter of a (N, C, ...) tensor: a float32 constant with C elements that
 // broadcasts along axis 1 only ((C, 1, 1), (1, C, 1, 1), ...).
+// (a constant, or in a training graph a value made from one: a CopyToTP of the parameter)
 bool channel_param(const Graph& g, int v, const Shape& x) {
-  if (v < 0 || !g.values[v].is_const() || g.values[v].dtype != DType::F32) return false;
+  if (v < 0 || g.values[v].dtype != DType::F32) return false;
   const Shape& p = g.values[v].shape;
   if (p.size() > x.size() || numel(p) != x[1]) return false;
   // the one non-1 dim (if C > 1) must line up with axis 1

@@ -1,0 +1,319 @@
+#include "parallel/sequence_parallel.h"
+
+#include <algorithm>
+#include <map>
+
+#include "engine/passes/passes.h"
+#include "parallel/collective_ops.h"
+#include "parallel/shard.h"
+
+namespace wxe {
+
+namespace {
+
+constexpr int kRows = 2;  // the band axis of (N, C, H, W) activations
+
+int64_t prod(const Shape& s, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to && i < s.size(); ++i) p *= s[i];
+  return p;
+}
+
+// Where axis a of `in` goes through a Reshape or Transpose to `out`: -1 if it does not stay one
+// whole axis.
+int follow_axis(const Node& n, const Shape& in, int a, const Shape& out) {
+  if (n.op == "Transpose") {
+    std::vector<int64_t> perm = n.ints("perm");
+    if (perm.empty())
+      for (int64_t k = (int64_t)in.size() - 1; k >= 0; --k) perm.push_back(k);
+    auto it = std::find(perm.begin(), perm.end(), a);
+    return it == perm.end() ? -1 : (int)(it - perm.begin());
+  }
+  const int64_t before = prod(in, 0, a);
+  for (size_t b = 0; b < out.size(); ++b)
+    if (prod(out, 0, b) == before && out[b] == in[a]) return (int)b;
+  return -1;
+}
+
+// A reduction over axes that leave the rows alone, keeping its rank: per pixel (CREDIT's channel
+// LayerNorm as exported reduces over axis 1).
+bool per_pixel_reduce(const Graph& g, const Node& n) {
+  if (n.op != "ReduceMean" && n.op != "ReduceSum" && n.op != "ReduceMax") return false;
+  if (n.i("keepdims", 1) != 1) return false;
+  std::vector<int64_t> axes = n.ints("axes");
+  if (n.inputs.size() > 1 && n.inputs[1] >= 0) {
+    if (!g.values[n.inputs[1]].is_const()) return false;
+    axes = g.values[n.inputs[1]].constant->to_i64();
+  }
+  if (axes.empty()) return false;  // every axis
+  for (int64_t a : axes)
+    if (a == kRows || a == kRows - 4) return false;
+  return true;
+}
+
+}  // namespace
+
+SequenceParallelStats sequence_parallel(Graph& g, int tp) {
+  SequenceParallelStats st;
+  if (tp <= 1) return st;
+  register_collective_ops();
+  const size_t nodes = g.nodes.size();
+  const std::vector<int> uses = g.use_counts();
+  std::vector<std::vector<int>> readers(g.values.size());
+  for (size_t k = 0; k < nodes; ++k)
+    for (int i : g.nodes[k].inputs)
+      if (i >= 0 && (readers[i].empty() || readers[i].back() != (int)k)) readers[i].push_back((int)k);
+  const std::vector<int> producer = g.producers();
+  // the node that alone reads v (and v is no graph output), else -1
+  auto sole = [&](int v) { return uses[v] == 1 && readers[v].size() == 1 ? readers[v][0] : -1; };
+  // The CopyToTP that node k leads to through Reshape/Transpose nodes, each its input's one
+  // reader (k itself when it is one), else -1.
+  auto copy_after = [&](int k) {
+    while (k >= 0) {
+      const Node& m = g.nodes[k];
+      if (m.op == "CopyToTP") return k;
+      if (m.op != "Reshape" && m.op != "Transpose") return -1;
+      k = sole(m.outputs[0]);
+    }
+    return -1;
+  };
+
+  std::vector<char> band(g.values.size(), 0);  // the value holds this rank's band of rows
+  auto is_band = [&](int v) { return v >= 0 && v < (int)band.size() && band[v]; };
+  auto set_band = [&](int v) {
+    if ((size_t)v >= band.size()) band.resize(v + 1, 0);
+    band[v] = 1;
+  };
+  auto new_value = [&](int like, const std::string& suffix) {
+    Value v = g.values[like];
+    v.name += suffix;
+    v.constant.reset();
+    v.is_param = false;
+    return g.add_value(std::move(v));
+  };
+  std::vector<Node> out;
+  auto collective = [&](const std::string& op, const std::string& name, int in, int o) {
+    Node c;
+    c.op = op;
+    c.name = name;
+    c.inputs = {in};
+    c.outputs = {o};
+    c.attrs["axis"] = attr_i(kRows);
+    c.attrs["parts"] = attr_i(tp);
+    return c;
+  };
+  std::map<int, int> copied, scattered;       // value -> its CopyToTP / ScatterTP output
+  std::map<std::pair<int, bool>, int> gathered;  // (band value, grad "sum") -> its AllGatherTP output
+  auto copy_of = [&](int v, const std::string& reader) {
+    auto it = copied.find(v);
+    if (it != copied.end()) return it->second;
+    const int c = new_value(v, "_copy_to_tp");
+    Node n;
+    n.op = "CopyToTP";
+    n.name = reader + "/CopyToTP";
+    n.inputs = {v};
+    n.outputs = {c};
+    out.push_back(std::move(n));
+    ++st.copies;
+    return copied[v] = c;
+  };
+  auto scatter_of = [&](int v, const std::string& reader) {
+    auto it = scattered.find(v);
+    if (it != scattered.end()) return it->second;
+    const int s = new_value(v, "_band");
+    out.push_back(collective("ScatterTP", reader + "/ScatterTP", v, s));
+    set_band(s);
+    ++st.scatters;
+    return scattered[v] = s;
+  };
+  auto gather_of = [&](int v, bool sum, const std::string& reader) {
+    auto it = gathered.find({v, sum});
+    if (it != gathered.end()) return it->second;
+    const int w = new_value(v, sum ? "_gathered" : "_gathered_replicated");
+    Node n = collective("AllGatherTP", reader + "/AllGatherTP", v, w);
+    n.attrs["grad"] = attr_s(sum ? "sum" : "slice");
+    out.push_back(std::move(n));
+    ++(sum ? st.gathers : st.replicated_gathers);
+    return gathered[{v, sum}] = w;
+  };
+
+  std::vector<bool> done(nodes, false);  // moved earlier (a row-parallel layer's layout and bias)
+  std::map<int, int> rename;             // a dropped CopyToTP's output -> its input
+  for (size_t k = 0; k < nodes; ++k) {
+    if (done[k]) continue;
+    Node n = g.nodes[k];
+    for (int& i : n.inputs) {
+      auto r = rename.find(i);
+      if (i >= 0 && r != rename.end()) i = r->second;
+    }
+    if (n.op == "AllReduceTP") {
+      // [bias Add] -> Reshape/Transpose ... -> (N, C, H, W): the layout on the partial sums, then
+      // the reduce-scatter, then the bias on the band
+      const int partial = n.inputs[0];
+      int cur = n.outputs[0], bias = -1, bias_node = -1, axis = -1;
+      int j = sole(cur);
+      if (j >= 0 && g.nodes[j].op == "Add" && g.nodes[j].inputs.size() == 2) {
+        const Node& add = g.nodes[j];
+        const int b = add.inputs[0] == cur ? add.inputs[1] : add.inputs[0];
+        const Shape& bs = g.values[b].shape;
+        const Shape& s = g.values[cur].shape;
+        int wide = -1, count = 0;  // the bias's one axis longer than 1
+        for (size_t d = 0; d < bs.size(); ++d)
+          if (bs[d] != 1) wide = (int)d, ++count;
+        if (b >= 0 && count <= 1 && bs.size() <= s.size() && (producer[b] < (int)k) &&
+            g.values[b].dtype == DType::F32) {
+          bias = b;
+          bias_node = j;
+          axis = wide < 0 ? -1 : wide + (int)(s.size() - bs.size());
+          cur = add.outputs[0];
+        }
+      }
+      std::vector<int> chain;
+      bool ok = true;
+      while ((j = sole(cur)) >= 0 && (g.nodes[j].op == "Reshape" || g.nodes[j].op == "Transpose")) {
+        const Node& m = g.nodes[j];
+        if (m.op == "Reshape" && (m.inputs.size() < 2 || !g.values[m.inputs[1]].is_const())) break;
+        if (axis >= 0) axis = follow_axis(m, g.values[cur].shape, axis, g.values[m.outputs[0]].shape);
+        if (bias >= 0 && axis < 0 && g.values[bias].constant == nullptr && numel(g.values[bias].shape) > 1) ok = false;
+        chain.push_back(j);
+        cur = m.outputs[0];
+      }
+      const Shape vs = g.values[cur].shape;
+      ok = ok && vs.size() == 4 && vs[kRows] % tp == 0 && uses[cur] > 0;
+      if (ok && bias >= 0 && numel(g.values[bias].shape) > 1) {
+        // the bias must broadcast on the result exactly as it did on the layer's output
+        const Shape& bs = g.values[bias].shape;
+        ok = axis >= 0 && (int)bs.size() <= 4 && axis - (4 - (int)bs.size()) >= 0 &&
+             bs[axis - (4 - (int)bs.size())] == vs[axis];
+      }
+      if (ok) {
+        int x = partial;
+        for (int c : chain) {
+          Node m = g.nodes[c];
+          m.inputs[0] = x;
+          if (m.outputs[0] == cur) m.outputs[0] = new_value(cur, "_partial");  // cur: the band, below
+          x = m.outputs[0];
+          out.push_back(std::move(m));
+          done[c] = true;
+        }
+        const int summed = bias >= 0 ? new_value(cur, "_band_summed") : cur;
+        out.push_back(collective("ReduceScatterTP", n.name + "/ReduceScatterTP", x, summed));
+        set_band(summed);
+        if (bias >= 0) {
+          Node add = g.nodes[bias_node];
+          done[bias_node] = true;
+          const int b = g.values[bias].is_const() && !g.values[bias].is_param ? bias : copy_of(bias, add.name);
+          add.inputs = {summed, b};
+          add.outputs = {cur};
+          out.push_back(std::move(add));
+        }
+        set_band(cur);
+        ++st.reduce_scatters;
+        continue;
+      }
+    }
+    if (!std::any_of(n.inputs.begin(), n.inputs.end(), is_band)) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    // a per-pixel op: bands in, a band out
+    bool pixel = (elementwise_op(n.op) || per_pixel_reduce(g, n)) && n.outputs.size() == 1 &&
+                 g.values[n.outputs[0]].shape.size() == 4;
+    const Shape os = pixel ? g.values[n.outputs[0]].shape : Shape{};
+    for (size_t i = 0; pixel && i < n.inputs.size(); ++i) {
+      const int v = n.inputs[i];
+      if (v < 0 || is_band(v)) continue;
+      const Value& val = g.values[v];
+      const int d = kRows - (4 - (int)val.shape.size());  // broadcasting aligns from the right
+      if (d < 0 || val.shape[d] == 1) continue;            // broadcast along the rows
+      // a whole replicated activation: cut to bands; a constant with rows: not per pixel here
+      pixel = !val.is_const() && val.shape == os && val.dtype == DType::F32;
+    }
+    if (pixel) {
+      for (int& v : n.inputs) {
+        if (v < 0 || is_band(v)) continue;
+        const Value& val = g.values[v];
+        const int d = kRows - (4 - (int)val.shape.size());
+        if (d >= 0 && val.shape[d] != 1) {
+          v = scatter_of(v, n.name);
+        } else if (val.dtype == DType::F32 && (!val.is_const() || val.is_param)) {
+          v = copy_of(v, n.name);  // its gradient: the sum of every rank's band's
+        }
+      }
+      set_band(n.outputs[0]);
+      out.push_back(std::move(n));
+      continue;
+    }
+    // anything else reads whole tensors
+    const int c = copy_after((int)k);
+    if (c == (int)k) {  // the column-parallel layers' CopyToTP: the gather takes its place
+      const int w = n.inputs[0];
+      const std::string scope = ends_with(n.name, "/CopyToTP") ? n.name.substr(0, n.name.size() - 9) : n.name;
+      Node ag = collective("AllGatherTP", scope + "/AllGatherTP", w, n.outputs[0]);
+      ag.attrs["grad"] = attr_s("sum");
+      out.push_back(std::move(ag));
+      ++st.gathers;
+      continue;
+    }
+    if (c >= 0) {
+      done[c] = true;  // the gather's backward sums the partial gradients instead
+      rename[g.nodes[c].outputs[0]] = g.nodes[c].inputs[0];
+    }
+    for (int& v : n.inputs)
+      if (is_band(v)) v = gather_of(v, c >= 0, n.name);
+    out.push_back(std::move(n));
+  }
+  // graph outputs are whole
+  for (int& o : g.outputs) {
+    if (!is_band(o)) continue;
+    const int b = new_value(o, "_band");
+    for (Node& m : out) {
+      for (int& i : m.inputs)
+        if (i == o) i = b;
+      for (int& x : m.outputs)
+        if (x == o) x = b;
+    }
+    Node ag = collective("AllGatherTP", g.values[o].name + "/AllGatherTP", b, o);
+    ag.attrs["grad"] = attr_s("slice");
+    out.push_back(std::move(ag));
+    ++st.replicated_gathers;
+  }
+  g.nodes = std::move(out);
+  eliminate_dead_nodes(g);
+  infer_shapes(g);
+  for (const Node& n : g.nodes)  // nothing a parameter feeds is frozen into a constant
+    for (int o : n.outputs) g.values[o].constant.reset();
+  return st;
+}
+
+void add_gather_segments(const Graph& g, std::vector<int>& seg) {
+  if (seg.empty()) seg.assign(g.nodes.size(), -1);
+  int next = 0;
+  for (int s : seg) next = std::max(next, s + 1);
+  std::vector<std::vector<int>> readers(g.values.size());
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    for (int i : g.nodes[k].inputs)
+      if (i >= 0) readers[i].push_back((int)k);
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    if (n.op != "AllGatherTP" || n.s("grad", "sum") != "sum" || seg[k] >= 0) continue;
+    std::vector<int> members = {(int)k}, values = {n.outputs[0]};
+    bool ok = true;
+    while (!values.empty() && ok) {
+      const int v = values.back();
+      values.pop_back();
+      for (int r : readers[v]) {
+        const Node& m = g.nodes[r];
+        if (seg[r] >= 0 || op_updates_inputs(m.op)) ok = false;
+        if (std::find(members.begin(), members.end(), r) != members.end()) continue;
+        members.push_back(r);
+        if (m.op == "Reshape" || m.op == "Transpose") values.push_back(m.outputs[0]);
+      }
+    }
+    if (!ok) continue;
+    for (int m : members) seg[m] = next;
+    ++next;
+  }
+}
+
+}  // namespace wxe
