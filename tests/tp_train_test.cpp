@@ -114,7 +114,7 @@ std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tenso
     if (sp) s.sp = sequence_parallel(g, tp);
     if (fused) fuse_for_training(g);
     for (const Node& n : g.nodes)
-      if (ends_with(n.op, "TP")) ++s.ops[n.op];
+      if (ends_with(n.op, "TP") || n.op == "WindowAttention" || n.op == "Softmax") ++s.ops[n.op];
     ExecOptions opt{0, KernelKind::Fast};
     if (sp) add_gather_segments(g, opt.segments);
     GradExecutor ex(g, trainable_parameters(g), opt);
@@ -193,6 +193,9 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
     // SpectralNormTP (one power iteration) sums 2 times forward (sigma reuses the iteration's
     // W_mat v), 2 times backward
     EXPECT_EQ(s.stats.spectral_norms, qkv_layers == 1 ? s.stats.column + s.stats.row : 0);
+    // fused: every attention block one WindowAttention of the rank's heads (its collectives outside)
+    EXPECT_EQ(s.ops.count("WindowAttention") ? s.ops.at("WindowAttention") : 0, fused ? attention_blocks : 0);
+    EXPECT_EQ(s.ops.count("Softmax") ? s.ops.at("Softmax") : 0, fused ? 0 : attention_blocks);
     if (!sp) {
       EXPECT_EQ(s.all_reduces, s.stats.all_reduces + s.stats.copies + 4 * s.stats.spectral_norms);
     } else {
@@ -439,6 +442,16 @@ TEST(TpTrainingGraph, CrossformerSequenceParallelTp4MatchesTp1) {
 TEST(TpTrainingGraph, CrossformerTinyFusedSequenceParallelTp2MatchesTp1) {
   expect_tp_matches_one("tests/data/crossformer_tiny_opset17.onnx", "tests/data/crossformer_tiny_x.npy", 2, 10, 10, 1,
                         true, true);
+}
+
+}  // namespace wxe::test
+
+namespace wxe::test {
+
+// The Linear layout (spectral norm baked: to_q, to_k, to_v column-parallel behind one CopyToTP),
+// fused as the trainer runs it: each rank's WindowAttention on its heads, tp 1's gradients.
+TEST(TpTrainingGraph, CrossformerFusedTp2MatchesTp1) {
+  expect_tp_matches_one("tests/data/crossformer_tp_snbaked.onnx", "tests/data/crossformer_tp_x.npy", 2, 10, 10, 3, true);
 }
 
 }  // namespace wxe::test
