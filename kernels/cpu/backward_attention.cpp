@@ -13,8 +13,8 @@
 //                        dq = scale dS k,  dk = scale dS^T q,  dv = P^T go,  gbias += dS
 //   gWqkv += gqkv^T xt,  gxt = gqkv Wqkv  (3I, D), (M, D), gxt scattered to the tokens' pixels
 // gbo is the per-channel sum of gy, the residual's gradient gy itself. The GEMMs are oneDNN
-// matmuls (plain loops where oneDNN has no primitive); the per-window parts are loops over the
-// T x T scores. gbias and gbo are summed in double in a fixed order: the same bits at any
+// matmuls (plain loops where oneDNN has no primitive); the per-window products are oneDNN batched
+// matmuls over strided views of the chunk's buffers for windows of 8 tokens or more, loops below. gbias and gbo are summed in double in a fixed order: the same bits at any
 // thread count; the weight gradients are oneDNN's sums.
 #include <algorithm>
 #include <cmath>
@@ -34,6 +34,11 @@ namespace {
 using namespace onednn;
 
 PrimCache<MatMulPrim> attn_bwd_cache;
+
+// Windows of this many tokens or more do the per-head products as oneDNN batched matmuls; below,
+// plain loops (oneDNN's cost per (window, head) dominates there, as in the forward:
+// dnnl_attention.cpp).
+constexpr int64_t kBatchedTokens = 8;
 
 // (rows, cols) view of a row-major matrix stored (rows, cols) or, transposed, (cols, rows).
 memory::desc view(int64_t rows, int64_t cols, bool transposed) {
@@ -66,6 +71,50 @@ void gemm(const Node& n, int64_t M, int64_t K, int64_t N, const float* A, bool t
       for (int64_t k = 0; k < K; ++k) a += (double)A[ta ? k * M + i : i * K + k] * B[tb ? j * K + k : k * N + j];
       C[i * N + j] = (float)a;
     }
+}
+
+// A (windows, heads, rows, cols) view of strided data: dims and strides in floats.
+struct View4 {
+  const float* p;
+  Dims strides;
+};
+
+// Per window and head: C (R, N) = alpha A (R, K) B (K, N) (+ C with `accumulate`), each a strided
+// view over cnt windows and H heads. oneDNN's batched matmul, else plain loops.
+void batched(const Node& n, int64_t cnt, int64_t H, int64_t R, int64_t K, int64_t N, View4 A, View4 B, float* C,
+             const Dims& cs, float alpha, bool accumulate) {
+  auto key = [](const Dims& d) { return str(d[0], ",", d[1], ",", d[2], ",", d[3]); };
+  const std::string k = str("attn_bmm", cnt, "x", H, "x", R, "x", K, "x", N, "a", key(A.strides), "b", key(B.strides), "c",
+                            key(cs), float_bits(alpha), accumulate ? "+" : "");
+  auto p = attn_bwd_cache.get(k, [&] {
+    dnnl::primitive_attr attr;
+    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+    if (accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.f);
+      attr.set_post_ops(po);
+    }
+    return make_matmul(memory::desc({cnt, H, R, K}, dt::f32, A.strides), memory::desc({cnt, H, K, N}, dt::f32, B.strides),
+                       nullptr, memory::desc({cnt, H, R, N}, dt::f32, cs), attr);
+  });
+  if (!p->use_ref) {
+    execute(n, p->prim, {{DNNL_ARG_SRC, mem(p->src, A.p)}, {DNNL_ARG_WEIGHTS, mem(p->wei, B.p)}, {DNNL_ARG_DST, mem(p->dst, C)}});
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t wh = 0; wh < cnt * H; ++wh) {
+    const int64_t w = wh / H, h = wh % H;
+    const float* a = A.p + w * A.strides[0] + h * A.strides[1];
+    const float* b = B.p + w * B.strides[0] + h * B.strides[1];
+    float* c = C + w * cs[0] + h * cs[1];
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t q = 0; q < K; ++q) s += (double)a[i * A.strides[2] + q * A.strides[3]] * b[q * B.strides[2] + j * B.strides[3]];
+        float& o = c[i * cs[2] + j * cs[3]];
+        o = (float)(alpha * s + (accumulate ? o : 0.0));
+      }
+  }
 }
 
 // One window's attention rows, forward: P[h][i][j] (softmax of scale q_i . k_j + bias) and
@@ -210,10 +259,11 @@ void window_attention_backward(const Node& n, const Ins& in, const Ins&, const I
   const float* bias = in[6]->data<float>();
   const int64_t bstride = bias_head_stride(g, in[6]->numel());
   // chunks of whole windows, about 16 MiB of buffers
-  const int64_t per_token = 2 * D + 8 * I + 2 * H * T;
+  const int64_t per_token = 2 * D + 8 * I + 3 * H * T;
   const int64_t cw = std::min(windows, std::max<int64_t>(1, (4 << 20) / (per_token * T)));
   std::vector<float> xt((size_t)(cw * T * D)), qkv((size_t)(cw * T * 3 * I)), o((size_t)(cw * T * I)),
-      gyt((size_t)(cw * T * D)), go((size_t)(cw * T * I)), P((size_t)(cw * H * T * T)), gqkv((size_t)(cw * T * 3 * I));
+      gyt((size_t)(cw * T * D)), go((size_t)(cw * T * I)), P((size_t)(cw * H * T * T)), gqkv((size_t)(cw * T * 3 * I)),
+      dP((size_t)(T >= kBatchedTokens ? cw * H * T * T : 0));
   std::vector<double> gbias((size_t)(gbias_t ? H * T * T : 0), 0.0);
   std::vector<int64_t> off(T);
   for (int64_t t = 0; t < T; ++t) off[t] = g.pixel(0, 0, t);
@@ -237,32 +287,79 @@ void window_attention_backward(const Node& n, const Ins& in, const Ins&, const I
         }
     }
     gemm(n, M, D, 3 * I, xt.data(), false, wqkv, true, qkv.data(), false);
-#pragma omp parallel
-    {
-      std::vector<float> kt((size_t)(T * I / H));
-#pragma omp for schedule(static)
+    // views (windows, heads, tokens, dh) of q, k, v, go, o and gqkv's parts; (.., T, T) of P and dP
+    const int64_t dh = I / H;
+    const Dims rows3{T * 3 * I, dh, 3 * I, 1}, cols3{T * 3 * I, dh, 1, 3 * I}, rows1{T * I, dh, I, 1},
+        sq{H * T * T, T * T, T, 1}, sqt{H * T * T, T * T, 1, T};
+    const float* q = qkv.data();
+    if (T >= kBatchedTokens) {  // scores by one batched matmul onto the bias, softmax rows, o = P v
+#pragma omp parallel for schedule(static)
       for (int64_t wi = 0; wi < cnt; ++wi)
-        window_forward(qkv.data() + wi * T * 3 * I, T, I, H, scale, bias, bstride, P.data() + wi * H * T * T,
-                       o.data() + wi * T * I, kt.data());
+        for (int64_t h = 0; h < H; ++h)
+          std::copy(bias + h * bstride, bias + h * bstride + T * T, P.data() + (wi * H + h) * T * T);
+      batched(n, cnt, H, T, dh, T, {q, rows3}, {q + I, cols3}, P.data(), sq, scale, true);
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < cnt * H * T; ++r) {
+        float* s = P.data() + r * T;
+        float mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < T; ++j) mx = std::max(mx, s[j]);
+        for (int64_t j = 0; j < T; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        const float inv = 1.f / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < T; ++j) s[j] *= inv;
+      }
+      batched(n, cnt, H, T, T, dh, {P.data(), sq}, {q + 2 * I, rows3}, o.data(), rows1, 1.f, false);
+    } else {
+#pragma omp parallel
+      {
+        std::vector<float> kt((size_t)(T * dh));
+#pragma omp for schedule(static)
+        for (int64_t wi = 0; wi < cnt; ++wi)
+          window_forward(qkv.data() + wi * T * 3 * I, T, I, H, scale, bias, bstride, P.data() + wi * H * T * T,
+                         o.data() + wi * T * I, kt.data());
+      }
     }
     if (gwo_t) gemm(n, D, M, I, gyt.data(), true, o.data(), false, gwo_t->data<float>(), true);
     if (!need_qkv_grad) continue;
     gemm(n, M, D, I, gyt.data(), false, wo, false, go.data(), false);
-#pragma omp parallel
-    {
-      std::vector<float> vt((size_t)(T * I / H)), dp((size_t)T);
-#pragma omp for schedule(static)
-      for (int64_t wi = 0; wi < cnt; ++wi)
-        window_backward(qkv.data() + wi * T * 3 * I, go.data() + wi * T * I, T, I, H, scale, P.data() + wi * H * T * T,
-                        gqkv.data() + wi * T * 3 * I, vt.data(), dp.data());
-    }
-    if (gbias_t) {  // sum of dS over the chunk's windows, in window order
-      const int64_t E = H * T * T;
+    float* dS = P.data();  // where the loops leave dS
+    if (T >= kBatchedTokens) {  // dv = P^T go, dP = go v^T, dS, dq = scale dS k, dk = scale dS^T q
+      float* gq = gqkv.data();
+      batched(n, cnt, H, T, T, dh, {P.data(), sqt}, {go.data(), rows1}, gq + 2 * I, rows3, 1.f, false);
+      batched(n, cnt, H, T, dh, T, {go.data(), rows1}, {q + 2 * I, cols3}, dP.data(), sq, 1.f, false);
 #pragma omp parallel for schedule(static)
-      for (int64_t e = 0; e < E; ++e) {
-        double s = gbias[e];
-        for (int64_t wi = 0; wi < cnt; ++wi) s += P[wi * E + e];
-        gbias[e] = s;
+      for (int64_t r = 0; r < cnt * H * T; ++r) {
+        const float* p = P.data() + r * T;
+        float* d = dP.data() + r * T;
+        float sum = 0;
+        for (int64_t j = 0; j < T; ++j) sum += p[j] * d[j];
+#pragma omp simd
+        for (int64_t j = 0; j < T; ++j) d[j] = p[j] * (d[j] - sum);
+      }
+      dS = dP.data();
+      batched(n, cnt, H, T, T, dh, {dS, sq}, {q + I, rows3}, gq, rows3, scale, false);
+      batched(n, cnt, H, T, T, dh, {dS, sqt}, {q, rows3}, gq + I, rows3, scale, false);
+    } else {
+#pragma omp parallel
+      {
+        std::vector<float> vt((size_t)(T * dh)), dp((size_t)T);
+#pragma omp for schedule(static)
+        for (int64_t wi = 0; wi < cnt; ++wi)
+          window_backward(qkv.data() + wi * T * 3 * I, go.data() + wi * T * I, T, I, H, scale, P.data() + wi * H * T * T,
+                          gqkv.data() + wi * T * 3 * I, vt.data(), dp.data());
+      }
+    }
+    if (gbias_t) {  // sum of dS over the chunk's windows, in window order, a block of elements per thread
+      const int64_t E = H * T * T, blk = 512;
+#pragma omp parallel for schedule(static)
+      for (int64_t e0 = 0; e0 < E; e0 += blk) {
+        const int64_t len = std::min(blk, E - e0);
+        double* acc = gbias.data() + e0;
+        for (int64_t wi = 0; wi < cnt; ++wi) {
+          const float* d = dS + wi * E + e0;
+#pragma omp simd
+          for (int64_t e = 0; e < len; ++e) acc[e] += d[e];
+        }
       }
     }
     if (gwqkv) gemm(n, 3 * I, M, D, gqkv.data(), true, xt.data(), false, gwqkv, true);
