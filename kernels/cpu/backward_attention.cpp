@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "engine/ir/ops.h"
@@ -116,6 +117,13 @@ void batched(const Node& n, int64_t cnt, int64_t H, int64_t R, int64_t K, int64_
       }
   }
 }
+
+// A buffer of floats left uninitialized (every use writes it first), freed with the call.
+struct Floats {
+  std::unique_ptr<float[]> p;
+  explicit Floats(int64_t n) : p(new float[(size_t)std::max<int64_t>(n, 1)]) {}
+  float* data() { return p.get(); }
+};
 
 // One window's attention rows, forward: P[h][i][j] (softmax of scale q_i . k_j + bias) and
 // o_i = sum_j P_ij v_j. qkv rows of 3I floats, o rows of I; head h adds bias + h bstride;
@@ -261,9 +269,8 @@ void window_attention_backward(const Node& n, const Ins& in, const Ins&, const I
   // chunks of whole windows, about 16 MiB of buffers
   const int64_t per_token = 2 * D + 8 * I + 3 * H * T;
   const int64_t cw = std::min(windows, std::max<int64_t>(1, (4 << 20) / (per_token * T)));
-  std::vector<float> xt((size_t)(cw * T * D)), qkv((size_t)(cw * T * 3 * I)), o((size_t)(cw * T * I)),
-      gyt((size_t)(cw * T * D)), go((size_t)(cw * T * I)), P((size_t)(cw * H * T * T)), gqkv((size_t)(cw * T * 3 * I)),
-      dP((size_t)(T >= kBatchedTokens ? cw * H * T * T : 0));
+  Floats xt(cw * T * D), qkv(cw * T * 3 * I), o(cw * T * I), gyt(cw * T * D), go(cw * T * I), P(cw * H * T * T),
+      gqkv(cw * T * 3 * I), dP(T >= kBatchedTokens ? cw * H * T * T : 0);
   std::vector<double> gbias((size_t)(gbias_t ? H * T * T : 0), 0.0);
   std::vector<int64_t> off(T);
   for (int64_t t = 0; t < T; ++t) off[t] = g.pixel(0, 0, t);
