@@ -85,6 +85,10 @@ void all_reduce_tp_backward(const Node&, const std::vector<const Tensor*>&, cons
 }
 
 void copy_to_tp(const Node&, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  if (in[0]->device() == DeviceKind::CPU) {  // the training executor's host values: the same storage
+    *out[0] = *in[0];
+    return;
+  }
   copy_into(*in[0], *out[0]);
 }
 
@@ -207,6 +211,90 @@ void scatter_tp(const Node& n, const std::vector<const Tensor*>& in, const std::
   take_band(n, *in[0], *out[0]);
 }
 
+// HaloTP: a band with `top` rows of the band above and `bottom` rows of the band below around it
+// (zeros past the first and last band: a convolution's zero padding), so a convolution taller
+// than one row runs on the band alone. Backward: the halo rows' gradients go back to the bands
+// they came from and are added there. The boundary rows travel by one all-gather either way.
+struct Halo {
+  Bands b;  // of the band itself
+  int64_t top = 0, bottom = 0;
+};
+
+Halo halo_of(const Node& n, const Shape& band) {
+  Halo h;
+  const int64_t a = n.i("axis", 2);
+  Shape full = band;
+  full[a] *= n.i("parts", 1);
+  h.b = bands_of(n, full);
+  h.top = n.i("top", 0);
+  h.bottom = n.i("bottom", 0);
+  WXE_CHECK(h.top >= 0 && h.bottom >= 0 && h.top <= h.b.rows && h.bottom <= h.b.rows, "node ", n.name,
+            " (HaloTP): halo ", h.top, " + ", h.bottom, " rows around a band of ", h.b.rows);
+  return h;
+}
+
+// rows [from, from + count) of each outer slice of t (outer, rows, inner) <-> buf (outer, count, inner)
+void copy_rows(float* t, int64_t rows, float* buf, int64_t from, int64_t count, const Bands& b, bool to_buf, bool add = false) {
+  for (int64_t o = 0; o < b.outer; ++o) {
+    float* x = t + (o * rows + from) * b.inner;
+    float* y = buf + o * count * b.inner;
+    const int64_t n = count * b.inner;
+    if (to_buf) std::memcpy(y, x, n * sizeof(float));
+    else if (add) for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+    else std::memcpy(x, y, n * sizeof(float));
+  }
+}
+
+// every rank's (first part, second part) pair: `first`/`second` rows of (outer, rows, inner) buffers
+Tensor exchange(Communicator& c, const Bands& b, const float* first, int64_t n1, const float* second, int64_t n2) {
+  const int64_t a = b.outer * n1 * b.inner, z = b.outer * n2 * b.inner;
+  Tensor send(DType::F32, {a + z}), all(DType::F32, {(a + z) * c.size()});
+  if (a) std::memcpy(send.data<float>(), first, a * sizeof(float));
+  if (z) std::memcpy(send.data<float>() + a, second, z * sizeof(float));
+  c.all_gather(send, all);
+  return all;
+}
+
+void halo_tp(const Node& n, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  Communicator& c = band_group(n);
+  const Halo h = halo_of(n, in[0]->shape);
+  const int64_t rows = h.b.rows, R = rows + h.top + h.bottom, r = c.rank();
+  float* x = const_cast<float*>(in[0]->data<float>());
+  float* y = out[0]->data<float>();
+  // what the neighbours need of this band: its last `top` rows (below), its first `bottom` (above)
+  Tensor tail(DType::F32, {h.b.outer * h.top * h.b.inner}), head(DType::F32, {h.b.outer * h.bottom * h.b.inner});
+  copy_rows(x, rows, tail.data<float>(), rows - h.top, h.top, h.b, true);
+  copy_rows(x, rows, head.data<float>(), 0, h.bottom, h.b, true);
+  Tensor all = exchange(c, h.b, tail.data<float>(), h.top, head.data<float>(), h.bottom);
+  const int64_t per = h.b.outer * (h.top + h.bottom) * h.b.inner, a = h.b.outer * h.top * h.b.inner;
+  std::memset(y, 0, out[0]->nbytes());
+  copy_rows(y, R, x, h.top, rows, h.b, false);
+  if (r > 0) copy_rows(y, R, all.data<float>() + (r - 1) * per, 0, h.top, h.b, false);
+  if (r + 1 < c.size()) copy_rows(y, R, all.data<float>() + (r + 1) * per + a, h.top + rows, h.bottom, h.b, false);
+}
+
+void halo_tp_backward(const Node& n, const std::vector<const Tensor*>& in, const std::vector<const Tensor*>&,
+                      const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
+  if (!gin[0]) return;
+  WXE_CHECK(gout[0], "node ", n.name, ": no output gradient");  // every rank must join the exchange
+  Communicator& c = band_group(n);
+  const Halo h = halo_of(n, in[0]->shape);
+  const int64_t rows = h.b.rows, R = rows + h.top + h.bottom, r = c.rank();
+  float* g = const_cast<float*>(gout[0]->data<float>());
+  float* gx = gin[0]->data<float>();
+  Tensor gtop(DType::F32, {h.b.outer * h.top * h.b.inner}), gbottom(DType::F32, {h.b.outer * h.bottom * h.b.inner});
+  copy_rows(g, R, gtop.data<float>(), 0, h.top, h.b, true);
+  copy_rows(g, R, gbottom.data<float>(), h.top + rows, h.bottom, h.b, true);
+  Tensor all = exchange(c, h.b, gtop.data<float>(), h.top, gbottom.data<float>(), h.bottom);
+  const int64_t per = h.b.outer * (h.top + h.bottom) * h.b.inner, a = h.b.outer * h.top * h.b.inner;
+  Tensor mid(DType::F32, {h.b.outer * rows * h.b.inner});
+  copy_rows(g, R, mid.data<float>(), h.top, rows, h.b, true);
+  copy_rows(gx, rows, mid.data<float>(), 0, rows, h.b, false);
+  // the band below took this band's last `top` rows; the band above its first `bottom` rows
+  if (r + 1 < c.size()) copy_rows(gx, rows, all.data<float>() + (r + 1) * per, rows - h.top, h.top, h.b, false, true);
+  if (r > 0) copy_rows(gx, rows, all.data<float>() + (r - 1) * per + a, 0, h.bottom, h.b, false, true);
+}
+
 }  // namespace
 
 void register_collective_device_kernels() {
@@ -234,8 +322,20 @@ void register_collective_ops() {
   register_op("ScatterTP", [](const Node& n, const std::vector<const Value*>& in) { return band_shape(n, in, false); },
               scatter_tp);
   register_backward("ScatterTP", reduce_scatter_tp_backward);  // the gradient's bands gathered
-  // the backward passes read gradients only: nothing of the forward is kept for them
-  for (const char* op : {"AllReduceTP", "CopyToTP", "ReduceScatterTP", "AllGatherTP", "ScatterTP"})
+  register_op("HaloTP",
+              [](const Node& n, const std::vector<const Value*>& in) {
+                WXE_CHECK(in.size() == 1 && in[0] && in[0]->dtype == DType::F32, "node ", n.name,
+                          " (HaloTP): needs one float32 input");
+                Shape s = in[0]->shape;
+                const int64_t a = n.i("axis", 2);
+                WXE_CHECK(a >= 0 && a < (int64_t)s.size(), "node ", n.name, " (HaloTP): no axis ", a);
+                s[a] += n.i("top", 0) + n.i("bottom", 0);
+                return std::vector<TypeShape>{{DType::F32, s}};
+              },
+              halo_tp);
+  register_backward("HaloTP", halo_tp_backward);
+  // the backward passes read gradients only (and shapes): nothing of the forward is kept for them
+  for (const char* op : {"AllReduceTP", "CopyToTP", "ReduceScatterTP", "AllGatherTP", "ScatterTP", "HaloTP"})
     register_backward_reads(op, {0u, false});
   register_spectral_norm_tp();
 }

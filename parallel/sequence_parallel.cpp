@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "engine/passes/fuse.h"
 #include "engine/passes/passes.h"
 #include "parallel/collective_ops.h"
 #include "parallel/shard.h"
@@ -35,28 +36,13 @@ int follow_axis(const Node& n, const Shape& in, int a, const Shape& out) {
   return -1;
 }
 
-// A reduction over axes that leave the rows alone, keeping its rank: per pixel (CREDIT's channel
-// LayerNorm as exported reduces over axis 1).
-bool per_pixel_reduce(const Graph& g, const Node& n) {
-  if (n.op != "ReduceMean" && n.op != "ReduceSum" && n.op != "ReduceMax") return false;
-  if (n.i("keepdims", 1) != 1) return false;
-  std::vector<int64_t> axes = n.ints("axes");
-  if (n.inputs.size() > 1 && n.inputs[1] >= 0) {
-    if (!g.values[n.inputs[1]].is_const()) return false;
-    axes = g.values[n.inputs[1]].constant->to_i64();
-  }
-  if (axes.empty()) return false;  // every axis
-  for (int64_t a : axes)
-    if (a == kRows || a == kRows - 4) return false;
-  return true;
-}
-
 }  // namespace
 
 SequenceParallelStats sequence_parallel(Graph& g, int tp) {
   SequenceParallelStats st;
   if (tp <= 1) return st;
   register_collective_ops();
+  fold_pad_into_conv(g);  // a cross-embedding's explicit Pad becomes its Conv's pads: a halo below
   const size_t nodes = g.nodes.size();
   const std::vector<int> uses = g.use_counts();
   std::vector<std::vector<int>> readers(g.values.size());
@@ -78,11 +64,13 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     return -1;
   };
 
-  std::vector<char> band(g.values.size(), 0);  // the value holds this rank's band of rows
-  auto is_band = [&](int v) { return v >= 0 && v < (int)band.size() && band[v]; };
-  auto set_band = [&](int v) {
-    if ((size_t)v >= band.size()) band.resize(v + 1, 0);
-    band[v] = 1;
+  // the axis along which a value holds this rank's band (-1: whole)
+  std::vector<int> band(g.values.size(), -1);
+  auto axis_of = [&](int v) { return v >= 0 && v < (int)band.size() ? band[v] : -1; };
+  auto is_band = [&](int v) { return axis_of(v) >= 0; };
+  auto set_band = [&](int v, int a) {
+    if ((size_t)v >= band.size()) band.resize(v + 1, -1);
+    band[v] = a;
   };
   auto new_value = [&](int like, const std::string& suffix) {
     Value v = g.values[like];
@@ -92,18 +80,19 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     return g.add_value(std::move(v));
   };
   std::vector<Node> out;
-  auto collective = [&](const std::string& op, const std::string& name, int in, int o) {
+  auto collective = [&](const std::string& op, const std::string& name, int in, int o, int axis) {
     Node c;
     c.op = op;
     c.name = name;
     c.inputs = {in};
     c.outputs = {o};
-    c.attrs["axis"] = attr_i(kRows);
+    c.attrs["axis"] = attr_i(axis);
     c.attrs["parts"] = attr_i(tp);
     return c;
   };
-  std::map<int, int> copied, scattered;       // value -> its CopyToTP / ScatterTP output
-  std::map<std::pair<int, bool>, int> gathered;  // (band value, grad "sum") -> its AllGatherTP output
+  std::map<int, int> copied;                           // value -> its CopyToTP output
+  std::map<std::pair<int, int>, int> scattered;        // (value, axis) -> its ScatterTP output
+  std::map<std::pair<int, bool>, int> gathered;        // (band value, grad "sum") -> its AllGatherTP output
   auto copy_of = [&](int v, const std::string& reader) {
     auto it = copied.find(v);
     if (it != copied.end()) return it->second;
@@ -117,24 +106,130 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     ++st.copies;
     return copied[v] = c;
   };
-  auto scatter_of = [&](int v, const std::string& reader) {
-    auto it = scattered.find(v);
+  auto scatter_of = [&](int v, int axis, const std::string& reader) {
+    auto it = scattered.find({v, axis});
     if (it != scattered.end()) return it->second;
     const int s = new_value(v, "_band");
-    out.push_back(collective("ScatterTP", reader + "/ScatterTP", v, s));
-    set_band(s);
+    out.push_back(collective("ScatterTP", reader + "/ScatterTP", v, s, axis));
+    set_band(s, axis);
     ++st.scatters;
-    return scattered[v] = s;
+    return scattered[{v, axis}] = s;
   };
   auto gather_of = [&](int v, bool sum, const std::string& reader) {
     auto it = gathered.find({v, sum});
     if (it != gathered.end()) return it->second;
     const int w = new_value(v, sum ? "_gathered" : "_gathered_replicated");
-    Node n = collective("AllGatherTP", reader + "/AllGatherTP", v, w);
+    Node n = collective("AllGatherTP", reader + "/AllGatherTP", v, w, axis_of(v));
     n.attrs["grad"] = attr_s(sum ? "sum" : "slice");
     out.push_back(std::move(n));
     ++(sum ? st.gathers : st.replicated_gathers);
     return gathered[{v, sum}] = w;
+  };
+  // A replicated float operand of a band op whose gradient is each rank's part: summed over tp.
+  auto copy_if_trained = [&](int& v, const std::string& reader) {
+    if (v >= 0 && !is_band(v) && g.values[v].dtype == DType::F32 && (!g.values[v].is_const() || g.values[v].is_param))
+      v = copy_of(v, reader);
+  };
+  // Where node n, reading bands, writes a band along the same axis of its output (-1: not so):
+  // per-token ops (elementwise, reductions, norms and softmax over other axes, Linear over
+  // features, Slices, a convolution's batch), Reshape and Transpose that keep the band one axis,
+  // and Einsum along one shared letter.
+  auto passes_band = [&](const Node& n) -> int {
+    const int x = *std::find_if(n.inputs.begin(), n.inputs.end(), is_band);
+    const int a = axis_of(x);
+    const Shape& xs = g.values[x].shape;
+    const Shape& os = g.values[n.outputs[0]].shape;
+    const int rank = (int)xs.size(), orank = (int)os.size();
+    auto norm = [&](int64_t ax, int r) { return (int)(ax < 0 ? ax + r : ax); };
+    if (n.outputs.size() != 1) return -1;
+    if (elementwise_op(n.op) || n.op == "Concat") {
+      const int oa = a + orank - rank;
+      if (n.op == "Concat" && norm(n.i("axis", 0), orank) == oa) return -1;
+      for (int v : n.inputs) {
+        if (v < 0) continue;
+        const int d = oa - (orank - (int)g.values[v].shape.size());
+        if (is_band(v) && axis_of(v) != d) return -1;
+        if (is_band(v) || d < 0 || g.values[v].shape[d] == 1) continue;  // broadcast along the band
+        const Value& val = g.values[v];  // whole along the band: a replicated activation is cut
+        if (val.is_const() || val.dtype != DType::F32 || val.shape[d] != os[oa]) return -1;
+      }
+      return oa;
+    }
+    if (n.op == "Einsum") {
+      std::vector<std::string> t;
+      std::string eq;
+      for (char ch : n.s("equation", ""))
+        if (ch != ' ') eq += ch;
+      const size_t arrow = eq.find("->");
+      if (arrow == std::string::npos) return -1;
+      size_t p = 0;
+      const std::string lhs = eq.substr(0, arrow);
+      while (true) {
+        const size_t c = lhs.find(',', p);
+        t.push_back(lhs.substr(p, c == std::string::npos ? std::string::npos : c - p));
+        if (c == std::string::npos) break;
+        p = c + 1;
+      }
+      const size_t xi = std::find(n.inputs.begin(), n.inputs.end(), x) - n.inputs.begin();
+      if (t.size() != n.inputs.size() || t[xi].size() != xs.size()) return -1;
+      const char letter = t[xi][a];
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        const size_t pos = t[k].find(letter);
+        if (axis_of(n.inputs[k]) != (pos == std::string::npos ? -1 : (int)pos)) return -1;
+      }
+      const size_t o = eq.substr(arrow + 2).find(letter);
+      return o == std::string::npos ? -1 : (int)o;
+    }
+    if (n.inputs[0] != x || std::any_of(n.inputs.begin() + 1, n.inputs.end(), is_band)) return -1;
+    if (n.op == "ReduceMean" || n.op == "ReduceSum" || n.op == "ReduceMax") {
+      if (n.i("keepdims", 1) != 1) return -1;
+      std::vector<int64_t> axes = n.ints("axes");
+      if (n.inputs.size() > 1 && n.inputs[1] >= 0) {
+        if (!g.values[n.inputs[1]].is_const()) return -1;
+        axes = g.values[n.inputs[1]].constant->to_i64();
+      }
+      if (axes.empty()) return -1;
+      for (int64_t ax : axes)
+        if (norm(ax, rank) == a) return -1;
+      return a;
+    }
+    if (n.op == "Softmax" || n.op == "LogSoftmax") return norm(n.i("axis", -1), rank) == a ? -1 : a;
+    if (n.op == "LayerNormalization") return norm(n.i("axis", -1), rank) > a ? a : -1;
+    if (n.op == "Linear") return norm(n.i("axis", -1), rank) == a ? -1 : a;
+    if (n.op == "Conv") return a == 0 ? 0 : -1;  // per sample; rows: the halo rule below
+    if (n.op == "Slice") {
+      if (n.inputs.size() < 3) return -1;
+      std::vector<int64_t> axes;
+      if (n.inputs.size() > 3 && n.inputs[3] >= 0) {
+        if (!g.values[n.inputs[3]].is_const()) return -1;
+        axes = g.values[n.inputs[3]].constant->to_i64();
+      } else {
+        if (!g.values[n.inputs[1]].is_const()) return -1;
+        for (int64_t k = 0; k < g.values[n.inputs[1]].constant->numel(); ++k) axes.push_back(k);
+      }
+      for (int64_t ax : axes)
+        if (norm(ax, rank) == a) return -1;
+      return a;
+    }
+    if (n.op == "Transpose") {
+      std::vector<int64_t> perm = n.ints("perm");
+      if (perm.empty())
+        for (int64_t k = rank - 1; k >= 0; --k) perm.push_back(k);
+      return (int)(std::find(perm.begin(), perm.end(), a) - perm.begin());
+    }
+    if (n.op == "Reshape") {  // the band stays the outer part of one axis (Megatron's heads rule)
+      if (n.inputs.size() < 2 || !g.values[n.inputs[1]].is_const()) return -1;
+      const std::vector<int64_t> target = g.values[n.inputs[1]].constant->to_i64();
+      const int64_t before = prod(xs, 0, a);
+      for (int b = 0; b < orank; ++b) {
+        if (prod(os, 0, b) != before || os[b] == 1) continue;
+        const int64_t x0 = xs[a], y0 = os[b];
+        if ((x0 % y0 && y0 % x0) || y0 % tp || b >= (int)target.size() || target[b] == 0) return -1;
+        return b;
+      }
+      return -1;
+    }
+    return -1;
   };
 
   std::vector<bool> done(nodes, false);  // moved earlier (a row-parallel layer's layout and bias)
@@ -197,8 +292,8 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
           done[c] = true;
         }
         const int summed = bias >= 0 ? new_value(cur, "_band_summed") : cur;
-        out.push_back(collective("ReduceScatterTP", n.name + "/ReduceScatterTP", x, summed));
-        set_band(summed);
+        out.push_back(collective("ReduceScatterTP", n.name + "/ReduceScatterTP", x, summed, kRows));
+        set_band(summed, kRows);
         if (bias >= 0) {
           Node add = g.nodes[bias_node];
           done[bias_node] = true;
@@ -207,7 +302,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
           add.outputs = {cur};
           out.push_back(std::move(add));
         }
-        set_band(cur);
+        set_band(cur, kRows);
         ++st.reduce_scatters;
         continue;
       }
@@ -216,40 +311,69 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
       out.push_back(std::move(n));
       continue;
     }
-    // a per-pixel op: bands in, a band out
-    bool pixel = (elementwise_op(n.op) || per_pixel_reduce(g, n)) && n.outputs.size() == 1 &&
-                 g.values[n.outputs[0]].shape.size() == 4;
-    const Shape os = pixel ? g.values[n.outputs[0]].shape : Shape{};
-    for (size_t i = 0; pixel && i < n.inputs.size(); ++i) {
-      const int v = n.inputs[i];
-      if (v < 0 || is_band(v)) continue;
-      const Value& val = g.values[v];
-      const int d = kRows - (4 - (int)val.shape.size());  // broadcasting aligns from the right
-      if (d < 0 || val.shape[d] == 1) continue;            // broadcast along the rows
-      // a whole replicated activation: cut to bands; a constant with rows: not per pixel here
-      pixel = !val.is_const() && val.shape == os && val.dtype == DType::F32;
-    }
-    if (pixel) {
-      for (int& v : n.inputs) {
+    const int oa = passes_band(n);
+    if (oa >= 0) {
+      const Shape os = g.values[n.outputs[0]].shape;
+      const bool data_ops = elementwise_op(n.op) || n.op == "Concat";
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        int& v = n.inputs[i];
         if (v < 0 || is_band(v)) continue;
-        const Value& val = g.values[v];
-        const int d = kRows - (4 - (int)val.shape.size());
-        if (d >= 0 && val.shape[d] != 1) {
-          v = scatter_of(v, n.name);
-        } else if (val.dtype == DType::F32 && (!val.is_const() || val.is_param)) {
-          v = copy_of(v, n.name);  // its gradient: the sum of every rank's band's
-        }
+        const int d = oa - ((int)os.size() - (int)g.values[v].shape.size());
+        if (data_ops && d >= 0 && g.values[v].shape[d] != 1)
+          v = scatter_of(v, d, n.name);  // a whole replicated activation meets a band
+        else
+          copy_if_trained(v, n.name);  // its gradient: the sum of every rank's band's
       }
-      set_band(n.outputs[0]);
+      if (n.op == "Reshape") {  // the band's part of the target
+        std::vector<int64_t> target = g.values[n.inputs[1]].constant->to_i64();
+        if (target[oa] > 0) target[oa] /= tp;
+        n.inputs[1] = g.add_constant(g.values[n.inputs[1]].name + "_band", Tensor::from_i64(target));
+      }
+      set_band(n.outputs[0], oa);
       out.push_back(std::move(n));
       continue;
+    }
+    // a convolution on a band: halo rows from the neighbouring bands, its output a band
+    if (n.op == "Conv" && n.inputs.size() >= 2 && axis_of(n.inputs[0]) == kRows &&
+        std::none_of(n.inputs.begin() + 1, n.inputs.end(), is_band)) {
+      const Shape xs = g.values[n.inputs[0]].shape, ys = g.values[n.outputs[0]].shape;
+      const Shape& ws = g.values[n.inputs[1]].shape;
+      std::vector<int64_t> pads = n.ints("pads", {0, 0, 0, 0}), strides = n.ints("strides", {1, 1}),
+                           dil = n.ints("dilations", {1, 1});
+      const std::string ap = n.s("auto_pad", "NOTSET");
+      if (xs.size() == 4 && ys.size() == 4 && ws.size() == 4 && pads.size() == 4 && strides.size() == 2 &&
+          dil.size() == 2 && dil[0] == 1 && (ap == "NOTSET" || ap.empty())) {
+        const int64_t s0 = strides[0], top = pads[0], bottom = ws[2] - s0 - pads[0], rows = xs[kRows] / tp;
+        // every band's output rows come from its own rows and the halo: H = OH * stride
+        if (ys[kRows] % tp == 0 && ys[kRows] * s0 == xs[kRows] && top >= 0 && bottom >= 0 && top <= rows &&
+            bottom <= rows && pads[2] == ws[2] - s0 - top) {
+          int x = n.inputs[0];
+          if (top || bottom) {
+            const int h = new_value(x, "_halo");
+            Node halo = collective("HaloTP", n.name + "/HaloTP", x, h, kRows);
+            halo.attrs["top"] = attr_i(top);
+            halo.attrs["bottom"] = attr_i(bottom);
+            out.push_back(std::move(halo));
+            ++st.halos;
+            x = h;
+          }
+          n.inputs[0] = x;
+          pads[0] = pads[2] = 0;
+          n.attrs["pads"] = attr_ints(pads);
+          // the weights' and bias's gradients: the sum of every band's
+          for (size_t i = 1; i < n.inputs.size(); ++i) copy_if_trained(n.inputs[i], n.name);
+          set_band(n.outputs[0], kRows);
+          out.push_back(std::move(n));
+          continue;
+        }
+      }
     }
     // anything else reads whole tensors
     const int c = copy_after((int)k);
     if (c == (int)k) {  // the column-parallel layers' CopyToTP: the gather takes its place
       const int w = n.inputs[0];
       const std::string scope = ends_with(n.name, "/CopyToTP") ? n.name.substr(0, n.name.size() - 9) : n.name;
-      Node ag = collective("AllGatherTP", scope + "/AllGatherTP", w, n.outputs[0]);
+      Node ag = collective("AllGatherTP", scope + "/AllGatherTP", w, n.outputs[0], axis_of(w));
       ag.attrs["grad"] = attr_s("sum");
       out.push_back(std::move(ag));
       ++st.gathers;
@@ -273,7 +397,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
       for (int& x : m.outputs)
         if (x == o) x = b;
     }
-    Node ag = collective("AllGatherTP", g.values[o].name + "/AllGatherTP", b, o);
+    Node ag = collective("AllGatherTP", g.values[o].name + "/AllGatherTP", b, o, axis_of(o));
     ag.attrs["grad"] = attr_s("slice");
     out.push_back(std::move(ag));
     ++st.replicated_gathers;

@@ -12,6 +12,11 @@
 //     replicated operand that broadcasts along the rows (a norm's gain, a bias) gets a CopyToTP
 //     (its gradient is the sum of the ranks' bands); a whole replicated activation meeting a band
 //     (the residual entering a stage) is cut to the rank's band by ScatterTP.
+//   - A convolution reading a band (a stage's cross-embedding, the decoder's convs) runs on it:
+//     HaloTP brings the rows its kernel reaches in the bands above and below (zeros past the
+//     grid's edges: its zero padding), and its output is a band. Its weights get a CopyToTP.
+//     It needs the output rows to split as the input's (H = output rows x stride) and a halo no
+//     taller than a band; explicit zero Pads in front fold into the Conv first.
 //   - A band read by anything else is gathered (AllGatherTP) first. Where the reader leads, through
 //     Reshape/Transpose only, to the CopyToTP of column-parallel layers (the norm's output going
 //     into q/k/v or the feed-forward), that CopyToTP goes: the gather's backward reduce-scatters
@@ -32,6 +37,7 @@ struct SequenceParallelStats {
   int replicated_gathers = 0;  // AllGatherTP before replicated ops
   int scatters = 0;            // ScatterTP nodes: replicated activations cut to bands
   int copies = 0;              // CopyToTP nodes on replicated operands of band ops
+  int halos = 0;               // HaloTP nodes: convolutions taller than a row on bands
 };
 
 // Rewrites a graph sharded by shard_training_graph for tp ranks; nothing for tp 1.

@@ -101,8 +101,8 @@ struct RankStep {
 // With `sp`, sequence parallelism as the trainer runs it (parallel/sequence_parallel.h), the
 // gathers recomputed in the backward.
 std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tensor& gy, int tp, bool fused = false,
-                                 bool sp = false) {
-  TpPlan plan = discover_plan(full);
+                                 bool sp = false, bool fit = false) {
+  TpPlan plan = fit ? fit_plan(full, discover_plan(full), tp, true) : discover_plan(full);
   std::vector<RankStep> steps(tp);
   std::vector<std::string> errors = RankGroup::run(tp, [&](int r, RankComm& comm) {
     Graph g = full;
@@ -113,8 +113,9 @@ std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tenso
     s.stats = shard_training_graph(g, plan, tp, r);
     if (sp) s.sp = sequence_parallel(g, tp);
     if (fused) fuse_for_training(g);
-    for (const Node& n : g.nodes)
+    for (const Node& n : g.nodes) {
       if (ends_with(n.op, "TP") || n.op == "WindowAttention" || n.op == "Softmax") ++s.ops[n.op];
+    }
     ExecOptions opt{0, KernelKind::Fast};
     if (sp) add_gather_segments(g, opt.segments);
     GradExecutor ex(g, trainable_parameters(g), opt);
@@ -161,6 +162,33 @@ double grad_error(const Tensor& got, const Tensor& ref, double scale) {
   return rel_l2(got, ref) * n / std::max(n, 1e-3 * scale);
 }
 
+// Rank step s against tp 1's: the output, every gradient (a sharded parameter's: the block of
+// tp 1's); rank 0's output bit for bit.
+void expect_same_step(const RankStep& s, const RankStep& one, const RankStep& rank0) {
+  double scale = 0;
+  for (auto& [name, g] : one.grads) scale = std::max(scale, norm(g));
+  EXPECT_LE(max_abs_diff(s.y, one.y), 1e-5);
+  EXPECT_LE(rel_l2(s.y, one.y), 1e-5);
+  EXPECT_EQ(max_abs_diff(s.y, rank0.y), 0) << "ranks disagree";
+  ASSERT_EQ(s.grads.size(), one.grads.size());
+  int sharded = 0;
+  for (auto& [name, ref] : one.grads) {
+    ASSERT_TRUE(s.grads.count(name)) << name;
+    const Tensor& got = s.grads.at(name);
+    auto sl = s.slices.find(name);
+    if (sl == s.slices.end()) {
+      ASSERT_EQ(got.shape, ref.shape) << name;
+      EXPECT_LE(grad_error(got, ref, scale), 1e-5) << "replicated " << name;
+    } else {
+      ++sharded;
+      Tensor want = block_of(ref, sl->second);
+      ASSERT_EQ(got.shape, want.shape) << name;
+      EXPECT_LE(grad_error(got, want, scale), 1e-5) << "sharded " << name;
+    }
+  }
+  EXPECT_EQ(sharded, (int)s.slices.size());  // every listed parameter is trainable
+}
+
 // tp ranks against tp 1 on one model: outputs, every parameter's gradient.
 // qkv_layers: column-parallel layers per attention block (3: to_q/to_k/to_v; 1: a fused
 // spectral-norm to_qkv).
@@ -204,18 +232,22 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       EXPECT_EQ(s.sp.reduce_scatters, s.stats.row) << "row-parallel layers left with an all-reduce";
       EXPECT_EQ(ops["AllReduceTP"], s.stats.all_reduces - s.sp.reduce_scatters);
       EXPECT_EQ(ops["ReduceScatterTP"], s.sp.reduce_scatters);
-      // each of the 4 stages' first block reads the whole stage input: a CopyToTP stays there
-      EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks - 4);
+      // stage 0's first block reads the whole input: a CopyToTP stays there; the later stages'
+      // cross-embedding convolutions run on bands (a halo for each kernel taller than its stride)
+      EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks - 1);
+      EXPECT_EQ(s.sp.halos, 3);
+      EXPECT_EQ(ops["HaloTP"], s.sp.halos);
 
       EXPECT_EQ(ops["AllGatherTP"], s.sp.gathers + s.sp.replicated_gathers);
       EXPECT_GT(s.sp.copies, 0);  // norm gains and biases on bands
       EXPECT_EQ(ops["CopyToTP"], s.stats.copies - s.sp.gathers + s.sp.copies);
       // forward and backward of each: a reduce-scatter and its gather; a gather for the layers,
       // again in the backward, and its reduce-scatter; a gather before replicated ops (the
-      // backward slices); a scatter's gather in the backward; all-reduces as before
+      // backward slices); a scatter's gather in the backward; a halo's exchange both ways;
+      // all-reduces as before
       EXPECT_EQ(s.all_reduces, ops["AllReduceTP"] + ops["CopyToTP"] + 4 * s.stats.spectral_norms +
                                    2 * s.sp.reduce_scatters + 3 * s.sp.gathers + s.sp.replicated_gathers +
-                                   s.sp.scatters);
+                                   s.sp.scatters + 2 * s.sp.halos);
       EXPECT_LT(s.kept, whole[r].kept) << "sequence parallelism keeps as much as tp alone";
     }
     // u and v: whole on every rank, as the one process updated them
@@ -225,26 +257,7 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       EXPECT_LE(max_abs_diff(s.sn_buffers.at(name), ref), 1e-6) << name;
     }
     for (auto& [w, split] : plan.by_weight) EXPECT_EQ(s.slices.count(w), 1u) << w;
-    EXPECT_LE(max_abs_diff(s.y, one.y), 1e-5);
-    EXPECT_LE(rel_l2(s.y, one.y), 1e-5);
-    EXPECT_EQ(max_abs_diff(s.y, ranks[0].y), 0) << "ranks disagree";
-    ASSERT_EQ(s.grads.size(), one.grads.size());
-    int sharded = 0;
-    for (auto& [name, ref] : one.grads) {
-      ASSERT_TRUE(s.grads.count(name)) << name;
-      const Tensor& got = s.grads.at(name);
-      auto sl = s.slices.find(name);
-      if (sl == s.slices.end()) {
-        ASSERT_EQ(got.shape, ref.shape) << name;
-        EXPECT_LE(grad_error(got, ref, scale), 1e-5) << "replicated " << name;
-      } else {
-        ++sharded;
-        Tensor want = block_of(ref, sl->second);
-        ASSERT_EQ(got.shape, want.shape) << name;
-        EXPECT_LE(grad_error(got, want, scale), 1e-5) << "sharded " << name;
-      }
-    }
-    EXPECT_EQ(sharded, (int)s.slices.size());  // every listed parameter is trainable
+    expect_same_step(s, one, ranks[0]);
   }
 }
 
@@ -444,6 +457,30 @@ TEST(TpTrainingGraph, CrossformerTinyFusedSequenceParallelTp2MatchesTp1) {
                         true, true);
 }
 
+// Blocks tp 4 cannot shard (crossformer_tiny's stage 0: too few heads), run whole on every rank
+// under tensor parallelism alone, run on bands of windows with sequence parallelism: the window
+// layout carries the band (batch 1), each rank attends within its own windows; tp 1's output and
+// gradients, and less kept.
+TEST(TpTrainingGraph, CrossformerTinyReplicatedBlocksOnWindowBandsTp4) {
+  Tensor x = read_npy(data_path("tests/data/crossformer_tiny_x.npy"));
+  Graph full = training_graph("tests/data/crossformer_tiny_snbaked_opset17.onnx", x);
+  Tensor gy = randn(full.values[full.outputs[0]].shape, 7);
+  const RankStep one = train_step(full, x, gy, 1)[0];
+  std::vector<RankStep> sp = train_step(full, x, gy, 4, false, true, true);
+  std::vector<RankStep> tp = train_step(full, x, gy, 4, false, false, true);
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    expect_same_step(sp[r], one, sp[0]);
+    expect_same_step(tp[r], one, tp[0]);
+    EXPECT_EQ(sp[r].sp.reduce_scatters, 18);  // every row-parallel layer
+    // gathered whole for replicated ops: the long-distance attention of stage 0's second block
+    // (q, k, v: its groups span every band), the 4 up-sampling ConvTransposes; the short-distance
+    // attention stays on bands
+    EXPECT_EQ(sp[r].sp.replicated_gathers, 3 + 4);
+    EXPECT_LT(sp[r].kept, tp[r].kept * 0.85);
+  }
+}
+
 }  // namespace wxe::test
 
 namespace wxe::test {
@@ -452,6 +489,27 @@ namespace wxe::test {
 // fused as the trainer runs it: each rank's WindowAttention on its heads, tp 1's gradients.
 TEST(TpTrainingGraph, CrossformerFusedTp2MatchesTp1) {
   expect_tp_matches_one("tests/data/crossformer_tp_snbaked.onnx", "tests/data/crossformer_tp_x.npy", 2, 10, 10, 3, true);
+}
+
+}  // namespace wxe::test
+
+namespace wxe::test {
+
+// Fused as the trainer runs it on the blocks tp 4 cannot shard, run on bands of windows with
+// sequence parallelism: each rank's WindowAttention attends within its own windows (the short
+// distance; the long distance gathered whole first); tp 1's output and gradients.
+TEST(TpTrainingGraph, CrossformerTinyFusedBlocksOnWindowBandsTp4) {
+  Tensor x = read_npy(data_path("tests/data/crossformer_tiny_x.npy"));
+  Graph full = training_graph("tests/data/crossformer_tiny_snbaked_opset17.onnx", x);
+  Tensor gy = randn(full.values[full.outputs[0]].shape, 7);
+  const RankStep one = train_step(full, x, gy, 1)[0];
+  std::vector<RankStep> sp = train_step(full, x, gy, 4, true, true, true);
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    expect_same_step(sp[r], one, sp[0]);
+    EXPECT_EQ(sp[r].ops.count("WindowAttention") ? sp[r].ops.at("WindowAttention") : 0, 10);
+    EXPECT_EQ(sp[r].ops.count("Softmax"), 0u);
+  }
 }
 
 }  // namespace wxe::test

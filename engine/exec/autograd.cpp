@@ -399,6 +399,8 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
   {
     std::set<const void*> seen;  // views share their input's storage; the caller's inputs are not counted
     for (int i : g_.inputs) seen.insert(vals_[i].storage.get());
+    for (size_t v = 0; v < nv; ++v)  // values that share a constant's storage (a CopyToTP of a weight)
+      if (g_.values[v].is_const() && vals_[v].defined()) seen.insert(vals_[v].storage.get());
     for (size_t v = 0; v < nv; ++v) {
       const Tensor& t = dev_ && dvals_[v].defined() ? dvals_[v] : vals_[v];
       if (t.defined() && !g_.values[v].is_const() && seen.insert(t.storage.get()).second) kept_bytes_ += t.storage->nbytes;
