@@ -34,9 +34,9 @@ bool non_differentiable(const std::string& op) {
       "If",
       // random: no gradient to its input (it reads only the shape)
       "RandomNormalLike",
-      // made by the CPU fusion passes for inference only (training fuses the norms and GELU:
-      // engine/passes/fuse.h fuse_for_training)
-      "WindowAttention", "ConvChannelsLast", "DepthToSpaceChannelsLast",
+      // made by the CPU fusion passes for inference only (training fuses the norms, GELU and
+      // the window attention: engine/passes/fuse.h fuse_for_training)
+      "ConvChannelsLast", "DepthToSpaceChannelsLast",
       // collectives: their backward is the conjugate collective (parallel/), not a kernel
       "AllReduceTP", "CopyToTP"};
   return ops.count(op) != 0;

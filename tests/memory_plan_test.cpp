@@ -52,6 +52,7 @@ Step run_step(const std::string& model, Plan plan, bool fused = false) {
     const std::map<std::string, int> ops = op_counts(g);
     EXPECT_GT(ops.count("ChannelLayerNorm") ? ops.at("ChannelLayerNorm") : 0, 0) << model;
     EXPECT_EQ(ops.count("Erf"), 0u) << model << ": a GELU left unfused";
+    EXPECT_EQ(ops.count("Softmax"), 0u) << model << ": a window attention left unfused";
   }
   ExecOptions opt;
   opt.keep_forward = plan == Plan::KeepAll;

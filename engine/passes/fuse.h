@@ -54,6 +54,25 @@ void fuse_linear_gelu(Graph& g);
 // becomes WindowAttention(x, Wq, Wk, Wv, Wo, bo, bias, residual) (kernels/cpu/window_attention.h).
 void fuse_window_attention(Graph& g);
 
+// The same attention in the training graph (prepare_training_graph, after tp sharding), where
+// the projections are Linear nodes or, with spectral norm, 1x1 Conv nodes reading SpectralNorm
+// outputs (a fused to_qkv: one Conv and three Slices, or a Split, of its output), the position
+// bias is computed (the DynamicPositionBias MLP stays live: (T, T), every head adding it) and,
+// under --tp, the windows reach the projections through a CopyToTP and the row-parallel to_out
+// ends in AllReduceTP and the Add of its bias:
+//   becomes WindowAttention(x, Wq, Wk, Wv, Wo, bo, bias) (Wk, Wv omitted for a fused to_qkv),
+//   or under tp CopyToTP(x) -> WindowAttention(.., no bo) -> AllReduceTP -> Add bo, on the
+//   image (all-reducing and adding a per-channel bias commute with the window layout).
+// With sequence parallelism (parallel/sequence_parallel.h) a block whose windows are made
+// whole on the image (AllGatherTP before the windows, ReduceScatterTP after the image) fuses
+// with its collectives outside; a block on bands of windows (the gather inside the window
+// layout) is not matched yet and stays as exported.
+// The residual Add stays. The fused node is named after the block's scope
+// ("/<block>/WindowAttention"), so checkpoint_segments puts it in the attention block. Its
+// backward (kernels/cpu/backward_attention.cpp) reads x, the weights and the bias, and
+// recomputes the rest.
+void fuse_window_attention_training(Graph& g);
+
 // Every spatial Conv (not 1x1) becomes Transpose(0, 2, 3, 1) -> ConvChannelsLast with a
 // channels-last output -> Transpose(0, 3, 1, 2): oneDNN runs these convs channels-last
 // anyway, and as graph nodes the layout changes are planned activations rather than scratch
@@ -84,8 +103,8 @@ void use_bf16(Graph& g);
 void optimize_for_cpu(Graph& g, Precision precision = Precision::F32);
 
 // The fusions a training graph takes (their ops have CPU backward kernels): fuse_gelu,
-// fuse_channel_layernorm and fuse_linear_gelu. Their backward reads x where the exported
-// chains kept several intermediates for it (engine/ir/ops.h BackwardReads), and runs one
+// fuse_channel_layernorm, fuse_linear_gelu and fuse_window_attention_training. Their backward
+// reads x where the exported chains kept several intermediates for it (engine/ir/ops.h BackwardReads), and runs one
 // kernel instead of 5 or 9 (a Linear with activation "gelu" recomputes its pre-activation in
 // the backward rather than keeping it). A fused node keeps the name of the node whose output it
 // writes, so its module scope (checkpoint_segments) is the chain's; parameters keep their names

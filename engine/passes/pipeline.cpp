@@ -111,6 +111,11 @@ void simplify(Graph& g, const std::map<std::string, InputSpec>& given, const Nam
 std::vector<int> checkpoint_segments(const Graph& g, const std::function<bool(const Node&)>& exclude) {
   std::vector<std::string> blocks;
   for (const Node& n : g.nodes) {
+    if (n.op == "WindowAttention") {  // a fused attention block (fuse_window_attention_training), named in its scope
+      const std::string b = scope_module(n.name);
+      if (!b.empty() && std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
+      continue;
+    }
     if (n.op != "Conv" && n.op != "Linear" && n.op != "MatMul" && n.op != "Gemm") continue;
     const std::string m = scope_module(n.name);
     if (m.empty() || module_role(m) == Role::None) continue;

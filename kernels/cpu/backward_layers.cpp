@@ -32,6 +32,7 @@ void register_spectral_norm();  // spectral_norm.cpp: the SpectralNorm op and it
 void register_linalg_backward();  // backward_linalg.cpp
 
 void register_fused_backward();  // backward_fused.cpp: ChannelLayerNorm
+void register_attention_backward();  // backward_attention.cpp: WindowAttention
 
 namespace {
 
@@ -463,6 +464,7 @@ void register_layer_backward() {
   register_backward("Gelu", gelu_backward);
   register_linalg_backward();
   register_fused_backward();
+  register_attention_backward();
   register_spectral_norm();
 }
 

@@ -38,12 +38,13 @@ struct AttnPrims {
   memory::desc scores_md;
 };
 
-AttnPrims make_attention(const WindowGeom& g, int64_t cw, bool has_bo, float scale) {
-  const int64_t T = g.T, D = g.D, I = g.I, H = g.heads, dh = I / H, M = cw * T;
+// fused_qkv: one projection by the (3I, D) weight writes q, k and v at once.
+AttnPrims make_attention(const WindowGeom& g, int64_t cw, bool has_bo, float scale, bool fused_qkv) {
+  const int64_t T = g.T, D = g.D, I = g.I, H = g.heads, dh = I / H, M = cw * T, P = fused_qkv ? 3 * I : I;
   AttnPrims r;
   r.loops = T < 8;
-  r.proj = make_matmul(plain_md({M, D}), memory::desc({D, I}, dt::f32, Dims{1, D}), nullptr,
-                       memory::desc({M, I}, dt::f32, Dims{3 * I, 1}));
+  r.proj = make_matmul(plain_md({M, D}), memory::desc({D, P}, dt::f32, Dims{1, D}), nullptr,
+                       memory::desc({M, P}, dt::f32, Dims{3 * I, 1}));
   memory::desc mb = plain_md({1, D});
   r.out = make_matmul(plain_md({M, I}), memory::desc({I, D}, dt::f32, Dims{1, I}), has_bo ? &mb : nullptr,
                       plain_md({M, D}));
@@ -75,8 +76,9 @@ PrimCache<AttnPrims> attention_cache;
 thread_local Scratch attention_scratch[4];  // tokens (then o), qkv, scores, y
 
 // scores[h][i][j] = scale q_i . k_j + bias[h][i][j] for one window; qkv rows of 3I floats.
+// bstride: floats between two heads' biases (0: one bias for all).
 void window_scores(const float* qkv, int64_t T, int64_t I, int64_t heads, float scale, const float* bias,
-                   float* scores) {
+                   int64_t bstride, float* scores) {
   const int64_t dh = I / heads;
   std::vector<float> kt(dh * T), acc(T);
   for (int64_t h = 0; h < heads; ++h) {
@@ -91,7 +93,7 @@ void window_scores(const float* qkv, int64_t T, int64_t I, int64_t heads, float 
 #pragma omp simd
         for (int64_t j = 0; j < T; ++j) acc[j] += qd * kd[j];
       }
-      const float* b = bias + (h * T + i) * T;
+      const float* b = bias + h * bstride + i * T;
       float* s = scores + (h * T + i) * T;
 #pragma omp simd
       for (int64_t j = 0; j < T; ++j) s[j] = acc[j] * scale + b[j];
@@ -119,12 +121,14 @@ void window_pv(const float* probs, const float* qkv, int64_t T, int64_t I, int64
 void window_attention_fast(const Node& n, const std::vector<const Tensor*>& in,
                            const std::vector<Tensor*>& out) {
   if (!all_f32(in, out)) return reference(n, in, out);
-  const WindowGeom g = window_geometry(n, in[0]->shape, in[1]->shape);
+  const bool fused = !in[2];
+  const WindowGeom g = window_geometry(n, in[0]->shape, in[1]->shape, fused);
   const int64_t T = g.T, D = g.D, I = g.I, H = g.heads, HW = g.H * g.W;
   const int64_t windows = g.B * g.nW, cw = std::min(windows, std::max<int64_t>(1, 8192 / T));
   const float scale = n.f("scale", 1.f);
   const float* x = in[0]->data<float>();
   const float* bias = in[6]->data<float>();
+  const int64_t bstride = bias_head_stride(g, in[6]->numel());
   const float* res = in[7] ? in[7]->data<float>() : nullptr;
   float* y = out[0]->data<float>();
   // pixel of token t of window w: base(w) + off[t]
@@ -141,8 +145,8 @@ void window_attention_fast(const Node& n, const std::vector<const Tensor*>& in,
   for (int64_t w0 = 0; w0 < windows; w0 += cw) {
     const int64_t cnt = std::min(cw, windows - w0);
     auto p = attention_cache.get(str("WindowAttention", cnt, "x", T, "x", D, ">", I, "h", H, in[5] ? "b" : "",
-                                     float_bits(scale)),
-                                 [&] { return make_attention(g, cnt, in[5] != nullptr, scale); });
+                                     fused ? "f" : "", float_bits(scale)),
+                                 [&] { return make_attention(g, cnt, in[5] != nullptr, scale, fused); });
     if (p->use_ref) return reference(n, in, out);
 #pragma omp parallel for schedule(static)
     for (int64_t wi = 0; wi < cnt; ++wi) {
@@ -151,17 +155,18 @@ void window_attention_fast(const Node& n, const std::vector<const Tensor*>& in,
       for (int64_t c = 0; c < D; ++c)
         for (int64_t t = 0; t < T; ++t) tw[t * D + c] = xb[c * HW + off[t]];
     }
-    for (int m = 0; m < 3; ++m)
+    for (int m = 0; m < (fused ? 1 : 3); ++m)
       execute(n, p->proj.prim, {{DNNL_ARG_SRC, mem(p->proj.src, tok)},
                                 {DNNL_ARG_WEIGHTS, mem(p->proj.wei, in[1 + m]->raw())},
                                 {DNNL_ARG_DST, mem(p->proj.dst, qkv + m * I)}});
     if (p->loops) {
 #pragma omp parallel for schedule(static)
       for (int64_t wi = 0; wi < cnt; ++wi)
-        window_scores(qkv + wi * T * 3 * I, T, I, H, scale, bias, sc + wi * H * T * T);
+        window_scores(qkv + wi * T * 3 * I, T, I, H, scale, bias, bstride, sc + wi * H * T * T);
     } else {
 #pragma omp parallel for schedule(static)
-      for (int64_t wi = 0; wi < cnt; ++wi) std::copy(bias, bias + H * T * T, sc + wi * H * T * T);
+      for (int64_t wi = 0; wi < cnt; ++wi)
+        for (int64_t h = 0; h < H; ++h) std::copy(bias + h * bstride, bias + h * bstride + T * T, sc + (wi * H + h) * T * T);
       execute(n, p->scores.prim, {{DNNL_ARG_SRC, mem(p->scores.src, qkv)},
                                   {DNNL_ARG_WEIGHTS, mem(p->scores.wei, qkv + I)},
                                   {DNNL_ARG_DST, mem(p->scores.dst, sc)}});

@@ -108,29 +108,38 @@ void channel_layernorm_fast(const Node& n, const Ins& in, const Outs& out) {
 // (window_attention.h has the geometry and the semantics).
 
 std::vector<TypeShape> window_attention_shape(const Node& n, const Values& in) {
-  NCHECK(in.size() == 8 && in[0] && in[1] && in[2] && in[3] && in[4] && in[6],
-         "needs inputs x, Wq, Wk, Wv, Wo, bo?, bias, residual?");
+  NCHECK(in.size() == 8 && in[0] && in[1] && in[4] && in[6] && !in[2] == !in[3],
+         "needs inputs x, Wq, Wk?, Wv?, Wo, bo?, bias, residual? (Wk and Wv both or neither)");
   for (const Value* v : in) NCHECK(!v || v->dtype == DType::F32, "float32 only");
-  WindowGeom g = window_geometry(n, in[0]->shape, in[1]->shape);
-  for (int i = 1; i <= 3; ++i)
-    NCHECK(in[i]->shape == (Shape{g.I, g.D}), "W", "qkv"[i - 1], " ", shape_str(in[i]->shape), " must be (", g.I, ", ",
-           g.D, ")");
-  NCHECK(in[4]->shape == (Shape{g.D, g.I}), "Wo ", shape_str(in[4]->shape), " must be (", g.D, ", ", g.I, ")");
+  const bool fused = !in[2];
+  WindowGeom g = window_geometry(n, in[0]->shape, in[1]->shape, fused);
+  int64_t r = 0, c = 0;
+  for (int i = 1; i <= (fused ? 1 : 3); ++i)
+    NCHECK(weight_matrix(in[i]->shape, &r, &c) && r == (fused ? 3 : 1) * g.I && c == g.D, "W", "qkv"[i - 1], " ",
+           shape_str(in[i]->shape), " must be (", (fused ? 3 : 1) * g.I, ", ", g.D, ")");
+  NCHECK(weight_matrix(in[4]->shape, &r, &c) && r == g.D && c == g.I, "Wo ", shape_str(in[4]->shape), " must be (",
+         g.D, ", ", g.I, ")");
   NCHECK(!in[5] || numel(in[5]->shape) == g.D, "bo must have ", g.D, " elements");
-  NCHECK(in[6]->shape == (Shape{g.heads, g.T, g.T}), "bias ", shape_str(in[6]->shape), " must be (", g.heads, ", ",
-         g.T, ", ", g.T, ")");
+  const Shape& bs = in[6]->shape;
+  NCHECK(bs.size() >= 2 && bs[bs.size() - 2] == g.T && bs.back() == g.T &&
+             (numel(bs) == g.heads * g.T * g.T || numel(bs) == g.T * g.T),
+         "bias ", shape_str(bs), " must be (", g.heads, ", ", g.T, ", ", g.T, ") or (", g.T, ", ", g.T, ")");
   NCHECK(!in[7] || in[7]->shape == in[0]->shape, "residual must have the shape of x");
   return {{DType::F32, in[0]->shape}};
 }
 
 void window_attention_ref(const Node& n, const Ins& in, const Outs& out) {
-  const WindowGeom g = window_geometry(n, in[0]->shape, in[1]->shape);
+  const bool fused = !in[2];
+  const WindowGeom g = window_geometry(n, in[0]->shape, in[1]->shape, fused);
   const double scale = n.f("scale", 1.f);
   const float* x = in[0]->data<float>();
-  const float* wqkv[3] = {in[1]->data<float>(), in[2]->data<float>(), in[3]->data<float>()};
+  const int64_t ID = g.I * g.D;
+  const float* wqkv[3] = {in[1]->data<float>(), fused ? in[1]->data<float>() + ID : in[2]->data<float>(),
+                          fused ? in[1]->data<float>() + 2 * ID : in[3]->data<float>()};
   const float* wo = in[4]->data<float>();
   const float* bo = in[5] ? in[5]->data<float>() : nullptr;
   const float* bias = in[6]->data<float>();
+  const int64_t bstride = bias_head_stride(g, in[6]->numel());
   const float* res = in[7] ? in[7]->data<float>() : nullptr;
   float* y = out[0]->data<float>();
   const int64_t T = g.T, D = g.D, I = g.I, dh = g.I / g.heads, HW = g.H * g.W;
@@ -156,7 +165,7 @@ void window_attention_ref(const Node& n, const Ins& in, const Outs& out) {
         for (int64_t j = 0; j < T; ++j) {
           double a = 0;
           for (int64_t d = 0; d < dh; ++d) a += q[i * I + h * dh + d] * k[j * I + h * dh + d];
-          s[j] = a * scale + bias[(h * T + i) * T + j];
+          s[j] = a * scale + bias[h * bstride + i * T + j];
           mx = std::max(mx, s[j]);
         }
         for (int64_t j = 0; j < T; ++j) sum += (s[j] = std::exp(s[j] - mx));

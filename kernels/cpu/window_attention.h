@@ -1,9 +1,14 @@
 // WindowAttention, the fused attention block of CREDIT's CrossFormer (engine/passes/fuse.h makes it):
 // geometry shared by the reference kernel (fused.cpp) and the oneDNN kernel (dnnl.cpp).
 //
-//   WindowAttention(x, Wq, Wk, Wv, Wo, bo?, bias, residual?)
+//   WindowAttention(x, Wq, Wk?, Wv?, Wo, bo?, bias, residual?)
 //     x (B, D, H, W); Wq, Wk, Wv (I, D); Wo (D, I); bo (D); bias (heads, T, T);
 //     residual (B, D, H, W); attributes heads, scale, window = [th, tw], strided (0 or 1).
+//   With Wk and Wv omitted, Wq is the fused projection (3I, D), rows [q | k | v] (CREDIT's
+//   to_qkv, as the training graph keeps it: fuse_for_training). A weight may carry the
+//   trailing (1, 1) of a 1x1 convolution's ((I, D, 1, 1)); bias may be any shape of
+//   heads * T * T elements in that order ((1, heads, T, T)), or (T, T): one bias every head
+//   adds (CREDIT's DynamicPositionBias, live in the training graph).
 //
 // The image is cut into windows of T = th * tw tokens. Contiguous windows (strided 0) are
 // th x tw blocks: token (ty, tx) of window (wy, wx) is pixel (wy th + ty, wx tw + tx).
@@ -31,15 +36,28 @@ struct WindowGeom {
   }
 };
 
-inline WindowGeom window_geometry(const Node& n, const Shape& x, const Shape& wq) {
+// A projection weight as a matrix: (rows, cols), or a 1x1 convolution's (rows, cols, 1, 1).
+inline bool weight_matrix(const Shape& w, int64_t* rows, int64_t* cols) {
+  if (w.size() != 2 && !(w.size() == 4 && w[2] == 1 && w[3] == 1)) return false;
+  *rows = w[0];
+  *cols = w[1];
+  return true;
+}
+
+// fused_qkv: Wq is the fused (3I, D) projection (Wk and Wv omitted).
+inline WindowGeom window_geometry(const Node& n, const Shape& x, const Shape& wq, bool fused_qkv = false) {
   WindowGeom g;
   WXE_CHECK(x.size() == 4, "node ", n.name, " (", n.op, "): x must be (B, D, H, W), got ", shape_str(x));
-  WXE_CHECK(wq.size() == 2, "node ", n.name, " (", n.op, "): Wq must be 2-D, got ", shape_str(wq));
+  int64_t rows = 0, cols = 0;
+  WXE_CHECK(weight_matrix(wq, &rows, &cols), "node ", n.name, " (", n.op, "): Wq must be 2-D (or a 1x1 conv's), got ",
+            shape_str(wq));
+  WXE_CHECK(!fused_qkv || rows % 3 == 0, "node ", n.name, " (", n.op, "): fused Wq ", shape_str(wq),
+            " does not split into q, k and v");
   g.B = x[0];
   g.D = x[1];
   g.H = x[2];
   g.W = x[3];
-  g.I = wq[0];
+  g.I = fused_qkv ? rows / 3 : rows;
   g.heads = n.i("heads", 1);
   const std::vector<int64_t> win = n.ints("window");
   g.strided = n.i("strided", 0) != 0;
@@ -54,6 +72,11 @@ inline WindowGeom window_geometry(const Node& n, const Shape& x, const Shape& wq
   g.nwx = g.W / g.tw;
   g.nW = g.nwy * g.nwx;
   return g;
+}
+
+// Floats between two heads' position biases: 0 when every head adds the same (T, T) bias.
+inline int64_t bias_head_stride(const WindowGeom& g, int64_t bias_numel) {
+  return bias_numel == g.T * g.T ? 0 : g.T * g.T;
 }
 
 }  // namespace wxe::cpu
