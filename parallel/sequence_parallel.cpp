@@ -322,7 +322,10 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
       out.push_back(std::move(n));
       continue;
     }
-    const int oa = passes_band(n);
+    // windows for column-parallel layers are made from the whole image (gathered before the
+    // layout, as the fused attention expects: engine/passes/fuse.h), not from bands of windows
+    const bool to_layers = (n.op == "Reshape" || n.op == "Transpose") && copy_after((int)k) >= 0;
+    const int oa = to_layers ? -1 : passes_band(n);
     if (oa >= 0) {
       const Shape os = g.values[n.outputs[0]].shape;
       const bool data_ops = elementwise_op(n.op) || n.op == "Concat";

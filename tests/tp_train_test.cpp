@@ -222,12 +222,9 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
     // W_mat v), 2 times backward
     EXPECT_EQ(s.stats.spectral_norms, qkv_layers == 1 ? s.stats.column + s.stats.row : 0);
     // fused: every attention block one WindowAttention of the rank's heads (its collectives
-    // outside). Not yet with sequence parallelism: its gathers now sit inside the window layout
-    // (AllGatherTP of the band's windows), which fuse_window_attention_training does not match.
-    if (!sp) {
-      EXPECT_EQ(s.ops.count("WindowAttention") ? s.ops.at("WindowAttention") : 0, fused ? attention_blocks : 0);
-      EXPECT_EQ(s.ops.count("Softmax") ? s.ops.at("Softmax") : 0, fused ? 0 : attention_blocks);
-    }
+    // outside; with sequence parallelism the windows made from the gathered image)
+    EXPECT_EQ(s.ops.count("WindowAttention") ? s.ops.at("WindowAttention") : 0, fused ? attention_blocks : 0);
+    EXPECT_EQ(s.ops.count("Softmax") ? s.ops.at("Softmax") : 0, fused ? 0 : attention_blocks);
     if (!sp) {
       EXPECT_EQ(s.all_reduces, s.stats.all_reduces + s.stats.copies + 4 * s.stats.spectral_norms);
     } else {
@@ -254,10 +251,7 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       EXPECT_EQ(s.all_reduces, ops["AllReduceTP"] + ops["CopyToTP"] + 4 * s.stats.spectral_norms +
                                    2 * s.sp.reduce_scatters + 3 * s.sp.gathers + s.sp.replicated_gathers +
                                    s.sp.scatters + 2 * s.sp.halos);
-      // (fused: tp alone runs the fused attention, sequence parallelism not yet: see above)
-      if (!fused) {
-        EXPECT_LT(s.kept, whole[r].kept) << "sequence parallelism keeps as much as tp alone";
-      }
+      EXPECT_LT(s.kept, whole[r].kept) << "sequence parallelism keeps as much as tp alone";
     }
     // u and v: whole on every rank, as the one process updated them
     ASSERT_EQ(s.sn_buffers.size(), one.sn_buffers.size());

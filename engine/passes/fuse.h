@@ -63,10 +63,10 @@ void fuse_window_attention(Graph& g);
 //   becomes WindowAttention(x, Wq, Wk, Wv, Wo, bo, bias) (Wk, Wv omitted for a fused to_qkv),
 //   or under tp CopyToTP(x) -> WindowAttention(.., no bo) -> AllReduceTP -> Add bo, on the
 //   image (all-reducing and adding a per-channel bias commute with the window layout).
-// With sequence parallelism (parallel/sequence_parallel.h) a block whose windows are made
-// whole on the image (AllGatherTP before the windows, ReduceScatterTP after the image) fuses
-// with its collectives outside; a block on bands of windows (the gather inside the window
-// layout) is not matched yet and stays as exported.
+// With sequence parallelism (parallel/sequence_parallel.h) a tp-sharded block's windows are
+// made from the gathered image (AllGatherTP before the windows, ReduceScatterTP after the
+// image): it fuses with its collectives outside. A block tp cannot shard runs on bands of
+// windows (batch 1), fused the same way on the rank's windows.
 // The residual Add stays. The fused node is named after the block's scope
 // ("/<block>/WindowAttention"), so checkpoint_segments puts it in the attention block. Its
 // backward (kernels/cpu/backward_attention.cpp) reads x, the weights and the bias, and
