@@ -157,19 +157,13 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     }
     if (n.op == "Einsum") {
       std::vector<std::string> t;
-      std::string eq;
-      for (char ch : n.s("equation", ""))
-        if (ch != ' ') eq += ch;
-      const size_t arrow = eq.find("->");
-      if (arrow == std::string::npos) return -1;
-      size_t p = 0;
-      const std::string lhs = eq.substr(0, arrow);
-      while (true) {
-        const size_t c = lhs.find(',', p);
-        t.push_back(lhs.substr(p, c == std::string::npos ? std::string::npos : c - p));
-        if (c == std::string::npos) break;
-        p = c + 1;
+      try {
+        t = einsum_terms(n);
+      } catch (const Error&) {
+        return -1;
       }
+      const std::string outs = t.back();
+      t.pop_back();
       const size_t xi = std::find(n.inputs.begin(), n.inputs.end(), x) - n.inputs.begin();
       if (t.size() != n.inputs.size() || t[xi].size() != xs.size()) return -1;
       const char letter = t[xi][a];
@@ -177,7 +171,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
         const size_t pos = t[k].find(letter);
         if (axis_of(n.inputs[k]) != (pos == std::string::npos ? -1 : (int)pos)) return -1;
       }
-      const size_t o = eq.substr(arrow + 2).find(letter);
+      const size_t o = outs.find(letter);
       return o == std::string::npos ? -1 : (int)o;
     }
     if (n.inputs[0] != x || std::any_of(n.inputs.begin() + 1, n.inputs.end(), is_band)) return -1;

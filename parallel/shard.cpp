@@ -118,8 +118,6 @@ bool elementwise_op(const std::string& op) {
   return ops.count(op) != 0;
 }
 
-namespace {
-
 // letters of each Einsum operand and of the output (spaces dropped; explicit "->" required)
 std::vector<std::string> einsum_terms(const Node& n) {
   std::string eq;
@@ -139,6 +137,9 @@ std::vector<std::string> einsum_terms(const Node& n) {
   terms.push_back(eq.substr(arrow + 2));
   return terms;
 }
+
+namespace {
+
 
 // value id -> the node that reads it when exactly one node does, else -1
 std::vector<int> sole_readers(const Graph& g) {

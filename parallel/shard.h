@@ -89,6 +89,8 @@ std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Gr
 TpPlan fit_plan(const Graph& g, TpPlan plan, int tp, bool training, std::vector<std::string>* replicated = nullptr);
 // Elementwise ops (with broadcasting) that a sharded axis passes through.
 bool elementwise_op(const std::string& op);
+// The letters of each Einsum operand and of the output (spaces dropped); an error without "->".
+std::vector<std::string> einsum_terms(const Node& n);
 // Parameter bytes of the graph (constants marked is_param that some node reads).
 size_t param_bytes(const Graph& g);
 
