@@ -295,6 +295,68 @@ TEST(TpCollectives, ConjugatePairAtTp2) {
   }
 }
 
+// HaloTP on 3 ranks, each a band of 3 of 9 rows, 2 rows of halo above and 1 below: forward the
+// band with its neighbours' rows (zeros past the edges), backward each halo row's gradient added
+// into the row it came from; against the whole tensor, indexed by hand.
+TEST(TpCollectives, HaloRowsAndTheirGradients) {
+  register_cpu_kernels();
+  register_collective_ops();
+  const int T = 3, rows = 3, top = 2, bottom = 1, R = rows + top + bottom;
+  const Shape full{1, 2, T * rows, 4}, band{1, 2, rows, 4}, out{1, 2, R, 4};
+  Tensor f = randn(full, 11);
+  std::vector<Tensor> gy = {randn(out, 12), randn(out, 13), randn(out, 14)};
+  std::vector<Tensor> y(T), gx(T);
+  std::vector<int> calls(T);
+  auto slice_rows = [](const Tensor& t, int64_t from, int64_t n, const Shape& s) {  // zeros outside t
+    return fill(s, [&](int64_t i) {
+      const int64_t w = i % 4, h = (i / 4) % n, c = i / (4 * n), row = from + h;
+      return row < 0 || row >= t.shape[2] ? 0.f : t.data<float>()[(c * t.shape[2] + row) * 4 + w];
+    });
+  };
+  std::vector<std::string> errors = RankGroup::run(T, [&](int r, RankComm& comm) {
+    Graph g;
+    const int x = g.add_constant("x", slice_rows(f, r * rows, rows, band), true);
+    Value o;
+    o.name = "y";
+    o.shape = out;
+    o.shape_known = true;
+    const int yv = g.add_value(o);
+    Node n;
+    n.op = "HaloTP";
+    n.name = "/halo";
+    n.inputs = {x};
+    n.outputs = {yv};
+    n.attrs["axis"] = attr_i(2);
+    n.attrs["parts"] = attr_i(T);
+    n.attrs["top"] = attr_i(top);
+    n.attrs["bottom"] = attr_i(bottom);
+    g.nodes.push_back(n);
+    g.outputs = {yv};
+    GradExecutor ex(g, {x}, {1, KernelKind::Reference});
+    y[r] = ex.forward({})[0].clone();
+    ex.backward({gy[r]});
+    gx[r] = ex.grads()[0].clone();
+    calls[r] = comm.calls;
+  });
+  // the whole gradient: every rank's output rows added into the rows they came from
+  Tensor gfull = Tensor::zeros(DType::F32, full);
+  for (int r = 0; r < T; ++r)
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t h = 0; h < R; ++h)
+        for (int64_t w = 0; w < 4; ++w) {
+          const int64_t row = r * rows - top + h;
+          if (row >= 0 && row < T * rows)
+            gfull.data<float>()[(c * T * rows + row) * 4 + w] += gy[r].data<float>()[(c * R + h) * 4 + w];
+        }
+  for (int r = 0; r < T; ++r) {
+    SCOPED_TRACE(r);
+    ASSERT_EQ(errors[r], "");
+    EXPECT_EQ(calls[r], 2);  // one exchange forward, one backward
+    EXPECT_EQ(max_abs_diff(y[r], slice_rows(f, r * rows - top, R, out)), 0);
+    expect_close(gx[r], slice_rows(gfull, r * rows, rows, band));
+  }
+}
+
 // A rank that never reaches a collective the others wait in is an error, not a hang.
 TEST(TpCollectives, RankGroupReportsAMissedCollective) {
   std::vector<std::string> errors = RankGroup::run(2, [&](int r, RankComm& comm) {
