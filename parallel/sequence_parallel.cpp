@@ -96,15 +96,8 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
   auto copy_of = [&](int v, const std::string& reader) {
     auto it = copied.find(v);
     if (it != copied.end()) return it->second;
-    const int c = new_value(v, "_copy_to_tp");
-    Node n;
-    n.op = "CopyToTP";
-    n.name = reader + "/CopyToTP";
-    n.inputs = {v};
-    n.outputs = {c};
-    out.push_back(std::move(n));
     ++st.copies;
-    return copied[v] = c;
+    return copied[v] = add_copy_to_tp(g, out, v, reader);
   };
   auto scatter_of = [&](int v, int axis, const std::string& reader) {
     auto it = scattered.find({v, axis});

@@ -180,6 +180,21 @@ bool linear_bias(const Graph& g, const Node& n, const std::vector<int>& sole, st
 
 }  // namespace
 
+int add_copy_to_tp(Graph& g, std::vector<Node>& out, int v, const std::string& reader) {
+  Value c = g.values[v];
+  c.name += "_copy_to_tp";
+  c.constant.reset();
+  c.is_param = false;
+  const int cv = g.add_value(std::move(c));
+  Node cp;
+  cp.op = "CopyToTP";
+  cp.name = reader + "/CopyToTP";
+  cp.inputs = {v};
+  cp.outputs = {cv};
+  out.push_back(std::move(cp));
+  return cv;
+}
+
 TpPlan discover_plan(const Graph& g) {
   TpPlan plan;
   const std::map<int, std::string> sn = sn_conv_weights(g);
@@ -304,19 +319,8 @@ ShardStats shard(Graph& g, const TpPlan& plan, int tp, int r, bool training, std
   auto copy_to_tp = [&](int v, const std::string& reader) {
     auto it = copied.find(v);
     if (it != copied.end()) return it->second;
-    Value c = g.values[v];
-    c.name += "_copy_to_tp";
-    c.constant.reset();
-    c.is_param = false;
-    int cv = g.add_value(std::move(c));
-    Node cp;
-    cp.op = "CopyToTP";
-    cp.name = reader + "/CopyToTP";
-    cp.inputs = {v};
-    cp.outputs = {cv};
-    out.push_back(std::move(cp));
     ++st.copies;
-    return copied[v] = cv;
+    return copied[v] = add_copy_to_tp(g, out, v, reader);
   };
   // training: gradients of replicated float tensors entering the sharded region are summed over
   // tp on the way back; constants that are not parameters need no gradient

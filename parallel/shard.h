@@ -87,6 +87,9 @@ std::map<std::string, TensorSlice> parameter_slices(const TpPlan& plan, const Gr
 // layers are set to replicate and its name appended to `replicated`. Errors outside any
 // block, or in a block with nothing left to replicate, are thrown as they are.
 TpPlan fit_plan(const Graph& g, TpPlan plan, int tp, bool training, std::vector<std::string>* replicated = nullptr);
+// Appends to `out` a CopyToTP node (forward identity, backward sum over tp) of value v, named
+// after its reader; returns its output value ("<v>_copy_to_tp").
+int add_copy_to_tp(Graph& g, std::vector<Node>& out, int v, const std::string& reader);
 // Elementwise ops (with broadcasting) that a sharded axis passes through.
 bool elementwise_op(const std::string& op);
 // The letters of each Einsum operand and of the output (spaces dropped); an error without "->".

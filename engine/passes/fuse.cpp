@@ -425,6 +425,67 @@ const std::vector<int64_t> kStridedPerm{0, 3, 5, 1, 2, 4};  // (B, a, c, D, A, C
 
 bool node_is(const Graph& g, int k, const char* op) { return k >= 0 && g.nodes[k].op == op; }
 
+// CREDIT's window partition: x3 (nW, D, th, tw) = Reshape(Transpose(Reshape(x (B, D, H, W),
+// (B, D, A, a, C, c)), perm)), perm kLocalPerm (windows (A, C)) or kStridedPerm (windows (a, c)).
+// Sets x, strided, th, tw and the three nodes (x3's producer first); false if x3 is not made so.
+struct WindowPartition {
+  int x = -1;
+  bool strided = false;
+  int64_t th = 0, tw = 0;
+  int nodes[3] = {-1, -1, -1};
+};
+
+bool window_partition(const Graph& g, const Uses& u, int x3, WindowPartition& w) {
+  const int xt = u.producer[x3];
+  if (!node_is(g, xt, "Reshape")) return false;
+  const int tr = u.only_for(g.nodes[xt].inputs[0], 1);
+  if (!node_is(g, tr, "Transpose")) return false;
+  const std::vector<int64_t> perm = g.nodes[tr].ints("perm");
+  w.strided = perm == kStridedPerm;
+  if (perm != kLocalPerm && !w.strided) return false;
+  const int r6 = u.only_for(g.nodes[tr].inputs[0], 1);
+  if (!node_is(g, r6, "Reshape")) return false;
+  w.nodes[0] = xt;
+  w.nodes[1] = tr;
+  w.nodes[2] = r6;
+  w.x = g.nodes[r6].inputs[0];
+  const Shape& xs = g.values[w.x].shape;                     // (B, D, H, W)
+  const Shape& s6 = g.values[g.nodes[r6].outputs[0]].shape;  // (B, D, A, a, C, c)
+  if (xs.size() != 4 || s6.size() != 6 || s6[0] != xs[0] || s6[1] != xs[1] || s6[2] * s6[3] != xs[2] ||
+      s6[4] * s6[5] != xs[3] || g.values[w.x].dtype != DType::F32)
+    return false;
+  w.th = w.strided ? s6[2] : s6[3];
+  w.tw = w.strided ? s6[4] : s6[5];
+  return g.values[x3].shape == Shape{xs[0] * xs[2] * xs[3] / (w.th * w.tw), xs[1], w.th, w.tw};
+}
+
+// The node reading node k's output alone (and no graph output), else -1.
+int sole_reader_of(const Graph& g, const Uses& u, int k) {
+  const int v = g.nodes[k].outputs[0];
+  return u.is_output[v] || u.readers[v].size() != 1 ? -1 : u.readers[v][0];
+}
+
+// The partition's inverse after node k, each node its input's one reader: Reshape to the
+// transposed 6-D shape, the inverse Transpose, Reshape to x's (B, D, H, W). Sets its three nodes
+// and returns the last, else -1.
+int window_merge(const Graph& g, const Uses& u, int k, const WindowPartition& w, int nodes[3]) {
+  const Node& tr = g.nodes[w.nodes[1]];
+  const int y6 = sole_reader_of(g, u, k);
+  if (!node_is(g, y6, "Reshape") || g.values[g.nodes[y6].outputs[0]].shape != g.values[tr.outputs[0]].shape)
+    return -1;
+  const int yt = sole_reader_of(g, u, y6);
+  const std::vector<int64_t> perm = tr.ints("perm");
+  std::vector<int64_t> inv(6);
+  for (int i = 0; i < 6; ++i) inv[perm[i]] = i;
+  if (!node_is(g, yt, "Transpose") || g.nodes[yt].ints("perm") != inv) return -1;
+  const int yr = sole_reader_of(g, u, yt);
+  if (!node_is(g, yr, "Reshape") || g.values[g.nodes[yr].outputs[0]].shape != g.values[w.x].shape) return -1;
+  nodes[0] = y6;
+  nodes[1] = yt;
+  nodes[2] = yr;
+  return yr;
+}
+
 // q, k or v as the attention reads it: Reshape(Transpose(Reshape(Linear(x3, W), (nW, heads,
 // dh, th, tw)), (0, 1, 3, 4, 2)), (nW, heads, T, dh)). Returns the Linear's node or -1.
 int head_split_linear(const Graph& g, const Uses& u, int v) {
@@ -485,26 +546,12 @@ bool match_window_attention(const Graph& g, const Uses& u, int softmax, AttnMatc
   const Shape& s3 = g.values[g.nodes[e1].inputs[1]].shape;  // (nW, heads, T, dh)
   m.heads = s3[1];
   const int64_t T = s3[2];
-  // windows: x3 = Reshape(Transpose(Reshape(x, 6-D), perm))
-  const int xt = u.producer[x3];
-  if (!node_is(g, xt, "Reshape")) return false;
-  const int tr = u.only_for(g.nodes[xt].inputs[0], 1);
-  if (!node_is(g, tr, "Transpose")) return false;
-  const std::vector<int64_t> perm = g.nodes[tr].ints("perm");
-  m.strided = perm == kStridedPerm;
-  if (perm != kLocalPerm && !m.strided) return false;
-  const int r6 = u.only_for(g.nodes[tr].inputs[0], 1);
-  if (!node_is(g, r6, "Reshape")) return false;
-  m.x = g.nodes[r6].inputs[0];
-  const Shape& xs = g.values[m.x].shape;            // (B, D, H, W)
-  const Shape& s6 = g.values[g.nodes[r6].outputs[0]].shape;  // (B, D, A, a, C, c)
-  const Shape& s3x = g.values[x3].shape;            // (nW, D, th, tw)
-  if (xs.size() != 4 || s6.size() != 6 || s6[0] != xs[0] || s6[1] != xs[1] || s6[2] * s6[3] != xs[2] ||
-      s6[4] * s6[5] != xs[3] || g.values[m.x].dtype != DType::F32)
-    return false;
-  m.th = m.strided ? s6[2] : s6[3];
-  m.tw = m.strided ? s6[4] : s6[5];
-  if (s3x != Shape{xs[0] * xs[2] * xs[3] / (m.th * m.tw), xs[1], m.th, m.tw} || m.th * m.tw != T) return false;
+  WindowPartition wp;
+  if (!window_partition(g, u, x3, wp) || wp.th * wp.tw != T) return false;
+  m.x = wp.x;
+  m.strided = wp.strided;
+  m.th = wp.th;
+  m.tw = wp.tw;
   // back: Reshape(Transpose(Reshape(o, (nW, heads, th, tw, dh)), (0, 1, 4, 2, 3)), (nW, I, th, tw))
   const int o1 = u.only_for(g.nodes[e2].outputs[0], 1) < 0 ? -1 : u.readers[g.nodes[e2].outputs[0]][0];
   if (!node_is(g, o1, "Reshape")) return false;
@@ -526,16 +573,11 @@ bool match_window_attention(const Graph& g, const Uses& u, int softmax, AttnMatc
   // and back to the image: Reshape(Transpose(Reshape(y, 6-D), inverse perm), (B, D, H, W))
   for (int k : {o1, o2, o3, lo})
     if (u.is_output[g.nodes[k].outputs[0]] || u.readers[g.nodes[k].outputs[0]].size() != 1) return false;
-  const int y6 = u.readers[g.nodes[lo].outputs[0]][0];
-  if (!node_is(g, y6, "Reshape") || g.values[g.nodes[y6].outputs[0]].shape != g.values[g.nodes[tr].outputs[0]].shape)
-    return false;
-  const int yt = u.only_for(g.nodes[y6].outputs[0], 1) < 0 ? -1 : u.readers[g.nodes[y6].outputs[0]][0];
-  std::vector<int64_t> inv(6);
-  for (int i = 0; i < 6; ++i) inv[perm[i]] = i;
-  if (!node_is(g, yt, "Transpose") || g.nodes[yt].ints("perm") != inv) return false;
-  const int yr = u.only_for(g.nodes[yt].outputs[0], 1) < 0 ? -1 : u.readers[g.nodes[yt].outputs[0]][0];
-  if (!node_is(g, yr, "Reshape") || g.values[g.nodes[yr].outputs[0]].shape != xs) return false;
+  int merge[3];
+  const int yr = window_merge(g, u, lo, wp, merge);
+  if (yr < 0) return false;
   m.out_node = yr;
+  const Shape& xs = g.values[m.x].shape;
   // an Add of the residual folds in
   const int yv = g.nodes[yr].outputs[0];
   if (!u.is_output[yv] && u.readers[yv].size() == 1 && node_is(g, u.readers[yv][0], "Add")) {
@@ -771,29 +813,16 @@ bool match_train_attention(const Graph& g, const Uses& u, int softmax, TrainAttn
     if (u.is_output[x3] || u.readers[x3].size() != 1) return false;
     nodes.push_back(ck);
   }
-  // windows: x3 = Reshape(Transpose(Reshape(x, 6-D), perm))
-  const int xt = u.producer[x3];
-  if (!node_is(g, xt, "Reshape")) return false;
-  const int tr = u.only_for(g.nodes[xt].inputs[0], 1);
-  if (!node_is(g, tr, "Transpose")) return false;
-  const std::vector<int64_t> perm = g.nodes[tr].ints("perm");
-  m.strided = perm == kStridedPerm;
-  if (perm != kLocalPerm && !m.strided) return false;
-  const int r6 = u.only_for(g.nodes[tr].inputs[0], 1);
-  if (!node_is(g, r6, "Reshape")) return false;
-  nodes.insert(nodes.end(), {xt, tr, r6});
-  m.x = g.nodes[r6].inputs[0];
-  const Shape& xs = g.values[m.x].shape;                     // (B, D, H, W)
-  const Shape& s6 = g.values[g.nodes[r6].outputs[0]].shape;  // (B, D, A, a, C, c)
-  const Shape& s3x = g.values[x3].shape;                     // (nW, D, th, tw)
-  if (xs.size() != 4 || s6.size() != 6 || s6[0] != xs[0] || s6[1] != xs[1] || s6[2] * s6[3] != xs[2] ||
-      s6[4] * s6[5] != xs[3] || g.values[m.x].dtype != DType::F32)
-    return false;
-  m.th = m.strided ? s6[2] : s6[3];
-  m.tw = m.strided ? s6[4] : s6[5];
-  const int64_t D = xs[1];
-  if (s3x != Shape{xs[0] * xs[2] * xs[3] / (m.th * m.tw), D, m.th, m.tw} || m.th * m.tw != T || s3[0] != s3x[0])
-    return false;
+  WindowPartition wp;
+  if (!window_partition(g, u, x3, wp)) return false;
+  nodes.insert(nodes.end(), std::begin(wp.nodes), std::end(wp.nodes));
+  m.x = wp.x;
+  m.strided = wp.strided;
+  m.th = wp.th;
+  m.tw = wp.tw;
+  const Shape& s3x = g.values[x3].shape;  // (nW, D, th, tw)
+  const int64_t D = s3x[1];
+  if (m.th * m.tw != T || s3[0] != s3x[0]) return false;
   int64_t r = 0, c = 0;
   if (m.wk < 0) {
     if (!weight_matrix_of(g.values[m.wq].shape, &r, &c) || r != 3 * I || c != D) return false;
@@ -802,10 +831,7 @@ bool match_train_attention(const Graph& g, const Uses& u, int softmax, TrainAttn
       if (!weight_matrix_of(g.values[w].shape, &r, &c) || r != I || c != D) return false;
   }
   // back: Reshape(Transpose(Reshape(o, (nW, heads, th, tw, dh)), (0, 1, 4, 2, 3)), (nW, I, th, tw))
-  auto sole_reader = [&](int k) {
-    const int v = g.nodes[k].outputs[0];
-    return u.is_output[v] || u.readers[v].size() != 1 ? -1 : u.readers[v][0];
-  };
+  auto sole_reader = [&](int k) { return sole_reader_of(g, u, k); };
   const int o1 = sole_reader(e2);
   if (!node_is(g, o1, "Reshape")) return false;
   const int o2 = sole_reader(o1);
@@ -836,16 +862,10 @@ bool match_train_attention(const Graph& g, const Uses& u, int softmax, TrainAttn
     }
   }
   // and back to the image: Reshape(Transpose(Reshape(y, 6-D), inverse perm), (B, D, H, W))
-  const int y6 = sole_reader(y);
-  if (!node_is(g, y6, "Reshape") || g.values[g.nodes[y6].outputs[0]].shape != g.values[g.nodes[tr].outputs[0]].shape)
-    return false;
-  const int yt = sole_reader(y6);
-  std::vector<int64_t> inv(6);
-  for (int i = 0; i < 6; ++i) inv[perm[i]] = i;
-  if (!node_is(g, yt, "Transpose") || g.nodes[yt].ints("perm") != inv) return false;
-  const int yr = sole_reader(yt);
-  if (!node_is(g, yr, "Reshape") || g.values[g.nodes[yr].outputs[0]].shape != xs) return false;
-  nodes.insert(nodes.end(), {y6, yt, yr});
+  int merge[3];
+  const int yr = window_merge(g, u, y, wp, merge);
+  if (yr < 0) return false;
+  nodes.insert(nodes.end(), std::begin(merge), std::end(merge));
   m.last = yr;
   // the position bias: (T, T) every head adds, or one per head
   const Value& bv = g.values[m.bias];
