@@ -9,7 +9,12 @@ namespace wxe {
 
 namespace {
 
-thread_local Communicator* g_tp = nullptr;  // per thread: tests run ranks as threads
+thread_local Communicator* g_tp = nullptr;      // per thread: tests run ranks as threads
+thread_local Communicator* g_domain = nullptr;  // the domain group (domain parallelism)
+
+// The group a collective node runs over: attribute group "domain" (parallel/bands.h
+// domain_parallel), else tp.
+Communicator* group_of(const Node& n) { return n.s("group", "tp") == "domain" ? g_domain : g_tp; }
 
 std::vector<TypeShape> same_shape(const Node& n, const std::vector<const Value*>& in) {
   WXE_CHECK(in.size() == 1 && in[0], "node ", n.name, " (", n.op, "): needs one input");
@@ -51,37 +56,47 @@ void zero(Tensor& t) {
   if (t.nbytes()) backend_of(t).copy_to_device(t.raw(), z.raw(), t.nbytes());
 }
 
-// In place over the tp group; nothing to do for a group of one (or none: one process).
-void sum_over_tp(Tensor& t) {
-  if (!g_tp || g_tp->size() <= 1) return;
-  if (t.device() == DeviceKind::CPU || g_tp->takes_device_buffers()) {
+// In place over node n's group; nothing to do for a group of one (or none: one process).
+void sum_over_group(const Node& n, Tensor& t) {
+  Communicator* c = group_of(n);
+  if (!c || c->size() <= 1) return;
+  if (t.device() == DeviceKind::CPU || c->takes_device_buffers()) {
     if (t.device() != DeviceKind::CPU) backend_of(t).synchronize();  // the kernels that wrote t
-    g_tp->all_reduce_sum(t);
+    c->all_reduce_sum(t);
     return;
   }
   Backend& b = backend_of(t);
   b.synchronize();
   Tensor h = b.download(t);
-  g_tp->all_reduce_sum(h);
+  c->all_reduce_sum(h);
   if (t.nbytes()) b.copy_to_device(t.raw(), h.raw(), t.nbytes());
 }
 
 // The pair of conjugate collectives, one kernel each for every backend:
-//   AllReduceTP: forward sum over tp, backward identity;
+//   AllReduceTP: forward sum over tp, backward identity (attribute grad "sum": the sum over the
+//     group too, for partial sums whose readers each hold a part: domain parallelism's
+//     GroupNorm statistics);
 //   CopyToTP: forward identity, backward sum over tp.
 // Every rank computes the same graph, so every rank reaches each collective (or none does).
-void all_reduce_tp(const Node&, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+void all_reduce_tp(const Node& n, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
   copy_into(*in[0], *out[0]);
-  sum_over_tp(*out[0]);
+  sum_over_group(n, *out[0]);
 }
 
-void all_reduce_tp_backward(const Node&, const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
-                            const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
-  if (!gin[0]) return;
-  if (gout[0])
-    copy_into(*gout[0], *gin[0]);
+// gin = gout (zeros without one), then summed over the group when `sum`: every rank joins the
+// sum, with or without a gradient
+void pass_gradient(const Node& n, const Tensor* gout, Tensor* gin, bool sum) {
+  if (!gin) return;
+  if (gout)
+    copy_into(*gout, *gin);
   else
-    zero(*gin[0]);
+    zero(*gin);
+  if (sum) sum_over_group(n, *gin);
+}
+
+void all_reduce_tp_backward(const Node& n, const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
+                            const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
+  pass_gradient(n, gout[0], gin[0], n.s("grad", "identity") == "sum");
 }
 
 void copy_to_tp(const Node&, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
@@ -92,21 +107,21 @@ void copy_to_tp(const Node&, const std::vector<const Tensor*>& in, const std::ve
   copy_into(*in[0], *out[0]);
 }
 
-void copy_to_tp_backward(const Node& n, const std::vector<const Tensor*>& in, const std::vector<const Tensor*>& outs,
+void copy_to_tp_backward(const Node& n, const std::vector<const Tensor*>&, const std::vector<const Tensor*>&,
                          const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
-  all_reduce_tp_backward(n, in, outs, gout, gin);
-  if (gin[0]) sum_over_tp(*gin[0]);
+  pass_gradient(n, gout[0], gin[0], true);
 }
 
-// ---- sequence parallelism (parallel/sequence_parallel.h): a tensor split into tp bands along
+// ---- sequence parallelism (parallel/bands.h): a tensor split into tp bands along
 // attribute `axis` (rank r holds rows [r n/T, (r+1) n/T) of it) ----
 
-// The tp group a band op runs over: attribute `parts` is its size.
+// The tp (or domain) group a band op runs over: attribute `parts` is its size.
 Communicator& band_group(const Node& n) {
   const int64_t parts = n.i("parts", 0);
-  WXE_CHECK(g_tp && g_tp->size() == parts, "node ", n.name, " (", n.op, "): made for ", parts,
-            " tp ranks, the tp group has ", g_tp ? g_tp->size() : 1);
-  return *g_tp;
+  Communicator* c = group_of(n);
+  WXE_CHECK(c && c->size() == parts, "node ", n.name, " (", n.op, "): made for ", parts, " ",
+            n.s("group", "tp"), " ranks, the ", n.s("group", "tp"), " group has ", c ? c->size() : 1);
+  return *c;
 }
 
 struct Bands {
@@ -342,5 +357,7 @@ void register_collective_ops() {
 
 void set_tp_communicator(Communicator* tp) { g_tp = tp; }
 Communicator* tp_communicator() { return g_tp; }
+void set_domain_communicator(Communicator* domain) { g_domain = domain; }
+Communicator* domain_communicator() { return g_domain; }
 
 }  // namespace wxe

@@ -6,25 +6,32 @@
 
 namespace wxe {
 
-Mesh make_mesh(int tp) { return make_mesh(world_comm(), tp); }
+Mesh make_mesh(int tp, int domain) { return make_mesh(world_comm(), tp, domain); }
 
-Mesh make_mesh(std::unique_ptr<Communicator> world, int tp) {
+Mesh make_mesh(std::unique_ptr<Communicator> world, int tp, int domain) {
   WXE_CHECK(world != nullptr, "make_mesh: no world communicator");
   int n = world->size();
   // Same answer on every rank (see mesh.h), so throwing here cannot strand a rank.
   WXE_CHECK(tp >= 1, "--tp must be at least 1 (got ", tp, ")");
+  WXE_CHECK(domain >= 1, "--domain must be at least 1 (got ", domain, ")");
   WXE_CHECK(n % tp == 0, "world size ", n, " is not divisible by --tp ", tp);
+  WXE_CHECK(n % (tp * domain) == 0, "world size ", n, " is not divisible by --tp ", tp, " x --domain ", domain);
   Mesh m;
   m.world = n;
   m.rank = world->rank();
   m.tp = tp;
-  m.dp = n / tp;
-  m.tp_rank = m.rank % tp;
-  m.dp_rank = m.rank / tp;
-  m.tp_comm = world->split(m.dp_rank, m.tp_rank);
-  m.dp_comm = world->split(m.tp_rank, m.dp_rank);
+  m.domain = domain;
+  m.dp = n / (tp * domain);
+  m.domain_rank = m.rank % domain;
+  m.tp_rank = (m.rank / domain) % tp;
+  m.dp_rank = m.rank / (tp * domain);
+  // split's colour: the coordinates the group shares; key: the rank within it
+  m.tp_comm = world->split(m.dp_rank * domain + m.domain_rank, m.tp_rank);
+  m.dp_comm = world->split(m.tp_rank * domain + m.domain_rank, m.dp_rank);
+  m.domain_comm = world->split(m.dp_rank * tp + m.tp_rank, m.domain_rank);
   WXE_ASSERT(m.tp_comm->size() == m.tp && m.tp_comm->rank() == m.tp_rank);
   WXE_ASSERT(m.dp_comm->size() == m.dp && m.dp_comm->rank() == m.dp_rank);
+  WXE_ASSERT(m.domain_comm->size() == m.domain && m.domain_comm->rank() == m.domain_rank);
   m.world_comm = std::move(world);
   return m;
 }

@@ -1,10 +1,13 @@
-// The process mesh: world = dp x tp, dp outermost, tp ranks adjacent.
-//   tp_rank = rank % tp, dp_rank = rank / tp
-//   tp group: the tp ranks with the same dp_rank (ranks dp_rank*tp .. dp_rank*tp + tp-1),
-//             ordered by tp_rank, so tp_comm->rank() == tp_rank;
-//   dp group: the dp ranks with the same tp_rank, ordered by dp_rank.
-// Adjacent tp ranks share a node under the usual block placement, so the chatty tp
-// collectives stay on the fast links.
+// The process mesh: world = dp x tp x domain, in CREDIT's order (credit/domain_parallel: dp
+// outermost, domain innermost), so with domain 1 the tp ranks are adjacent.
+//   domain_rank = rank % domain, tp_rank = (rank / domain) % tp, dp_rank = rank / (tp * domain)
+//   tp group: the ranks with the same dp_rank and domain_rank, ordered by tp_rank, so
+//             tp_comm->rank() == tp_rank;
+//   dp group: the ranks with the same tp_rank and domain_rank, ordered by dp_rank;
+//   domain group: the ranks with the same dp_rank and tp_rank, ordered by domain_rank: rank d
+//             holds latitude band d (parallel/bands.h domain_parallel).
+// Adjacent ranks share a node under the usual block placement, so the chatty halo exchanges
+// and tp collectives stay on the fast links.
 #pragma once
 #include <memory>
 
@@ -13,20 +16,20 @@
 namespace wxe {
 
 struct Mesh {
-  int world = 1, rank = 0, dp = 1, tp = 1, dp_rank = 0, tp_rank = 0;
-  std::unique_ptr<Communicator> world_comm, tp_comm, dp_comm;
+  int world = 1, rank = 0, dp = 1, tp = 1, domain = 1, dp_rank = 0, tp_rank = 0, domain_rank = 0;
+  std::unique_ptr<Communicator> world_comm, tp_comm, dp_comm, domain_comm;
 };
 
 // The mesh over world_comm() (MPI under a launcher, a world of one otherwise).
 // Collective over the world.
 //
-// A tp below 1 or one that does not divide the world size throws wxe::Error with one line,
-// e.g. "world size 3 is not divisible by --tp 2". The check depends only on (world size,
-// tp), which every rank has the same, so every rank throws the same error before any
-// communication: each can print it and exit non-zero without the others hanging.
-Mesh make_mesh(int tp);
+// A tp or domain below 1, or tp x domain not dividing the world size, throws wxe::Error with
+// one line, e.g. "world size 3 is not divisible by --tp 2". The check depends only on (world
+// size, tp, domain), which every rank has the same, so every rank throws the same error before
+// any communication: each can print it and exit non-zero without the others hanging.
+Mesh make_mesh(int tp, int domain = 1);
 // The same over a given world (tests, or a world of one).
-Mesh make_mesh(std::unique_ptr<Communicator> world, int tp);
+Mesh make_mesh(std::unique_ptr<Communicator> world, int tp, int domain = 1);
 
 // FNV-1a of a text: a fingerprint of what a rank built (plan, parameter shapes, options).
 uint64_t fingerprint(const std::string& text);

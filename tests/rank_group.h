@@ -152,10 +152,12 @@ class RankGroup {
         current() = this;
         current_rank() = r;
         set_tp_communicator(ranks_[r].comm.get());
+        set_domain_communicator(ranks_[r].comm.get());  // a test mesh is one group: tp or domain
         swapcontext(&scheduler_, &ranks_[r].ctx);
         progress = progress || !ranks_[r].waiting;  // finished
       }
       set_tp_communicator(nullptr);
+      set_domain_communicator(nullptr);
       if (!live) break;
       if (!progress && gen_ == gen) {  // every live rank waits for one that never comes
         for (auto& r : ranks_)

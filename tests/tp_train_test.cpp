@@ -12,7 +12,7 @@
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "parallel/collective_ops.h"
-#include "parallel/sequence_parallel.h"
+#include "parallel/bands.h"
 #include "parallel/shard.h"
 #include "tests/rank_group.h"
 #include "tests/test_util.h"
@@ -98,7 +98,7 @@ struct RankStep {
 // Shards `full` for every rank of `tp` (coroutines, tests/rank_group.h) and runs one forward and
 // backward with output gradient gy, on the fast kernels the trainer runs; with `fused`, on the
 // sharded graph with its norms and GELU fused, as the trainer runs it (fuse_for_training).
-// With `sp`, sequence parallelism as the trainer runs it (parallel/sequence_parallel.h), the
+// With `sp`, sequence parallelism as the trainer runs it (parallel/bands.h), the
 // gathers recomputed in the backward.
 std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tensor& gy, int tp, bool fused = false,
                                  bool sp = false, bool fit = false) {

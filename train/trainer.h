@@ -33,7 +33,7 @@
 #include "engine/passes/layout_rules.h"
 #include "load/checkpoint.h"
 #include "parallel/mesh.h"
-#include "parallel/sequence_parallel.h"
+#include "parallel/bands.h"
 #include "parallel/shard.h"
 #include "train/loss.h"
 #include "train/optim.h"
@@ -64,7 +64,7 @@ struct FinetuneConfig {
   // device backward for the fused ops yet). false: the exported graph (tests compare the two).
   bool fuse = true;
   // With tp > 1 on the CPU: the regions tensor parallelism leaves replicated (residual stream,
-  // norms) hold bands of latitudes per rank (parallel/sequence_parallel.h). false: whole.
+  // norms) hold bands of latitudes per rank (parallel/bands.h). false: whole.
   bool sequence_parallel = true;
   // "bf16": Conv and Linear multiply in bfloat16 with float32 accumulation, forward and backward
   // (data and weight gradients; engine/passes/fuse.h use_bf16, kernels/cpu/dnnl.cpp and

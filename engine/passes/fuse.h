@@ -63,7 +63,7 @@ void fuse_window_attention(Graph& g);
 //   becomes WindowAttention(x, Wq, Wk, Wv, Wo, bo, bias) (Wk, Wv omitted for a fused to_qkv),
 //   or under tp CopyToTP(x) -> WindowAttention(.., no bo) -> AllReduceTP -> Add bo, on the
 //   image (all-reducing and adding a per-channel bias commute with the window layout).
-// With sequence parallelism (parallel/sequence_parallel.h) a tp-sharded block's windows are
+// With sequence parallelism (parallel/bands.h) a tp-sharded block's windows are
 // made from the gathered image (AllGatherTP before the windows, ReduceScatterTP after the
 // image): it fuses with its collectives outside. A block tp cannot shard runs on bands of
 // windows (batch 1), fused the same way on the rank's windows.

@@ -1,4 +1,4 @@
-#include "parallel/sequence_parallel.h"
+#include "parallel/bands.h"
 
 #include <algorithm>
 #include <map>
@@ -36,10 +36,10 @@ int follow_axis(const Node& n, const Shape& in, int a, const Shape& out) {
   return -1;
 }
 
-}  // namespace
-
-SequenceParallelStats sequence_parallel(Graph& g, int tp) {
-  SequenceParallelStats st;
+// The band pass over `tp` ranks (parallel/bands.h): sequence parallelism, or with `domain`
+// domain parallelism (collectives over the domain group).
+BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
+  BandStats st;
   if (tp <= 1) return st;
   register_collective_ops();
   fold_pad_into_conv(g);  // a cross-embedding's explicit Pad becomes its Conv's pads: a halo below
@@ -88,6 +88,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     c.outputs = {o};
     c.attrs["axis"] = attr_i(axis);
     c.attrs["parts"] = attr_i(tp);
+    if (domain) c.attrs["group"] = attr_s("domain");
     return c;
   };
   std::map<int, int> copied;                           // value -> its CopyToTP output
@@ -97,7 +98,9 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     auto it = copied.find(v);
     if (it != copied.end()) return it->second;
     ++st.copies;
-    return copied[v] = add_copy_to_tp(g, out, v, reader);
+    copied[v] = add_copy_to_tp(g, out, v, reader);
+    if (domain) out.back().attrs["group"] = attr_s("domain");
+    return copied[v];
   };
   auto scatter_of = [&](int v, int axis, const std::string& reader) {
     auto it = scattered.find({v, axis});
@@ -120,7 +123,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
   };
   // A replicated float operand of a band op whose gradient is each rank's part: summed over tp.
   auto copy_if_trained = [&](int& v, const std::string& reader) {
-    if (v >= 0 && !is_band(v) && g.values[v].dtype == DType::F32 && (!g.values[v].is_const() || g.values[v].is_param))
+    if (training && v >= 0 && !is_band(v) && g.values[v].dtype == DType::F32 && (!g.values[v].is_const() || g.values[v].is_param))
       v = copy_of(v, reader);
   };
   // Where node n, reading bands, writes a band along the same axis of its output (-1: not so):
@@ -135,6 +138,8 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     const int rank = (int)xs.size(), orank = (int)os.size();
     auto norm = [&](int64_t ax, int r) { return (int)(ax < 0 ? ax + r : ax); };
     if (n.outputs.size() != 1) return -1;
+    // the tp group's collectives act row by row on the domain's band
+    if (domain && (n.op == "AllReduceTP" || n.op == "CopyToTP") && n.inputs.size() == 1) return a;
     if (elementwise_op(n.op) || n.op == "Concat") {
       const int oa = a + orank - rank;
       if (n.op == "Concat" && norm(n.i("axis", 0), orank) == oa) return -1;
@@ -169,17 +174,22 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     }
     if (n.inputs[0] != x || std::any_of(n.inputs.begin() + 1, n.inputs.end(), is_band)) return -1;
     if (n.op == "ReduceMean" || n.op == "ReduceSum" || n.op == "ReduceMax") {
-      if (n.i("keepdims", 1) != 1) return -1;
       std::vector<int64_t> axes = n.ints("axes");
       if (n.inputs.size() > 1 && n.inputs[1] >= 0) {
         if (!g.values[n.inputs[1]].is_const()) return -1;
         axes = g.values[n.inputs[1]].constant->to_i64();
       }
       if (axes.empty()) return -1;
-      for (int64_t ax : axes)
+      int before = 0;  // reduced axes ahead of the band: gone from the output without keepdims
+      for (int64_t ax : axes) {
         if (norm(ax, rank) == a) return -1;
-      return a;
+        before += norm(ax, rank) < a;
+      }
+      return n.i("keepdims", 1) ? a : a - before;
     }
+    // a Resize to the same size samples every pixel where it is (any mode but cropping)
+    if (n.op == "Resize" && os == xs && n.s("coordinate_transformation_mode", "half_pixel") != "tf_crop_and_resize")
+      return a;
     if (n.op == "Softmax" || n.op == "LogSoftmax") return norm(n.i("axis", -1), rank) == a ? -1 : a;
     if (n.op == "LayerNormalization") return norm(n.i("axis", -1), rank) > a ? a : -1;
     if (n.op == "Linear") return norm(n.i("axis", -1), rank) == a ? -1 : a;
@@ -230,6 +240,62 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     return -1;
   };
 
+  // Whether Conv n can run on row bands of its input, and the halo rows it needs above and
+  // below: every band's output rows come from its own rows and the halo (H = OH x stride), the
+  // halo no taller than a band, the padding rows at the grid's edges (zeros past the first and
+  // last band).
+  auto conv_on_bands = [&](const Node& n, int64_t& top, int64_t& bottom) {
+    if (n.op != "Conv" || n.inputs.size() < 2 || std::any_of(n.inputs.begin() + 1, n.inputs.end(), is_band))
+      return false;
+    const Shape& xs = g.values[n.inputs[0]].shape;
+    const Shape& ys = g.values[n.outputs[0]].shape;
+    const Shape& ws = g.values[n.inputs[1]].shape;
+    const std::vector<int64_t> pads = n.ints("pads", {0, 0, 0, 0}), strides = n.ints("strides", {1, 1}),
+                               dil = n.ints("dilations", {1, 1});
+    const std::string ap = n.s("auto_pad", "NOTSET");
+    if (xs.size() != 4 || ys.size() != 4 || ws.size() != 4 || pads.size() != 4 || strides.size() != 2 ||
+        dil.size() != 2 || dil[0] != 1 || !(ap == "NOTSET" || ap.empty()) || xs[kRows] % tp || n.i("group", 1) < 1)
+      return false;
+    const int64_t s0 = strides[0], rows = xs[kRows] / tp;
+    top = pads[0];
+    bottom = ws[2] - s0 - pads[0];
+    return ys[kRows] % tp == 0 && ys[kRows] * s0 == xs[kRows] && top >= 0 && bottom >= 0 && top <= rows &&
+           bottom <= rows && pads[2] == bottom;
+  };
+  // GroupNorm as exported (torch.nn.GroupNorm: Reshape to (N, G, -1), InstanceNormalization,
+  // Reshape back to the input's shape) from node k, reading a band along rows: the
+  // InstanceNormalization and the last Reshape, else {-1, -1}.
+  auto group_norm_at = [&](int k) -> std::pair<int, int> {
+    const Node& r1 = g.nodes[k];
+    if (r1.op != "Reshape" || axis_of(r1.inputs[0]) != kRows || g.values[r1.inputs[0]].shape.size() != 4 ||
+        r1.inputs.size() < 2 || !g.values[r1.inputs[1]].is_const())
+      return {-1, -1};
+    const int in = sole(r1.outputs[0]);
+    if (in < 0 || g.nodes[in].op != "InstanceNormalization" || g.nodes[in].inputs[0] != r1.outputs[0]) return {-1, -1};
+    const int r2 = sole(g.nodes[in].outputs[0]);
+    if (r2 < 0 || g.nodes[r2].op != "Reshape" || g.nodes[r2].inputs.size() < 2 ||
+        !g.values[g.nodes[r2].inputs[1]].is_const() ||
+        g.values[g.nodes[r2].outputs[0]].shape != g.values[r1.inputs[0]].shape)
+      return {-1, -1};
+    const Shape& xs = g.values[r1.inputs[0]].shape;
+    const Shape& gs = g.values[r1.outputs[0]].shape;  // (N, G, C/G x H x W)
+    if (gs.size() != 3 || gs[0] != xs[0] || xs[1] % gs[1] || xs[kRows] % tp) return {-1, -1};
+    for (size_t i = 1; i < 3; ++i)
+      if (g.nodes[in].inputs.size() <= i || g.nodes[in].inputs[i] < 0 || is_band(g.nodes[in].inputs[i])) return {-1, -1};
+    return {in, r2};
+  };
+  // a node of `out` (its one output like value `like`)
+  auto emit = [&](const std::string& op, const std::string& name, std::vector<int> inputs, int like,
+                  const std::string& suffix) {
+    Node m;
+    m.op = op;
+    m.name = name;
+    m.inputs = std::move(inputs);
+    m.outputs = {new_value(like, suffix)};
+    out.push_back(m);
+    return m.outputs[0];
+  };
+
   std::vector<bool> done(nodes, false);  // moved earlier (a row-parallel layer's layout and bias)
   std::map<int, int> rename;             // a dropped CopyToTP's output -> its input
   for (size_t k = 0; k < nodes; ++k) {
@@ -239,7 +305,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
       auto r = rename.find(i);
       if (i >= 0 && r != rename.end()) i = r->second;
     }
-    if (n.op == "AllReduceTP") {
+    if (n.op == "AllReduceTP" && !domain) {
       // [bias Add] -> Reshape/Transpose ... -> (N, C, H, W): the layout on the partial sums, then
       // the reduce-scatter, then the bias on the band
       const int partial = n.inputs[0];
@@ -305,13 +371,77 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
         continue;
       }
     }
+    int64_t top = 0, bottom = 0;
+    if (domain && !n.inputs.empty() && n.inputs[0] >= 0 && !is_band(n.inputs[0]) &&
+        g.values[n.inputs[0]].dtype == DType::F32 && !g.values[n.inputs[0]].is_const() &&
+        conv_on_bands(n, top, bottom))
+      n.inputs[0] = scatter_of(n.inputs[0], kRows, n.name);  // the domain's bands start at a convolution
     if (!std::any_of(n.inputs.begin(), n.inputs.end(), is_band)) {
       out.push_back(std::move(n));
       continue;
     }
+    if (domain) {
+      auto [in, r2] = group_norm_at((int)k);
+      if (in >= 0) {
+        // GroupNorm on bands: each group's mean, then its variance about the mean, summed over
+        // the domain group (the count: the whole group's elements)
+        const Node& inorm = g.nodes[in];
+        const Node& back = g.nodes[r2];
+        const std::string name = inorm.name;
+        const Shape gs = g.values[n.outputs[0]].shape;
+        std::vector<int64_t> t1 = g.values[n.inputs[1]].constant->to_i64();
+        if (t1.size() == 3 && t1[2] > 0) t1[2] /= tp;
+        n.inputs[1] = g.add_constant(g.values[n.inputs[1]].name + "_band", Tensor::from_i64(t1));
+        const int x = n.outputs[0];
+        out.push_back(n);  // (N, G, band elements of each group)
+        const int axes = g.add_constant(name + "/axes", Tensor::from_i64({2}));
+        const int inv_count = g.add_constant(name + "/inv_count", Tensor::from_f32({1}, {1.f / (float)gs[2]}));
+        const int eps = g.add_constant(name + "/epsilon", Tensor::from_f32({1}, {inorm.f("epsilon", 1e-5f)}));
+        auto group_sum = [&](int v, const std::string& what) {
+          Node rs;
+          rs.op = "ReduceSum";
+          rs.name = name + "/" + what + "/ReduceSum";
+          rs.inputs = {v, axes};
+          rs.outputs = {new_value(x, "_" + what + "_part")};
+          rs.attrs["keepdims"] = attr_i(1);
+          out.push_back(rs);
+          Node ar = collective("AllReduceTP", name + "/" + what + "/AllReduceTP", rs.outputs[0],
+                               new_value(x, "_" + what + "_sum"), 0);
+          ar.attrs.erase("axis");
+          ar.attrs.erase("parts");
+          ar.attrs["grad"] = attr_s("sum");
+          out.push_back(ar);
+          return emit("Mul", name + "/" + what + "/Mul", {ar.outputs[0], inv_count}, x, "_" + what);
+        };
+        const int mean = group_sum(x, "mean");
+        const int d = emit("Sub", name + "/Sub", {x, mean}, x, "_centred");
+        const int var = group_sum(emit("Mul", name + "/Square", {d, d}, x, "_square"), "variance");
+        const int sd = emit("Sqrt", name + "/Sqrt", {emit("Add", name + "/AddEpsilon", {var, eps}, x, "_var_eps")},
+                            x, "_sd");
+        int y = emit("Div", name + "/Div", {d, sd}, x, "_normalized");
+        // scale and bias per group: (G) as (G, 1)
+        for (size_t i = 1; i < 3; ++i) {
+          int p = inorm.inputs[i];
+          copy_if_trained(p, name);
+          const int64_t groups = g.values[p].shape.empty() ? 1 : g.values[p].shape[0];
+          p = emit("Reshape", name + (i == 1 ? "/scale" : "/bias") + "/Reshape",
+                   {p, g.add_constant(name + "/per_group", Tensor::from_i64({groups, 1}))}, p, "_per_group");
+          y = emit(i == 1 ? "Mul" : "Add", name + (i == 1 ? "/Scale" : "/Shift"), {y, p}, x, i == 1 ? "_scaled" : "_shifted");
+        }
+        Node m = back;
+        std::vector<int64_t> t2 = g.values[m.inputs[1]].constant->to_i64();
+        if (t2.size() == 4 && t2[kRows] > 0) t2[kRows] /= tp;
+        m.inputs = {y, g.add_constant(g.values[m.inputs[1]].name + "_band", Tensor::from_i64(t2))};
+        set_band(m.outputs[0], kRows);
+        out.push_back(std::move(m));
+        done[in] = done[r2] = true;
+        ++st.group_norms;
+        continue;
+      }
+    }
     // windows for column-parallel layers are made from the whole image (gathered before the
     // layout, as the fused attention expects: engine/passes/fuse.h), not from bands of windows
-    const bool to_layers = (n.op == "Reshape" || n.op == "Transpose") && copy_after((int)k) >= 0;
+    const bool to_layers = !domain && (n.op == "Reshape" || n.op == "Transpose") && copy_after((int)k) >= 0;
     const int oa = to_layers ? -1 : passes_band(n);
     if (oa >= 0) {
       const Shape os = g.values[n.outputs[0]].shape;
@@ -325,6 +455,11 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
         else
           copy_if_trained(v, n.name);  // its gradient: the sum of every rank's band's
       }
+      if (n.op == "Resize") {  // to the same size: the identity (its sizes would be the whole grid's)
+        n.op = "Identity";
+        n.inputs.resize(1);
+        n.attrs.clear();
+      }
       if (n.op == "Reshape") {  // the band's part of the target
         std::vector<int64_t> target = g.values[n.inputs[1]].constant->to_i64();
         if (target[oa] > 0) target[oa] /= tp;
@@ -335,42 +470,31 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
       continue;
     }
     // a convolution on a band: halo rows from the neighbouring bands, its output a band
-    if (n.op == "Conv" && n.inputs.size() >= 2 && axis_of(n.inputs[0]) == kRows &&
-        std::none_of(n.inputs.begin() + 1, n.inputs.end(), is_band)) {
-      const Shape xs = g.values[n.inputs[0]].shape, ys = g.values[n.outputs[0]].shape;
-      const Shape& ws = g.values[n.inputs[1]].shape;
-      std::vector<int64_t> pads = n.ints("pads", {0, 0, 0, 0}), strides = n.ints("strides", {1, 1}),
-                           dil = n.ints("dilations", {1, 1});
-      const std::string ap = n.s("auto_pad", "NOTSET");
-      if (xs.size() == 4 && ys.size() == 4 && ws.size() == 4 && pads.size() == 4 && strides.size() == 2 &&
-          dil.size() == 2 && dil[0] == 1 && (ap == "NOTSET" || ap.empty())) {
-        const int64_t s0 = strides[0], top = pads[0], bottom = ws[2] - s0 - pads[0], rows = xs[kRows] / tp;
-        // every band's output rows come from its own rows and the halo: H = OH * stride
-        if (ys[kRows] % tp == 0 && ys[kRows] * s0 == xs[kRows] && top >= 0 && bottom >= 0 && top <= rows &&
-            bottom <= rows && pads[2] == ws[2] - s0 - top) {
-          int x = n.inputs[0];
-          if (top || bottom) {
-            const int h = new_value(x, "_halo");
-            Node halo = collective("HaloTP", n.name + "/HaloTP", x, h, kRows);
-            halo.attrs["top"] = attr_i(top);
-            halo.attrs["bottom"] = attr_i(bottom);
-            out.push_back(std::move(halo));
-            ++st.halos;
-            x = h;
-          }
-          n.inputs[0] = x;
-          pads[0] = pads[2] = 0;
-          n.attrs["pads"] = attr_ints(pads);
-          // the weights' and bias's gradients: the sum of every band's
-          for (size_t i = 1; i < n.inputs.size(); ++i) copy_if_trained(n.inputs[i], n.name);
-          set_band(n.outputs[0], kRows);
-          out.push_back(std::move(n));
-          continue;
-        }
+    if (axis_of(n.inputs[0]) == kRows && conv_on_bands(n, top, bottom)) {
+      int x = n.inputs[0];
+      if (top || bottom) {
+        const int h = new_value(x, "_halo");
+        Node halo = collective("HaloTP", n.name + "/HaloTP", x, h, kRows);
+        halo.attrs["top"] = attr_i(top);
+        halo.attrs["bottom"] = attr_i(bottom);
+        out.push_back(std::move(halo));
+        ++st.halos;
+        const Shape& xs = g.values[x].shape;
+        st.halo_bytes += (top + bottom) * prod(xs, 0, kRows) * prod(xs, kRows + 1, xs.size()) * (int64_t)sizeof(float);
+        x = h;
       }
+      n.inputs[0] = x;
+      std::vector<int64_t> pads = n.ints("pads", {0, 0, 0, 0});
+      pads[0] = pads[2] = 0;
+      n.attrs["pads"] = attr_ints(pads);
+      // the weights' and bias's gradients: the sum of every band's
+      for (size_t i = 1; i < n.inputs.size(); ++i) copy_if_trained(n.inputs[i], n.name);
+      set_band(n.outputs[0], kRows);
+      out.push_back(std::move(n));
+      continue;
     }
     // anything else reads whole tensors
-    const int c = copy_after((int)k);
+    const int c = domain ? -1 : copy_after((int)k);
     if (c == (int)k) {  // the column-parallel layers' CopyToTP: the gather takes its place
       const int w = n.inputs[0];
       const std::string scope = ends_with(n.name, "/CopyToTP") ? n.name.substr(0, n.name.size() - 9) : n.name;
@@ -386,6 +510,7 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     }
     for (int& v : n.inputs)
       if (is_band(v)) v = gather_of(v, c >= 0, n.name);
+    if (c < 0) ++st.gathered_for[n.op];
     out.push_back(std::move(n));
   }
   // graph outputs are whole
@@ -410,6 +535,12 @@ SequenceParallelStats sequence_parallel(Graph& g, int tp) {
     for (int o : n.outputs) g.values[o].constant.reset();
   return st;
 }
+
+}  // namespace
+
+BandStats sequence_parallel(Graph& g, int tp) { return shard_bands(g, tp, false, true); }
+
+BandStats domain_parallel(Graph& g, int domain, bool training) { return shard_bands(g, domain, true, training); }
 
 void add_gather_segments(const Graph& g, std::vector<int>& seg) {
   if (seg.empty()) seg.assign(g.nodes.size(), -1);

@@ -1,6 +1,12 @@
-// Layer: parallel/. Sequence parallelism (Megatron-LM's, along latitudes) for a training graph
-// that shard_training_graph (parallel/shard.h) has split over tp ranks.
+// Layer: parallel/. Activations split into bands of latitude rows over a group of ranks, two ways:
+//   - sequence_parallel: Megatron-LM's sequence parallelism over the tp group, for a training
+//     graph that shard_training_graph (parallel/shard.h) has split over tp ranks;
+//   - domain_parallel: CREDIT's domain parallelism (credit/domain_parallel) over the domain
+//     group (parallel/mesh.h), for inference and training graphs, tp-sharded or not.
+// Both follow one band through the graph with the rules below; they differ in where bands
+// start and which group the collectives use.
 //
+// Sequence parallelism.
 // Tensor parallelism leaves the regions between a row-parallel layer and the next
 // column-parallel one replicated: the residual stream and the channel LayerNorms hold whole
 // (N, C, H, W) activations on every rank, and the backward keeps them. Here those regions hold
@@ -30,24 +36,55 @@
 // InstanceNorm (statistics over the grid), and anything else not listed. Only axes tp divides
 // are cut; the rest stay replicated. The
 // answer is tp 1's up to the order of float sums. Collectives: parallel/collective_ops.h.
+//
+// Domain parallelism. Domain rank d of D holds rows [d H/D, (d+1) H/D) of every activation
+// that can be split so. Bands start at the first convolution that can run on them (the
+// stage-0 cross-embedding: its input, whole on every rank, cut by ScatterTP; so are the
+// inputs of later convolutions that find their input whole). The rules above carry them
+// through the encoder, the decoder and the skip connections, plus:
+//   - GroupNorm (exported as Reshape to (N, G, -1), InstanceNormalization, Reshape back): the
+//     statistics of each group are sums over the domain group (AllReduceTP, group "domain",
+//     grad "sum"): mean, then the variance about it, as one process computes them;
+//   - the tp collectives (AllReduceTP, CopyToTP) act on bands row by row: dp x tp x domain;
+//   - CrossFormer's local windows: a band holds whole windows when its height is a multiple of
+//     the window height (the Reshape rule); otherwise that stage is gathered;
+//   - long-distance attention groups rows from every band: its windows are gathered (exact,
+//     as one process computes them); the result is cut back to the band at the residual add.
+//   - boundary padding (CREDIT's earth / mirror) and the final crop or Resize read the whole
+//     grid: the input side is done on the whole input before the first convolution, the output
+//     side after the last band is gathered.
+// Every replicated parameter a band op reads gets a CopyToTP over the domain group (training):
+// its gradient is the sum of every band's. The loss is computed on the gathered output, so
+// its latitude weights and mean are the whole grid's. All collectives the pass adds carry
+// attribute group "domain". Domain 1: nothing.
 #pragma once
+#include <map>
+#include <string>
 #include <vector>
 
 #include "engine/ir/graph.h"
 
 namespace wxe {
 
-struct SequenceParallelStats {
+struct BandStats {
   int reduce_scatters = 0;     // AllReduceTP nodes that became ReduceScatterTP
   int gathers = 0;             // AllGatherTP before column-parallel layers (each replaces a CopyToTP)
   int replicated_gathers = 0;  // AllGatherTP before replicated ops
   int scatters = 0;            // ScatterTP nodes: replicated activations cut to bands
   int copies = 0;              // CopyToTP nodes on replicated operands of band ops
   int halos = 0;               // HaloTP nodes: convolutions taller than a row on bands
+  int group_norms = 0;         // GroupNorms with statistics summed over the group (domain)
+  int64_t halo_bytes = 0;      // bytes of halo rows a band between two others receives per forward
+  std::map<std::string, int> gathered_for;  // op type -> nodes that read a gathered band (replicated_gathers)
 };
+using SequenceParallelStats = BandStats;
 
 // Rewrites a graph sharded by shard_training_graph for tp ranks; nothing for tp 1.
-SequenceParallelStats sequence_parallel(Graph& g, int tp);
+BandStats sequence_parallel(Graph& g, int tp);
+
+// Rewrites an inference (training: `training`) graph, tp-sharded or not, for domain ranks;
+// nothing for domain 1.
+BandStats domain_parallel(Graph& g, int domain, bool training);
 
 // Activation checkpointing's segments (ExecOptions::segments, engine/passes/passes.h
 // checkpoint_segments) plus, for each AllGatherTP with grad "sum" outside any segment, one

@@ -1,0 +1,218 @@
+// Domain parallelism (parallel/bands.h domain_parallel) with the domain ranks inside this process
+// (coroutines on one thread, tests/rank_group.h): CREDIT models at domain 2 and 4 against
+// domain 1, inference on the fast path (the fusions run on the banded graph) and a training
+// step's output and every parameter gradient; the collectives counted so that a missing
+// exchange fails.
+#include <gtest/gtest.h>
+
+#include "engine/exec/autograd.h"
+#include "engine/exec/executor.h"
+#include "engine/io/npy.h"
+#include "engine/passes/passes.h"
+#include "importers/onnx/onnx_import.h"
+#include "load/model.h"
+#include "parallel/bands.h"
+#include "parallel/collective_ops.h"
+#include "tests/rank_group.h"
+#include "tests/test_util.h"
+
+namespace wxe::test {
+namespace {
+
+struct DomainRun {
+  BandStats stats;
+  Tensor y;
+  std::map<std::string, Tensor> grads;  // training: trainable parameter -> gradient
+  std::map<std::string, int> ops;       // collective nodes of the graph it ran, by op
+  std::map<std::string, int> constant;  // of those, the ones whose input no parameter reaches (no backward)
+  int calls = 0;                        // collectives this rank took part in
+  size_t kept = 0;                      // training: bytes the forward kept for the backward
+};
+
+void count_collectives(const Graph& g, DomainRun& s) {
+  std::vector<bool> reached(g.values.size(), false);  // a trainable parameter reaches the value
+  for (int v : trainable_parameters(g)) reached[v] = true;
+  for (const Node& n : g.nodes) {
+    bool any = false;
+    for (int i : n.inputs) any = any || (i >= 0 && reached[i]);
+    for (int o : n.outputs) reached[o] = any;
+    if (!ends_with(n.op, "TP")) continue;
+    EXPECT_EQ(n.s("group", ""), "domain") << n.name;
+    ++s.ops[n.op];
+    if (!any) ++s.constant[n.op];
+  }
+}
+
+// The model prepared for inference as `wxe infer` prepares it, run on `domain` ranks.
+std::vector<DomainRun> infer_on(const std::string& model, const Tensor& x, int domain) {
+  register_cpu_kernels();
+  register_collective_ops();
+  Graph full = import_onnx(data_path("tests/data/" + model));
+  const std::string in = full.values[full.inputs[0]].name;
+  prepare_model(full, {{in, {x.dtype, x.shape}}}, {});
+  std::vector<DomainRun> runs(domain);
+  std::vector<std::string> errors = RankGroup::run(domain, [&](int r, RankComm& comm) {
+    Graph g = full;
+    DomainRun& s = runs[r];
+    s.stats = domain_parallel(g, domain, false);
+    count_collectives(g, s);
+    Executor ex(g, {});
+    s.y = ex.run({{in, x}})[0];
+    s.calls = comm.calls;
+  });
+  for (int r = 0; r < domain; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return runs;
+}
+
+// One training step (output gradient gy) on `domain` ranks.
+std::vector<DomainRun> train_on(const std::string& model, const Tensor& x, const Tensor& gy, int domain) {
+  register_cpu_kernels();
+  register_collective_ops();
+  Graph full = import_onnx(data_path("tests/data/" + model));
+  const std::string in = full.values[full.inputs[0]].name;
+  prepare_training_graph(full, {{in, {x.dtype, x.shape}}});
+  std::vector<DomainRun> runs(domain);
+  std::vector<std::string> errors = RankGroup::run(domain, [&](int r, RankComm& comm) {
+    Graph g = full;
+    for (Value& v : g.values)  // each rank its own parameters, as in its own process
+      if (v.is_param && v.is_const()) v.constant = std::make_shared<Tensor>(v.constant->clone());
+    DomainRun& s = runs[r];
+    s.stats = domain_parallel(g, domain, true);
+    count_collectives(g, s);
+    GradExecutor ex(g, trainable_parameters(g), ExecOptions{0, KernelKind::Fast});
+    s.y = ex.forward({{in, x}})[0];
+    s.kept = ex.kept_bytes();
+    ex.backward({gy});
+    for (size_t p = 0; p < ex.trainable().size(); ++p) s.grads[g.values[ex.trainable()[p]].name] = ex.grads()[p];
+    s.calls = comm.calls;
+  });
+  for (int r = 0; r < domain; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return runs;
+}
+
+// The collectives of the graph match the pass's counts, and the communicator was called once per
+// exchange in the forward (a scatter takes the rank's rows without one), and in training once
+// more per exchange in the backward (a gather before replicated ops slices without one; the
+// input's scatter and halos have no gradient to send).
+void expect_counts(const DomainRun& s, bool training) {
+  std::map<std::string, int> ops = s.ops;
+  EXPECT_EQ(ops["HaloTP"], s.stats.halos);
+  EXPECT_EQ(ops["ScatterTP"], s.stats.scatters);
+  EXPECT_EQ(ops["AllGatherTP"], s.stats.replicated_gathers);
+  EXPECT_EQ(ops["AllReduceTP"], 2 * s.stats.group_norms);  // each group's mean and variance
+  EXPECT_EQ(ops["CopyToTP"], s.stats.copies);
+  EXPECT_EQ(ops["ReduceScatterTP"], 0);
+  const int forward = ops["HaloTP"] + ops["AllGatherTP"] + ops["AllReduceTP"];
+  std::map<std::string, int> none = s.constant;
+  const int backward = ops["HaloTP"] - none["HaloTP"] + ops["ScatterTP"] - none["ScatterTP"] + ops["AllReduceTP"] +
+                       ops["CopyToTP"];
+  EXPECT_EQ(s.calls, forward + (training ? backward : 0));
+  if (training) EXPECT_GT(s.stats.copies, 0);
+  else EXPECT_EQ(s.stats.copies, 0);  // inference: nothing to sum
+}
+
+void expect_infer_matches_one(const std::string& model, const std::string& input, int domain, int halos, int group_norms) {
+  SCOPED_TRACE(model + " domain " + std::to_string(domain));
+  Tensor x = read_npy(data_path("tests/data/" + input));
+  static std::map<std::string, Tensor> one;
+  if (!one.count(model)) one[model] = infer_on(model, x, 1)[0].y;
+  std::vector<DomainRun> runs = infer_on(model, x, domain);
+  for (int r = 0; r < domain; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const DomainRun& s = runs[r];
+    EXPECT_LE(max_abs_diff(s.y, one[model]), 1e-5);
+    EXPECT_LE(rel_l2(s.y, one[model]), 1e-5);
+    EXPECT_EQ(max_abs_diff(s.y, runs[0].y), 0) << "ranks disagree";
+    EXPECT_EQ(s.stats.halos, halos);
+    EXPECT_EQ(s.stats.group_norms, group_norms);
+    EXPECT_GE(s.stats.scatters, 1);  // the bands start somewhere
+    expect_counts(s, false);
+  }
+}
+
+double norm(const Tensor& t) {
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) s += (double)t.data<float>()[i] * t.data<float>()[i];
+  return std::sqrt(s);
+}
+
+void expect_train_matches_one(const std::string& model, const std::string& input, int domain) {
+  SCOPED_TRACE(model + " training, domain " + std::to_string(domain));
+  Tensor x = read_npy(data_path("tests/data/" + input));
+  static std::map<std::string, Tensor> gys;
+  static std::map<std::string, DomainRun> one;
+  if (!one.count(model)) {
+    Graph g = import_onnx(data_path("tests/data/" + model));
+    prepare_graph(g, {{g.values[g.inputs[0]].name, {x.dtype, x.shape}}});
+    gys[model] = randn(g.values[g.outputs[0]].shape, 11);
+    one[model] = train_on(model, x, gys[model], 1)[0];
+  }
+  const DomainRun& ref = one.at(model);
+  double scale = 0;
+  for (auto& [name, g] : ref.grads) scale = std::max(scale, norm(g));
+  std::vector<DomainRun> runs = train_on(model, x, gys[model], domain);
+  for (int r = 0; r < domain; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const DomainRun& s = runs[r];
+    EXPECT_LE(max_abs_diff(s.y, ref.y), 1e-5);
+    EXPECT_EQ(max_abs_diff(s.y, runs[0].y), 0) << "ranks disagree";
+    ASSERT_EQ(s.grads.size(), ref.grads.size());
+    for (auto& [name, want] : ref.grads) {  // every parameter whole on every rank: domain 1's gradient
+      ASSERT_TRUE(s.grads.count(name)) << name;
+      const Tensor& got = s.grads.at(name);
+      ASSERT_EQ(got.shape, want.shape) << name;
+      const double n = norm(want);
+      EXPECT_LE(rel_l2(got, want) * n / std::max(n, 1e-3 * scale), 1e-5) << name;
+    }
+    expect_counts(s, true);
+    EXPECT_LT(s.kept, ref.kept) << "bands keep as much as the whole grid";
+  }
+}
+
+}  // namespace
+
+// CREDIT's gen1 CrossFormer (ConvTranspose decoder, earth padding): bands from the stage-0
+// cross-embedding (4 kernels taller than their stride: a halo each) through the later stages'
+// cross-embeddings (the kernel of 4 of each: 3 halos) to the decoder's 3x3 convolutions (2 per
+// up-block: 6) and GroupNorms (2 per up-block).
+TEST(DomainParallel, CrossformerInferenceDomain2) {
+  expect_infer_matches_one("crossformer_tiny_snbaked_opset17.onnx", "crossformer_tiny_x.npy", 2, 4 + 3 + 6, 6);
+}
+// At domain 4 stage 3 has one row per band, fewer than its window: its attention is gathered.
+TEST(DomainParallel, CrossformerInferenceDomain4) {
+  expect_infer_matches_one("crossformer_tiny_snbaked_opset17.onnx", "crossformer_tiny_x.npy", 4, 4 + 3 + 6, 6);
+}
+// Mirror padding and an If-exported interpolation: 2 stage-0 kernels, 3 later, 6 in the decoder.
+TEST(DomainParallel, CrossformerMirrorInferenceDomain2) {
+  expect_infer_matches_one("crossformer_mirror_if.onnx", "crossformer_mirror_if_x.npy", 2, 2 + 3 + 6, 6);
+}
+TEST(DomainParallel, CrossformerMirrorInferenceDomain4) {
+  expect_infer_matches_one("crossformer_mirror_if.onnx", "crossformer_mirror_if_x.npy", 4, 2 + 3 + 6, 6);
+}
+// WXFormer from PyTorch 2's dynamo exporter: PixelShuffle (DepthToSpace) decoder with a 3x3
+// "sharp" convolution after each shuffle, ZeroPad2d cross-embeddings, torch.var's ReduceMean
+// without keepdims in the channel norms.
+TEST(DomainParallel, WxformerInferenceDomain2) {
+  expect_infer_matches_one("torch2_wxformer_tiny_dynamo.onnx", "torch2_wxformer_tiny_x.npy", 2, 21, 6);
+}
+TEST(DomainParallel, WxformerInferenceDomain4) {
+  expect_infer_matches_one("torch2_wxformer_tiny_dynamo.onnx", "torch2_wxformer_tiny_x.npy", 4, 21, 6);
+}
+// CREDIT's next-generation model (column attention along latitudes: gathered; stage 3's one
+// row cannot be split: its cross-embedding gathered; Resize to the same size: the identity).
+// At domain 4 stage 2 has 2 rows: it and the decoder block at its size (halos, 2 GroupNorms) gathered.
+TEST(DomainParallel, NextgenInferenceDomain2) {
+  expect_infer_matches_one("nextgen_model_ts.onnx", "nextgen_model_x.npy", 2, 16, 6);
+}
+TEST(DomainParallel, NextgenInferenceDomain4) {
+  expect_infer_matches_one("nextgen_model_ts.onnx", "nextgen_model_x.npy", 4, 11, 4);
+}
+
+TEST(DomainParallel, CrossformerTrainingDomain2) {
+  expect_train_matches_one("crossformer_tiny_snbaked_opset17.onnx", "crossformer_tiny_x.npy", 2);
+}
+TEST(DomainParallel, CrossformerTrainingDomain4) {
+  expect_train_matches_one("crossformer_tiny_snbaked_opset17.onnx", "crossformer_tiny_x.npy", 4);
+}
+
+}  // namespace wxe::test
