@@ -69,8 +69,8 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
             "' takes ", declared[2], " time steps (dim 2 of ", shape_str(declared), "); ", a.config,
             " has data.history_len ", cfg.history_len);
   const int tp = mesh ? mesh->tp : 1;
-  WXE_CHECK(!mesh || mesh->dp == 1, "forecast runs one model copy: the world must equal --tp (", mesh ? mesh->world : 1,
-            " ranks, --tp ", tp, ")");
+  WXE_CHECK(!mesh || mesh->dp == 1, "forecast runs one model copy: the world must equal --tp x --domain (",
+            mesh ? mesh->world : 1, " ranks, --tp ", tp, ", --domain ", mesh ? mesh->domain : 1, ")");
   TpSharding sharding(mesh, a.plan);
   LoadOptions lo;
   lo.weights = a.weights;
@@ -80,6 +80,7 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
     ShardStats st = sharding.shard(g);
     note("wxe: tp %d: %d column- and %d row-parallel layers\n", tp, st.column, st.row);
   }
+  shard_domain(g, mesh, false);
   ExecOptions opt;
   opt.threads = a.threads;
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;

@@ -149,6 +149,35 @@ ShardStats TpSharding::shard(Graph& g) {
   return st;
 }
 
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB"};
+  int k = 0;
+  while (b >= 1024 && k < 3) {
+    b /= 1024;
+    ++k;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, u[k]);
+  return buf;
+}
+
+BandStats shard_domain(Graph& g, const Mesh* mesh, bool training) {
+  if (!mesh || mesh->domain <= 1) return {};
+  const int d = mesh->domain;
+  const std::string source = g.source;
+  BandStats st = domain_parallel(g, d, training);
+  WXE_CHECK(st.scatters > 0, source, ": --domain ", d, " splits nothing: no convolution of this model has rows that ",
+            "divide into ", d, " bands with halos no taller than a band; run with a --domain that divides the grid's "
+            "rows at the first convolution, or without it");
+  set_domain_communicator(mesh->domain_comm.get());
+  std::string gathered;
+  for (auto& [op, n] : st.gathered_for) gathered += str(gathered.empty() ? "" : ", ", op, " x", n);
+  note("wxe: domain %d: latitude bands; %d convolutions exchange halo rows (%s per forward into a middle band), %d "
+       "GroupNorms sum their statistics over the domain group; gathered whole for: %s\n",
+       d, st.halos, human_bytes((double)st.halo_bytes).c_str(), st.group_norms, gathered.empty() ? "nothing" : gathered.c_str());
+  return st;
+}
+
 int64_t traced_batch(const Graph& g, const std::map<std::string, Tensor>& inputs) {
   int64_t traced = 0, given = 0;
   for (int id : g.inputs) {

@@ -13,6 +13,7 @@
 #include "engine/passes/passes.h"
 #include "engine/io/safetensors.h"
 #include "load/checkpoint.h"
+#include "parallel/bands.h"
 #include "parallel/mesh.h"
 #include "parallel/shard.h"
 
@@ -82,5 +83,15 @@ class TpSharding {
   TpPlan plan_;
   bool have_plan_ = false;
 };
+
+// "1.5 MiB": bytes for a person to read.
+std::string human_bytes(double bytes);
+
+// Domain parallelism over the mesh's domain group, shared by infer, forecast and finetune: after
+// the tp sharding, g becomes this rank's latitude bands (parallel/bands.h domain_parallel) and
+// the thread's domain communicator the mesh's; one note says what runs on bands, the halo
+// traffic and what is gathered whole. A model the pass cannot split at all (no convolution
+// whose rows divide into the bands) is an error naming --domain. No mesh or domain 1: nothing.
+BandStats shard_domain(Graph& g, const Mesh* mesh, bool training);
 
 }  // namespace wxe

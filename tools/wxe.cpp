@@ -140,17 +140,6 @@ Stats stats_of(const Tensor& t) {
   return s;
 }
 
-std::string human_bytes(double b) {
-  const char* u[] = {"B", "KiB", "MiB", "GiB"};
-  int k = 0;
-  while (b >= 1024 && k < 3) {
-    b /= 1024;
-    ++k;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", b, u[k]);
-  return buf;
-}
 
 void count_params(const Graph& g, int64_t& count, size_t& bytes, bool only_params) {
   count = 0;
@@ -240,7 +229,7 @@ struct InferArgs {
   std::vector<std::string> inputs, outputs;
   std::string compare;
   double tolerance = -1;
-  int threads = 0, tp = 1;
+  int threads = 0, tp = 1, domain = 1;
   bool reference = false;
   std::string weights, plan;
   std::string precision = "fp32";
@@ -313,6 +302,7 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
            human_bytes(e[0]).c_str(), human_bytes(e[1]).c_str(), e[2]);
     }
   }
+  shard_domain(g, &mesh, false);
   ExecOptions opt;
   opt.threads = a.threads;
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
@@ -334,7 +324,7 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   if (mesh.rank != 0) return 0;
   std::printf("forward: %.1f ms, %s activations at peak%s\n", run_s * 1e3,
               human_bytes(ex.peak_activation_bytes()).c_str(),
-              mesh.world > 1 ? str(" (rank 0; dp ", mesh.dp, " x tp ", mesh.tp, ")").c_str() : "");
+              mesh.world > 1 ? str(" (rank 0; dp ", mesh.dp, " x tp ", mesh.tp, " x domain ", mesh.domain, ")").c_str() : "");
   for (const std::string& o : a.outputs) {
     auto [idx, path] = output_target(g, a.model, o);
     write_npy(path, outs[idx]);
@@ -574,7 +564,9 @@ int main(int argc, char** argv) {
   auto* compare_opt = infer->add_option("--compare", ia.compare, "reference output .npy: print max abs and relative L2 difference");
   infer->add_option("--tolerance", ia.tolerance, "with --compare: exit 3 if max abs difference exceeds it")->needs(compare_opt);
   infer->add_flag("--reference", ia.reference, "run the plain reference kernels only (slow; the oracle)");
-  infer->add_option("--tp", ia.tp, "tensor-parallel ranks (world = dp x tp; run under mpirun)");
+  infer->add_option("--tp", ia.tp, "tensor-parallel ranks (world = dp x tp x domain; run under mpirun)");
+  infer->add_option("--domain", ia.domain, "domain-parallel ranks: each holds a band of latitudes of the activations "
+                    "(world = dp x tp x domain; run under mpirun)");
   infer->add_option("--plan", ia.plan, "plan file (JSON: weight-name pattern -> colwise|rowwise|replicate)");
   infer->add_option("--weights,-w", ia.weights, "load parameters by name: .safetensors, or a legacy CREDIT .pt (converted on the fly)");
   infer->add_option("--device", ia.device, "cpu (default) or cuda: run on the first GPU (float32)")
@@ -673,12 +665,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   finetune->add_option("--save-every", fc.save_every, "also write a checkpoint every N steps (default: only at the end)");
   finetune->add_option("--keep", fc.keep, "checkpoints kept (default 2)");
-  int finetune_tp = 1;
-  finetune->add_option("--tp", finetune_tp, "tensor-parallel ranks per model copy (world = dp x tp; run under mpirun)");
+  int finetune_tp = 1, finetune_domain = 1;
+  finetune->add_option("--tp", finetune_tp, "tensor-parallel ranks per model copy (world = dp x tp x domain; run under mpirun)");
+  finetune->add_option("--domain", finetune_domain, "domain-parallel ranks per model copy: each holds a band of "
+                       "latitudes of the activations (world = dp x tp x domain; run under mpirun)");
   finetune->add_option("--plan", fc.plan, "tensor-parallel plan file (JSON: weight-name glob -> colwise/rowwise/replicate)");
 
   ForecastArgs fa;
-  int forecast_tp = 1;
+  int forecast_tp = 1, forecast_domain = 1;
   auto* forecast = app.add_subcommand("forecast", "autoregressive forecast from a CREDIT config's data, written as netCDF");
   forecast->add_option("config", fa.config, "CREDIT gen2 config .yml (data.source, scaler)")->required();
   forecast->add_option("--model,-m", fa.model, "model .onnx")->required();
@@ -690,7 +684,9 @@ int main(int argc, char** argv) {
   forecast->add_flag("--reference", fa.reference, "reference kernels only (slow; the oracle)");
   forecast->add_option("--device", fa.device, "cpu (default) or cuda: run the model on the GPU (float32; under mpirun "
                        "one GPU per rank)")->check(CLI::IsMember({"cpu", "cuda"}));
-  forecast->add_option("--tp", forecast_tp, "tensor-parallel ranks (run under mpirun -n TP)");
+  forecast->add_option("--tp", forecast_tp, "tensor-parallel ranks (run under mpirun -n TP x DOMAIN)");
+  forecast->add_option("--domain", forecast_domain, "domain-parallel ranks: each holds a band of latitudes of the "
+                       "activations (run under mpirun -n TP x DOMAIN)");
   forecast->add_option("--plan", fa.plan, "tensor-parallel plan file");
 
   // `wxe help [COMMAND]`: the same as --help
@@ -752,7 +748,8 @@ int main(int argc, char** argv) {
   Mesh mesh;
   if (*infer || *finetune || *forecast) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
     try {
-      mesh = make_mesh(*infer ? ia.tp : *forecast ? forecast_tp : finetune_tp);
+      mesh = make_mesh(*infer ? ia.tp : *forecast ? forecast_tp : finetune_tp,
+                       *infer ? ia.domain : *forecast ? forecast_domain : finetune_domain);
     } catch (const Error& e) {
       std::fprintf(stderr, "wxe: error: %s\n", e.what());
       return 1;

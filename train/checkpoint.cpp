@@ -62,7 +62,8 @@ std::string Trainer::save_checkpoint() {
     if (ema_) ema.push_back({"ema." + name, ema_->shadow()[i]});
   }
   if (sharded) {
-    // every tensor once: a tp shard from dp rank 0 of its tp column, a replicated one from rank 0
+    // every tensor once: a tp shard from dp rank 0 and domain rank 0 of its tp column (domain ranks
+    // hold the same), a replicated one from rank 0
     std::vector<ShardPiece> pieces;
     auto add = [&](const std::string& name, const std::string& param, const Tensor& t) {
       ShardPiece p{name, t.shape, {}, t, mesh_->rank == 0};
@@ -70,7 +71,7 @@ std::string Trainer::save_checkpoint() {
       if (it != slices_.end()) {
         p.slice = it->second;
         p.global_shape[p.slice.axis] *= p.slice.parts;
-        p.owner = dp_rank_ == 0;
+        p.owner = dp_rank_ == 0 && domain_rank_ == 0;
       }
       pieces.push_back(p);
     };

@@ -269,9 +269,9 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
          "latitudes between the tp-sharded layers\n",
          t.sp_stats().reduce_scatters, t.sp_stats().gathers, t.sp_stats().replicated_gathers);
   if (mesh && mesh->world > 1)
-    note("wxe: mesh dp %d x tp %d: %d micro-batches per step per data-parallel group; optimizer state %.1f MiB "
-         "per rank\n",
-         mesh->dp, mesh->tp, cfg.accum / mesh->dp, t.optimizer_bytes() / 1048576.0);
+    note("wxe: mesh dp %d x tp %d x domain %d: %d micro-batches per step per data-parallel group; optimizer "
+         "state %.1f MiB per rank\n",
+         mesh->dp, mesh->tp, mesh->domain, cfg.accum / mesh->dp, t.optimizer_bytes() / 1048576.0);
   note("wxe: training %lld parameters (%zu tensors); %zu nodes; accum %d, forecast_len %d\n",
        (long long)t.trainable_count(), t.executor().trainable().size(), t.graph().nodes.size(), cfg.accum,
        cfg.forecast_len);

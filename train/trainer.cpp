@@ -38,6 +38,8 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     dp_rank_ = mesh_->dp_rank;
     tp_ = mesh_->tp;
     tp_rank_ = mesh_->tp_rank;
+    domain_ = mesh_->domain;
+    domain_rank_ = mesh_->domain_rank;
   }
   WXE_CHECK(cfg.accum >= 1, "--accum must be at least 1");
   WXE_CHECK(cfg.accum % dp_ == 0, "--accum ", cfg.accum, " micro-batches cannot be divided over ", dp_,
@@ -69,9 +71,14 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     slices_ = parameter_slices(plan, graph_, tp_, tp_rank_);
     tp_stats_ = shard_training_graph(graph_, plan, tp_, tp_rank_);
     // the memory plan it serves is the CPU's (engine/exec/autograd.h)
-    if (cfg.sequence_parallel && cfg.device == "cpu") sp_stats_ = sequence_parallel(graph_, tp_);
+    // (with --domain the bands are the domain's: parallel/bands.h)
+    if (cfg.sequence_parallel && cfg.device == "cpu" && domain_ == 1) sp_stats_ = sequence_parallel(graph_, tp_);
     set_tp_communicator(mesh_->tp_comm.get());
   }
+  // domain ranks: whole parameters, bands of the activations; the replicated parameters' band
+  // gradients summed over the domain group in the backward (CopyToTP), so every domain rank
+  // ends the backward with the same gradients and takes the same optimizer step
+  shard_domain(graph_, mesh_, true);
   // host memory: ops a backend lacks fall back to the CPU kernels without copies
   if (cfg.fuse && !cfg.reference && backend_for(cfg.device).device() == DeviceKind::CPU) fuse_for_training(graph_);
   WXE_CHECK(cfg.precision == "fp32" || cfg.precision == "bf16", "--precision must be fp32 or bf16, not '",
@@ -171,7 +178,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
 // Every rank must have built the same plan (same parameters, shapes and shards), or the
 // collectives would pair up unrelated tensors: a hash, gathered and compared before the first one.
 void Trainer::check_same_plan() {
-  std::string text = str("tp", tp_, "dp", dp_);
+  std::string text = str("tp", tp_, "dp", dp_, "domain", domain_);
   for (int v : trainable_) {
     const Value& x = graph_.values[v];
     text += x.name + shape_str(x.shape);
@@ -298,9 +305,11 @@ StepLog Trainer::step() {
   double total_sq = sq_sharded + sq_replicated;
   if (mesh_ && mesh_->world > 1) {
     Tensor v(DType::F64, {3});
-    v.data<double>()[0] = sq_sharded;
-    v.data<double>()[1] = tp_rank_ == 0 ? sq_replicated : 0.0;
-    v.data<double>()[2] = tp_rank_ == 0 ? loss_sum : 0.0;  // tp ranks computed the same loss
+    // domain ranks hold the same gradients and loss: counted from domain rank 0 only
+    const bool first = domain_rank_ == 0;
+    v.data<double>()[0] = first ? sq_sharded : 0.0;
+    v.data<double>()[1] = first && tp_rank_ == 0 ? sq_replicated : 0.0;
+    v.data<double>()[2] = first && tp_rank_ == 0 ? loss_sum : 0.0;  // tp ranks computed the same loss
     mesh_->world_comm->all_reduce_sum(v);
     total_sq = v.data<double>()[0] + v.data<double>()[1];
     loss_sum = v.data<double>()[2];

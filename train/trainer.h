@@ -147,7 +147,7 @@ class Trainer {
   FinetuneConfig cfg_;
   std::unique_ptr<SampleSource> data_;
   Mesh* mesh_ = nullptr;
-  int dp_ = 1, dp_rank_ = 0, tp_ = 1, tp_rank_ = 0;
+  int dp_ = 1, dp_rank_ = 0, tp_ = 1, tp_rank_ = 0, domain_ = 1, domain_rank_ = 0;
   std::map<std::string, TensorSlice> slices_;  // tp-sharded parameters: this rank's block of each
   ShardStats tp_stats_;
   SequenceParallelStats sp_stats_;
