@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "engine/passes/fuse.h"
 #include "engine/passes/passes.h"
@@ -33,6 +34,29 @@ int follow_axis(const Node& n, const Shape& in, int a, const Shape& out) {
   const int64_t before = prod(in, 0, a);
   for (size_t b = 0; b < out.size(); ++b)
     if (prod(out, 0, b) == before && out[b] == in[a]) return (int)b;
+  return -1;
+}
+
+// Where a band along axis a of `in` goes through Reshape or Transpose n to `out`, over `parts`
+// ranks: Transpose moves it; Reshape keeps it when it stays the outer part of one axis, that
+// axis divisible by parts (Megatron's heads rule); -1 otherwise.
+int band_through_layout(const Graph& g, const Node& n, const Shape& in, int a, const Shape& out, int parts) {
+  if (n.op == "Transpose") {
+    std::vector<int64_t> perm = n.ints("perm");
+    if (perm.empty())
+      for (int64_t k = (int64_t)in.size() - 1; k >= 0; --k) perm.push_back(k);
+    auto it = std::find(perm.begin(), perm.end(), a);
+    return it == perm.end() ? -1 : (int)(it - perm.begin());
+  }
+  if (n.op != "Reshape" || n.inputs.size() < 2 || !g.values[n.inputs[1]].is_const()) return -1;
+  const std::vector<int64_t> target = g.values[n.inputs[1]].constant->to_i64();
+  const int64_t before = prod(in, 0, a);
+  for (int b = 0; b < (int)out.size(); ++b) {
+    if (prod(out, 0, b) != before || out[b] == 1) continue;
+    const int64_t x0 = in[a], y0 = out[b];
+    if ((x0 % y0 && y0 % x0) || y0 % parts || b >= (int)target.size() || target[b] == 0) return -1;
+    return b;
+  }
   return -1;
 }
 
@@ -219,24 +243,7 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
         if (norm(ax, rank) == a) return -1;
       return a;
     }
-    if (n.op == "Transpose") {
-      std::vector<int64_t> perm = n.ints("perm");
-      if (perm.empty())
-        for (int64_t k = rank - 1; k >= 0; --k) perm.push_back(k);
-      return (int)(std::find(perm.begin(), perm.end(), a) - perm.begin());
-    }
-    if (n.op == "Reshape") {  // the band stays the outer part of one axis (Megatron's heads rule)
-      if (n.inputs.size() < 2 || !g.values[n.inputs[1]].is_const()) return -1;
-      const std::vector<int64_t> target = g.values[n.inputs[1]].constant->to_i64();
-      const int64_t before = prod(xs, 0, a);
-      for (int b = 0; b < orank; ++b) {
-        if (prod(os, 0, b) != before || os[b] == 1) continue;
-        const int64_t x0 = xs[a], y0 = os[b];
-        if ((x0 % y0 && y0 % x0) || y0 % tp || b >= (int)target.size() || target[b] == 0) return -1;
-        return b;
-      }
-      return -1;
-    }
+    if (n.op == "Transpose" || n.op == "Reshape") return band_through_layout(g, n, xs, a, os, tp);
     return -1;
   };
 
@@ -297,7 +304,8 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
   };
 
   std::vector<bool> done(nodes, false);  // moved earlier (a row-parallel layer's layout and bias)
-  std::map<int, int> rename;             // a dropped CopyToTP's output -> its input
+  std::map<int, int> rename;             // a dropped CopyToTP's output -> its input (or a value -> its band)
+  std::set<int> rescatter;               // nodes whose output is whole windows to share out
   for (size_t k = 0; k < nodes; ++k) {
     if (done[k]) continue;
     Node n = g.nodes[k];
@@ -377,7 +385,9 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
         conv_on_bands(n, top, bottom))
       n.inputs[0] = scatter_of(n.inputs[0], kRows, n.name);  // the domain's bands start at a convolution
     if (!std::any_of(n.inputs.begin(), n.inputs.end(), is_band)) {
+      const int o = n.outputs.empty() ? -1 : n.outputs[0];
       out.push_back(std::move(n));
+      if (rescatter.count((int)k)) rename[o] = scatter_of(o, 0, g.nodes[k].name);  // the windows shared out
       continue;
     }
     if (domain) {
@@ -437,6 +447,47 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
         done[in] = done[r2] = true;
         ++st.group_norms;
         continue;
+      }
+    }
+    if (domain && (n.op == "Reshape" || n.op == "Transpose") && axis_of(n.inputs[0]) == kRows &&
+        g.values[n.inputs[0]].shape.size() == 4) {
+      // A window layout whose windows take rows from every band (CrossFormer's long-distance
+      // attention; local windows taller than a band; attention along columns): the image is
+      // gathered, laid out whole, and the windows (the layout's leading axis) shared out instead.
+      int a = kRows, end = -1, cur = (int)k;
+      bool reshaped = false, transposed = false;
+      while (cur >= 0 && (g.nodes[cur].op == "Reshape" || g.nodes[cur].op == "Transpose")) {
+        const Node& m = g.nodes[cur];
+        if (a >= 0) a = band_through_layout(g, m, g.values[m.inputs[0]].shape, a, g.values[m.outputs[0]].shape, tp);
+        (m.op == "Reshape" ? reshaped : transposed) = true;
+        end = cur;
+        cur = sole(m.outputs[0]);
+      }
+      const Shape& es = g.values[g.nodes[end].outputs[0]].shape;
+      if (a != 0 && reshaped && transposed && es.size() >= 3 && es[0] >= tp && es[0] % tp == 0) {
+        n.inputs[0] = gather_of(n.inputs[0], false, n.name);
+        ++st.gathered_for["windows across bands"];
+        const int o = n.outputs[0];
+        out.push_back(std::move(n));
+        if (end == (int)k) rename[o] = scatter_of(o, 0, g.nodes[k].name);
+        else rescatter.insert(end);
+        continue;
+      }
+    }
+    if (domain && elementwise_op(n.op) && n.outputs.size() == 1) {
+      // bands along different axes meet (the inverse of a layout that shared out columns):
+      // each is brought to the rows of the output's image
+      const Shape& os = g.values[n.outputs[0]].shape;
+      const int rows = (int)os.size() - 4 + kRows;
+      auto rows_of = [&](int v) { return rows - ((int)os.size() - (int)g.values[v].shape.size()); };
+      const bool on_rows = rows >= 0 && std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) {
+        return is_band(v) && axis_of(v) == rows_of(v);
+      });
+      for (int& v : n.inputs) {
+        if (!on_rows || !is_band(v) || axis_of(v) == rows_of(v) || rows_of(v) < 0 ||
+            g.values[v].shape[rows_of(v)] != os[rows])
+          continue;
+        v = scatter_of(gather_of(v, false, n.name), rows_of(v), n.name);
       }
     }
     // windows for column-parallel layers are made from the whole image (gathered before the

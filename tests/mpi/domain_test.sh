@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # mpirun -n N wxe infer|finetune --domain D on the dp x tp x domain mesh (CPU ranks):
 #  - inference at domain 2, domain 4 and tp 2 x domain 2 equals the one-process output
-#    (crossformer_tiny; max abs 1e-5), and nextgen's and the mirror-padded CrossFormer's at
-#    domain 2; the log names the halo exchanges;
+#    (crossformer_tiny; max abs 1e-5), nextgen's at domain 2 and a mirror-padded WXFormer's at
+#    domain 4; the log names the halo exchanges; a --domain that splits nothing is refused;
 #  - 10 fine-tuning steps at domain 2, tp 2 x domain 2 and dp 2 x domain 2 give the
 #    one-process losses (rtol 1e-5) and final parameters (compare_checkpoints 3e-5: the biases
 #    before a per-channel GroupNorm have gradients of rounding noise, which AdamW normalizes);
@@ -34,7 +34,7 @@ infer_case infer-domain2 "$model" "$d/crossformer_tiny_x.npy" 2 --domain 2
 infer_case infer-domain4 "$model" "$d/crossformer_tiny_x.npy" 4 --domain 4
 infer_case infer-tp2xdomain2 "$model" "$d/crossformer_tiny_x.npy" 4 --tp 2 --domain 2
 infer_case infer-nextgen-domain2 "$d/nextgen_model_ts.onnx" "$d/nextgen_model_x.npy" 2 --domain 2
-infer_case infer-mirror-domain2 "$d/crossformer_mirror_if.onnx" "$d/crossformer_mirror_if_x.npy" 2 --domain 2
+infer_case infer-wxformer-mirror-domain4 "$d/wxformer_mirror.onnx" "$d/wxformer_mirror_x.npy" 4 --domain 4
 # a --domain that splits nothing: one line naming it, every rank exits
 if ! timeout 120 "$mpiexec" --oversubscribe -n 3 "$wxe" infer "$model" -i "$d/crossformer_tiny_x.npy" -t 1 --domain 3 \
      >/dev/null 2>"$tmp/err" && grep -q -- "--domain 3 splits nothing" "$tmp/err"; then
