@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
+#include <tuple>
 
 #include "engine/passes/fuse.h"
 #include "engine/passes/passes.h"
@@ -117,6 +117,7 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
   };
   std::map<int, int> copied;                           // value -> its CopyToTP output
   std::map<std::pair<int, int>, int> scattered;        // (value, axis) -> its ScatterTP output
+  std::map<std::tuple<int, int64_t, int64_t>, int> scattered_with_halo;  // (value, top, bottom) -> its band
   std::map<std::pair<int, bool>, int> gathered;        // (band value, grad "sum") -> its AllGatherTP output
   auto copy_of = [&](int v, const std::string& reader) {
     auto it = copied.find(v);
@@ -305,7 +306,7 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
 
   std::vector<bool> done(nodes, false);  // moved earlier (a row-parallel layer's layout and bias)
   std::map<int, int> rename;             // a dropped CopyToTP's output -> its input (or a value -> its band)
-  std::set<int> rescatter;               // nodes whose output is whole windows to share out
+  std::map<int, int> cut_after;          // node -> the axis of its whole output to share out
   for (size_t k = 0; k < nodes; ++k) {
     if (done[k]) continue;
     Node n = g.nodes[k];
@@ -380,14 +381,31 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
       }
     }
     int64_t top = 0, bottom = 0;
-    if (domain && !n.inputs.empty() && n.inputs[0] >= 0 && !is_band(n.inputs[0]) &&
-        g.values[n.inputs[0]].dtype == DType::F32 && !g.values[n.inputs[0]].is_const() &&
-        conv_on_bands(n, top, bottom))
-      n.inputs[0] = scatter_of(n.inputs[0], kRows, n.name);  // the domain's bands start at a convolution
-    if (!std::any_of(n.inputs.begin(), n.inputs.end(), is_band)) {
+    const bool starts_bands = domain && !n.inputs.empty() && n.inputs[0] >= 0 && !is_band(n.inputs[0]) &&
+                              g.values[n.inputs[0]].dtype == DType::F32 && !g.values[n.inputs[0]].is_const() &&
+                              conv_on_bands(n, top, bottom);
+    if (starts_bands) {
+      // the domain's bands start at a convolution: each rank takes its band of the whole input
+      // with the halo rows around it (no exchange: every rank has the whole input)
+      auto key = std::make_tuple(n.inputs[0], top, bottom);
+      auto it = scattered_with_halo.find(key);
+      if (it == scattered_with_halo.end()) {
+        const int h = new_value(n.inputs[0], "_band_halo");
+        Node sc = collective("ScatterTP", n.name + "/ScatterTP", n.inputs[0], h, kRows);
+        sc.attrs["top"] = attr_i(top);
+        sc.attrs["bottom"] = attr_i(bottom);
+        out.push_back(std::move(sc));
+        ++st.scatters;
+        it = scattered_with_halo.emplace(key, h).first;
+      }
+      n.inputs[0] = it->second;
+      top = bottom = 0;
+    }
+    if (!starts_bands && !std::any_of(n.inputs.begin(), n.inputs.end(), is_band)) {
       const int o = n.outputs.empty() ? -1 : n.outputs[0];
       out.push_back(std::move(n));
-      if (rescatter.count((int)k)) rename[o] = scatter_of(o, 0, g.nodes[k].name);  // the windows shared out
+      auto c = cut_after.find((int)k);
+      if (c != cut_after.end()) rename[o] = scatter_of(o, c->second, g.nodes[k].name);  // the windows shared out
       continue;
     }
     if (domain) {
@@ -453,47 +471,50 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
         g.values[n.inputs[0]].shape.size() == 4) {
       // A window layout whose windows take rows from every band (CrossFormer's long-distance
       // attention; local windows taller than a band; attention along columns): the image is
-      // gathered, laid out whole, and the windows (the layout's leading axis) shared out instead.
-      int a = kRows, end = -1, cur = (int)k;
+      // gathered and the windows (the layout's leading axis) shared out instead, cut at the
+      // first step of the layout where they are one axis, so the rest of it runs on the share.
+      std::vector<int> chain;
+      int a = kRows;
       bool reshaped = false, transposed = false;
-      while (cur >= 0 && (g.nodes[cur].op == "Reshape" || g.nodes[cur].op == "Transpose")) {
+      for (int cur = (int)k; cur >= 0 && (g.nodes[cur].op == "Reshape" || g.nodes[cur].op == "Transpose");
+           cur = sole(g.nodes[cur].outputs[0])) {
         const Node& m = g.nodes[cur];
         if (a >= 0) a = band_through_layout(g, m, g.values[m.inputs[0]].shape, a, g.values[m.outputs[0]].shape, tp);
         (m.op == "Reshape" ? reshaped : transposed) = true;
-        end = cur;
-        cur = sole(m.outputs[0]);
+        chain.push_back(cur);
       }
-      const Shape& es = g.values[g.nodes[end].outputs[0]].shape;
+      const Shape& es = g.values[g.nodes[chain.back()].outputs[0]].shape;
       if (a != 0 && reshaped && transposed && es.size() >= 3 && es[0] >= tp && es[0] % tp == 0) {
+        // the windows axis traced back through the layout: at[j], the axis of chain node j's
+        // output that becomes the leading part of the windows (-1: not one axis there)
+        std::vector<int> at(chain.size(), -1);
+        at.back() = 0;
+        for (size_t j = chain.size() - 1; j > 0; --j) {
+          const Node& m = g.nodes[chain[j]];
+          const Shape& xs = g.values[m.inputs[0]].shape;
+          const Shape& os = g.values[m.outputs[0]].shape;
+          for (int i = 0; i < (int)xs.size() && at[j] >= 0; ++i)
+            if (xs[i] % tp == 0 && band_through_layout(g, m, xs, i, os, tp) == at[j]) {
+              at[j - 1] = i;
+              break;
+            }
+          if (at[j - 1] < 0) break;
+        }
+        size_t cut = chain.size() - 1;
+        while (cut > 0 && at[cut - 1] >= 0) --cut;
         n.inputs[0] = gather_of(n.inputs[0], false, n.name);
         ++st.gathered_for["windows across bands"];
         const int o = n.outputs[0];
         out.push_back(std::move(n));
-        if (end == (int)k) rename[o] = scatter_of(o, 0, g.nodes[k].name);
-        else rescatter.insert(end);
+        cut_after[chain[cut]] = at[cut];
+        if (cut == 0) rename[o] = scatter_of(o, at[0], g.nodes[k].name);
         continue;
-      }
-    }
-    if (domain && elementwise_op(n.op) && n.outputs.size() == 1) {
-      // bands along different axes meet (the inverse of a layout that shared out columns):
-      // each is brought to the rows of the output's image
-      const Shape& os = g.values[n.outputs[0]].shape;
-      const int rows = (int)os.size() - 4 + kRows;
-      auto rows_of = [&](int v) { return rows - ((int)os.size() - (int)g.values[v].shape.size()); };
-      const bool on_rows = rows >= 0 && std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) {
-        return is_band(v) && axis_of(v) == rows_of(v);
-      });
-      for (int& v : n.inputs) {
-        if (!on_rows || !is_band(v) || axis_of(v) == rows_of(v) || rows_of(v) < 0 ||
-            g.values[v].shape[rows_of(v)] != os[rows])
-          continue;
-        v = scatter_of(gather_of(v, false, n.name), rows_of(v), n.name);
       }
     }
     // windows for column-parallel layers are made from the whole image (gathered before the
     // layout, as the fused attention expects: engine/passes/fuse.h), not from bands of windows
     const bool to_layers = !domain && (n.op == "Reshape" || n.op == "Transpose") && copy_after((int)k) >= 0;
-    const int oa = to_layers ? -1 : passes_band(n);
+    const int oa = to_layers || starts_bands ? -1 : passes_band(n);
     if (oa >= 0) {
       const Shape os = g.values[n.outputs[0]].shape;
       const bool data_ops = elementwise_op(n.op) || n.op == "Concat";
@@ -521,7 +542,7 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
       continue;
     }
     // a convolution on a band: halo rows from the neighbouring bands, its output a band
-    if (axis_of(n.inputs[0]) == kRows && conv_on_bands(n, top, bottom)) {
+    if (starts_bands || (axis_of(n.inputs[0]) == kRows && conv_on_bands(n, top, bottom))) {
       int x = n.inputs[0];
       if (top || bottom) {
         const int h = new_value(x, "_halo");

@@ -187,7 +187,7 @@ std::vector<TypeShape> band_shape(const Node& n, const std::vector<const Value*>
   const int64_t a = n.i("axis", 2), parts = n.i("parts", 0);
   WXE_CHECK(parts > 0 && a >= 0 && a < (int64_t)s.size() && (gather || s[a] % parts == 0), "node ", n.name, " (",
             n.op, "): axis ", a, " of ", shape_str(s), " cannot be split into ", parts, " bands");
-  s[a] = gather ? s[a] * parts : s[a] / parts;
+  s[a] = gather ? s[a] * parts : s[a] / parts + n.i("top", 0) + n.i("bottom", 0);  // ScatterTP: with a halo
   return {{DType::F32, s}};
 }
 
@@ -221,9 +221,49 @@ void all_gather_tp_backward(const Node& n, const std::vector<const Tensor*>&, co
   else take_band(n, *gout[0], *gin[0]);
 }
 
-// ScatterTP: forward this rank's band of a replicated tensor; backward all-gather.
+// ScatterTP: forward this rank's band of a replicated tensor, with attributes top / bottom
+// that many rows of the bands above and below (zeros past the edges: a convolution's halo, taken
+// without communication); backward all-gather (with a halo: each rank's rows placed in a
+// tensor of zeros, summed over the group, so overlapping rows add up).
 void scatter_tp(const Node& n, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
-  take_band(n, *in[0], *out[0]);
+  const int64_t top = n.i("top", 0), bottom = n.i("bottom", 0);
+  if (!top && !bottom) {
+    take_band(n, *in[0], *out[0]);
+    return;
+  }
+  Communicator& c = band_group(n);
+  const Bands b = bands_of(n, in[0]->shape);
+  const int64_t full_rows = b.rows * c.size(), R = b.rows + top + bottom, first = c.rank() * b.rows - top;
+  const float* x = in[0]->data<float>();
+  float* y = out[0]->data<float>();
+  for (int64_t o = 0; o < b.outer; ++o)
+    for (int64_t i = 0; i < R; ++i) {
+      float* dst = y + (o * R + i) * b.inner;
+      const int64_t row = first + i;
+      if (row < 0 || row >= full_rows) std::memset(dst, 0, b.inner * sizeof(float));
+      else std::memcpy(dst, x + (o * full_rows + row) * b.inner, b.inner * sizeof(float));
+    }
+}
+
+void scatter_tp_backward(const Node& n, const std::vector<const Tensor*>& in, const std::vector<const Tensor*>& outs,
+                         const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
+  const int64_t top = n.i("top", 0), bottom = n.i("bottom", 0);
+  if (!top && !bottom) return reduce_scatter_tp_backward(n, in, outs, gout, gin);
+  if (!gin[0]) return;
+  WXE_CHECK(gout[0], "node ", n.name, ": no output gradient");  // every rank must join the sum
+  Communicator& c = band_group(n);
+  const Bands b = bands_of(n, gin[0]->shape);
+  const int64_t full_rows = b.rows * c.size(), R = b.rows + top + bottom, first = c.rank() * b.rows - top;
+  float* gx = gin[0]->data<float>();
+  const float* g = gout[0]->data<float>();
+  std::memset(gx, 0, gin[0]->nbytes());
+  for (int64_t o = 0; o < b.outer; ++o)
+    for (int64_t i = 0; i < R; ++i) {
+      const int64_t row = first + i;
+      if (row >= 0 && row < full_rows)
+        std::memcpy(gx + (o * full_rows + row) * b.inner, g + (o * R + i) * b.inner, b.inner * sizeof(float));
+    }
+  c.all_reduce_sum(*gin[0]);
 }
 
 // HaloTP: a band with `top` rows of the band above and `bottom` rows of the band below around it
@@ -336,7 +376,7 @@ void register_collective_ops() {
   register_backward("AllGatherTP", all_gather_tp_backward);
   register_op("ScatterTP", [](const Node& n, const std::vector<const Value*>& in) { return band_shape(n, in, false); },
               scatter_tp);
-  register_backward("ScatterTP", reduce_scatter_tp_backward);  // the gradient's bands gathered
+  register_backward("ScatterTP", scatter_tp_backward);  // the gradient's bands gathered
   register_op("HaloTP",
               [](const Node& n, const std::vector<const Value*>& in) {
                 WXE_CHECK(in.size() == 1 && in[0] && in[0]->dtype == DType::F32, "node ", n.name,
