@@ -161,6 +161,16 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+std::string domain_summary(const BandStats& st, int domain, bool training) {
+  std::string gathered;
+  for (auto& [op, n] : st.gathered_for) gathered += str(gathered.empty() ? "" : ", ", op, " x", n);
+  return str("domain ", domain, ": latitude bands; ", st.halos, " convolutions exchange halo rows (",
+             human_bytes((double)st.halo_bytes), " per forward into a middle band",
+             training ? ", as much again in the backward" : "", "), ", st.group_norms,
+             " GroupNorms sum their statistics over the domain group; gathered whole for: ",
+             gathered.empty() ? "nothing" : gathered);
+}
+
 BandStats shard_domain(Graph& g, const Mesh* mesh, bool training) {
   if (!mesh || mesh->domain <= 1) return {};
   const int d = mesh->domain;
@@ -170,11 +180,7 @@ BandStats shard_domain(Graph& g, const Mesh* mesh, bool training) {
             "divide into ", d, " bands with halos no taller than a band; run with a --domain that divides the grid's "
             "rows at the first convolution, or without it");
   set_domain_communicator(mesh->domain_comm.get());
-  std::string gathered;
-  for (auto& [op, n] : st.gathered_for) gathered += str(gathered.empty() ? "" : ", ", op, " x", n);
-  note("wxe: domain %d: latitude bands; %d convolutions exchange halo rows (%s per forward into a middle band), %d "
-       "GroupNorms sum their statistics over the domain group; gathered whole for: %s\n",
-       d, st.halos, human_bytes((double)st.halo_bytes).c_str(), st.group_norms, gathered.empty() ? "nothing" : gathered.c_str());
+  note("wxe: %s\n", domain_summary(st, d, training).c_str());
   return st;
 }
 

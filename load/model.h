@@ -93,5 +93,8 @@ std::string human_bytes(double bytes);
 // traffic and what is gathered whole. A model the pass cannot split at all (no convolution
 // whose rows divide into the bands) is an error naming --domain. No mesh or domain 1: nothing.
 BandStats shard_domain(Graph& g, const Mesh* mesh, bool training);
+// The one-line account of a domain plan that shard_domain notes (and `wxe inspect --domain`
+// prints): convolutions with halos and their traffic, GroupNorms, what is gathered whole.
+std::string domain_summary(const BandStats& st, int domain, bool training);
 
 }  // namespace wxe

@@ -60,6 +60,13 @@ if "$wxe" inspect "$model" >"$tmp/out" 2>&1 && grep -q "^Conv " "$tmp/out" && gr
 else
   echo "FAIL inspect"; cat "$tmp/out"; fails=$((fails + 1))
 fi
+# inspect --domain: the band plan without running (the shipped model's 32 rows: 2 bands, not 3)
+if "$wxe" inspect "$model" --domain 2 >"$tmp/out" 2>&1 && grep -q "domain 2: latitude bands; [1-9][0-9]* convolutions exchange halo rows" "$tmp/out" \
+   && "$wxe" inspect "$model" --domain 3 >"$tmp/out3" 2>&1 && grep -q -- "--domain 3 splits nothing" "$tmp/out3"; then
+  echo "ok   inspect-domain"
+else
+  echo "FAIL inspect-domain"; cat "$tmp/out" "$tmp/out3"; fails=$((fails + 1))
+fi
 # convert: a legacy checkpoint to safetensors, checked against the graph; a mismatching one refused
 ckpt=$src/tests/data/wxformer_tiny_checkpoint.pt
 if "$wxe" convert "$ckpt" --output "$tmp/w.safetensors" --onnx "$model" >"$tmp/out" 2>"$tmp/err" \

@@ -5,6 +5,8 @@
 // exchange fails.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "engine/exec/autograd.h"
 #include "engine/exec/executor.h"
 #include "engine/io/npy.h"
@@ -124,7 +126,13 @@ void expect_infer_matches_one(const std::string& model, const std::string& input
   SCOPED_TRACE(model + " domain " + std::to_string(domain));
   Tensor x = read_npy(data_path("tests/data/" + input));
   static std::map<std::string, Tensor> one;
-  if (!one.count(model)) one[model] = infer_on(model, x, 1)[0].y;
+  if (!one.count(model)) {
+    one[model] = infer_on(model, x, 1)[0].y;
+    // domain 1 is the PyTorch model (its stored output, made by the fixture's script)
+    const std::string y = input.substr(0, input.size() - 6) + "_y.npy";
+    ASSERT_TRUE(std::filesystem::exists(data_path("tests/data/" + y))) << y;
+    EXPECT_LE(max_abs_diff(one[model], read_npy(data_path("tests/data/" + y))), 1e-4);
+  }
   std::vector<DomainRun> runs = infer_on(model, x, domain);
   for (int r = 0; r < domain; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));

@@ -164,6 +164,7 @@ TEST(ModuleTable, EveryCreditFixtureShardsAttentionAndFeedForwardAtTp2) {
       {"torch2_wxformer_tiny_dynamo", "torch2_wxformer_tiny_x"},
       {"nextgen_model_ts", "nextgen_model_x"},
       {"nextgen_block", "nextgen_block_x"},
+      {"wxformer_mirror", "wxformer_mirror_x"},
   };
   // every CREDIT model fixture in tests/data is listed above (hand-made graphs are not CREDIT's)
   size_t credit_files = 0;

@@ -174,7 +174,7 @@ void print_plan(const Graph& full, const std::string& plan_file, int tp) {
               100.0 * st.param_bytes_rank / std::max<size_t>(st.param_bytes_full, 1));
 }
 
-int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs, bool dump_graph, int tp,
+int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs, bool dump_graph, int tp, int domain,
                 const std::string& plan_file, const std::string& device) {
   Graph g = import_onnx(model);
   std::printf("model %s (opset %d)\n", model.c_str(), g.opset);
@@ -208,6 +208,14 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs
                 after.count(op) ? after[op] : 0);
   std::printf("%-24s %8zu %8zu\n", "total", nodes_before, g.nodes.size());
   if (tp > 1) print_plan(g, plan_file, tp);
+  if (domain > 1) {
+    Graph d = g;
+    const BandStats st = domain_parallel(d, domain, false);
+    if (st.scatters == 0)
+      std::printf("\n--domain %d splits nothing: no convolution's rows divide into %d bands\n", domain, domain);
+    else
+      std::printf("\n%s\n", domain_summary(st, domain, false).c_str());
+  }
   if (!device.empty()) {  // the backend's tables, without its device
     Backend* b = find_backend(device);
     WXE_CHECK(b, "this build has no '", device, "' backend (built without it)");
@@ -547,9 +555,11 @@ int main(int argc, char** argv) {
   inspect->add_option("model", inspect_model, "model .onnx")->required();
   inspect->add_option("--input,-i", inspect_inputs, "bind input shapes from tensors: [NAME=]X.npy")->allow_extra_args(false);
   inspect->add_flag("--dump", dump_graph, "print the simplified graph");
-  int inspect_tp = 1;
+  int inspect_tp = 1, inspect_domain = 1;
   std::string inspect_plan;
   inspect->add_option("--tp", inspect_tp, "print the tensor-parallel plan for this many ranks");
+  inspect->add_option("--domain", inspect_domain, "print what runs on latitude bands over this many domain ranks "
+                      "(the input shapes: --input, or the model's own)");
   inspect->add_option("--plan", inspect_plan, "plan file (JSON: weight-name pattern -> colwise|rowwise|replicate)");
   std::string inspect_device;
   inspect->add_option("--device", inspect_device, "cuda: list the ops that backend has no kernel for (no GPU needed)")
@@ -765,7 +775,9 @@ int main(int argc, char** argv) {
                                : *forecast ? fa.device
                                            : "cpu";
     if (device != "cpu") use_device_mesh(mesh, device, finetune->parsed());
-    if (*inspect) return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_plan, inspect_device);
+    if (*inspect)
+      return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_domain, inspect_plan,
+                         inspect_device);
     if (*infer) return cmd_infer(ia, mesh);
     if (*bench && bench_train)
       return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device,
