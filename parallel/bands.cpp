@@ -408,11 +408,11 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
       if (c != cut_after.end()) rename[o] = scatter_of(o, c->second, g.nodes[k].name);  // the windows shared out
       continue;
     }
-    if (domain) {
+    {
       auto [in, r2] = group_norm_at((int)k);
       if (in >= 0) {
         // GroupNorm on bands: each group's mean, then its variance about the mean, summed over
-        // the domain group (the count: the whole group's elements)
+        // the group (the count: the whole group's elements)
         const Node& inorm = g.nodes[in];
         const Node& back = g.nodes[r2];
         const std::string name = inorm.name;
@@ -467,8 +467,8 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
         continue;
       }
     }
-    if (domain && (n.op == "Reshape" || n.op == "Transpose") && axis_of(n.inputs[0]) == kRows &&
-        g.values[n.inputs[0]].shape.size() == 4) {
+    if ((n.op == "Reshape" || n.op == "Transpose") && axis_of(n.inputs[0]) == kRows &&
+        g.values[n.inputs[0]].shape.size() == 4 && (domain || copy_after((int)k) < 0)) {
       // A window layout whose windows take rows from every band (CrossFormer's long-distance
       // attention; local windows taller than a band; attention along columns): the image is
       // gathered and the windows (the layout's leading axis) shared out instead, cut at the
@@ -509,6 +509,22 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
         cut_after[chain[cut]] = at[cut];
         if (cut == 0) rename[o] = scatter_of(o, at[0], g.nodes[k].name);
         continue;
+      }
+    }
+    if (elementwise_op(n.op) && n.outputs.size() == 1) {
+      // bands along different axes meet (the inverse of a layout that shared out columns):
+      // each is brought to the rows of the output's image
+      const Shape& os = g.values[n.outputs[0]].shape;
+      const int rows = (int)os.size() - 4 + kRows;
+      auto rows_of = [&](int v) { return rows - ((int)os.size() - (int)g.values[v].shape.size()); };
+      const bool on_rows = rows >= 0 && std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) {
+        return is_band(v) && axis_of(v) == rows_of(v);
+      });
+      for (int& v : n.inputs) {
+        if (!on_rows || !is_band(v) || axis_of(v) == rows_of(v) || rows_of(v) < 0 ||
+            g.values[v].shape[rows_of(v)] != os[rows])
+          continue;
+        v = scatter_of(gather_of(v, false, n.name), rows_of(v), n.name);
       }
     }
     // windows for column-parallel layers are made from the whole image (gathered before the

@@ -32,31 +32,32 @@
 //     blocks tp cannot shard (too few heads) attend within each rank's windows; per-token
 //     Linear, Softmax, Einsum along the band's letter, Slices on other axes, ConvTranspose with
 //     kernel rows = stride and DepthToSpace keep it too.
-// Still whole (gathered): long-distance attention (its groups span every band), GroupNorm /
-// InstanceNorm (statistics over the grid), and anything else not listed. Only axes tp divides
-// are cut; the rest stay replicated. The
-// answer is tp 1's up to the order of float sums. Collectives: parallel/collective_ops.h.
+//   - A window layout whose windows take rows from several bands (CrossFormer's long-distance
+//     attention, windows taller than a band, attention along columns) in a block tp does not
+//     shard: the image is gathered and the windows (the layout's leading axis) shared out
+//     instead (ScatterTP at the first step of the layout where they are one axis), each rank
+//     attending its share, exactly as one process does.
+//   - GroupNorm (exported as Reshape to (N, G, -1), InstanceNormalization, Reshape back): the
+//     statistics of each group are sums over the group (AllReduceTP with grad "sum"): the
+//     mean, then the variance about it.
+//   - Bands along different axes meeting at an elementwise op are brought back to the rows.
+// Still whole (gathered): anything not listed (a crop or Resize of the grid, a layout whose
+// windows cannot be shared evenly). Only axes tp divides are cut; the rest stay replicated.
+// The answer is tp 1's up to the order of float sums. Collectives: parallel/collective_ops.h.
 //
 // Domain parallelism. Domain rank d of D holds rows [d H/D, (d+1) H/D) of every activation
 // that can be split so. Bands start at the first convolution that can run on them (the
-// stage-0 cross-embedding: its input, whole on every rank, cut by ScatterTP; so are the
-// inputs of later convolutions that find their input whole). The rules above carry them
-// through the encoder, the decoder and the skip connections, plus:
-//   - GroupNorm (exported as Reshape to (N, G, -1), InstanceNormalization, Reshape back): the
-//     statistics of each group are sums over the domain group (AllReduceTP, group "domain",
-//     grad "sum"): mean, then the variance about it, as one process computes them;
-//   - the tp collectives (AllReduceTP, CopyToTP) act on bands row by row: dp x tp x domain;
-//   - CrossFormer's local windows: a band holds whole windows when its height is a multiple of
-//     the window height (the Reshape rule); otherwise that stage is gathered;
-//   - long-distance attention groups rows from every band: its windows are gathered (exact,
-//     as one process computes them); the result is cut back to the band at the residual add.
-//   - boundary padding (CREDIT's earth / mirror) and the final crop or Resize read the whole
-//     grid: the input side is done on the whole input before the first convolution, the output
-//     side after the last band is gathered.
-// Every replicated parameter a band op reads gets a CopyToTP over the domain group (training):
-// its gradient is the sum of every band's. The loss is computed on the gathered output, so
-// its latitude weights and mean are the whole grid's. All collectives the pass adds carry
-// attribute group "domain". Domain 1: nothing.
+// stage-0 cross-embedding: its input, whole on every rank, is cut by ScatterTP to the band
+// with the convolution's halo rows, no exchange; so are the inputs of later convolutions that
+// find their input whole). The rules above carry them through the encoder, the decoder and
+// the skip connections, all attention blocks as the unsharded ones above; and the tp
+// collectives (AllReduceTP, CopyToTP) act on bands row by row: dp x tp x domain. Boundary
+// padding (CREDIT's earth / mirror) and the final crop or Resize read the whole grid: the
+// input side runs on the whole input before the first convolution, the output side after the
+// last band is gathered. Every replicated parameter a band op reads gets a CopyToTP over the
+// domain group (training): its gradient is the sum of every band's. The loss is computed on
+// the gathered output, so its latitude weights and mean are the whole grid's. All collectives
+// the pass adds carry attribute group "domain". Domain 1: nothing.
 #pragma once
 #include <map>
 #include <string>

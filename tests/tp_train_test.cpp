@@ -231,14 +231,16 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       std::map<std::string, int> ops = s.ops;
       // every row-parallel layer's sum is a reduce-scatter, every column-parallel group's copy a gather
       EXPECT_EQ(s.sp.reduce_scatters, s.stats.row) << "row-parallel layers left with an all-reduce";
-      EXPECT_EQ(ops["AllReduceTP"], s.stats.all_reduces - s.sp.reduce_scatters);
+      // the decoder's GroupNorms on bands: two sums each (mean, variance) over the group
+      EXPECT_EQ(s.sp.group_norms, 6);
+      EXPECT_EQ(ops["AllReduceTP"], s.stats.all_reduces - s.sp.reduce_scatters + 2 * s.sp.group_norms);
       EXPECT_EQ(ops["ReduceScatterTP"], s.sp.reduce_scatters);
       // stage 0's first block reads the whole input: a CopyToTP stays there; the later stages'
       // cross-embedding convolutions run on bands (a halo for each kernel taller than its
       // stride), and so do the decoder's first three up-sampling blocks (ConvTranspose with
-      // kernel = stride, then a 3x3 convolution with a halo) up to their GroupNorm (gathered)
+      // kernel = stride, then two 3x3 convolutions with a halo each, GroupNorms on bands)
       EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks - 1);
-      EXPECT_EQ(s.sp.halos, 3 + 3);
+      EXPECT_EQ(s.sp.halos, 3 + 6);
       EXPECT_EQ(ops["HaloTP"], s.sp.halos);
 
       EXPECT_EQ(ops["AllGatherTP"], s.sp.gathers + s.sp.replicated_gathers);
@@ -247,8 +249,8 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       // forward and backward of each: a reduce-scatter and its gather; a gather for the layers,
       // again in the backward, and its reduce-scatter; a gather before replicated ops (the
       // backward slices); a scatter's gather in the backward; a halo's exchange both ways;
-      // all-reduces as before
-      EXPECT_EQ(s.all_reduces, ops["AllReduceTP"] + ops["CopyToTP"] + 4 * s.stats.spectral_norms +
+      // all-reduces as before, the GroupNorms' sums again in the backward
+      EXPECT_EQ(s.all_reduces, ops["AllReduceTP"] + 2 * s.sp.group_norms + ops["CopyToTP"] + 4 * s.stats.spectral_norms +
                                    2 * s.sp.reduce_scatters + 3 * s.sp.gathers + s.sp.replicated_gathers +
                                    s.sp.scatters + 2 * s.sp.halos);
       EXPECT_LT(s.kept, whole[r].kept) << "sequence parallelism keeps as much as tp alone";
@@ -538,10 +540,12 @@ TEST(TpTrainingGraph, CrossformerTinyReplicatedBlocksOnWindowBandsTp4) {
     expect_same_step(sp[r], one, sp[0]);
     expect_same_step(tp[r], one, tp[0]);
     EXPECT_EQ(sp[r].sp.reduce_scatters, 18);  // every row-parallel layer
-    // gathered whole for replicated ops: the long-distance attention of stage 0's second block
-    // (q, k, v: its groups span every band), the decoder's GroupNorms (3) and last
-    // ConvTranspose; the short-distance attention stays on bands
-    EXPECT_EQ(sp[r].sp.replicated_gathers, 3 + 4);
+    // gathered whole for replicated ops: the image for the long-distance attention of stage 0's
+    // second block (its windows take rows from every band: shared out by window instead), its
+    // output's layout back to the image, and the decoder's last ConvTranspose; the
+    // short-distance attention and the decoder's GroupNorms stay on bands
+    EXPECT_EQ(sp[r].sp.replicated_gathers, 3);
+    EXPECT_EQ(sp[r].sp.group_norms, 6);
     EXPECT_LT(sp[r].kept, tp[r].kept * 0.85);
   }
 }
