@@ -502,12 +502,77 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
         }
         size_t cut = chain.size() - 1;
         while (cut > 0 && at[cut - 1] >= 0) --cut;
-        n.inputs[0] = gather_of(n.inputs[0], false, n.name);
         ++st.gathered_for["windows across bands"];
+        const Shape xs = g.values[n.inputs[0]].shape;
+        const Shape s6 = g.values[n.outputs[0]].shape;
+        if (cut == 0 && chain.size() == 3 && n.op == "Reshape" && s6.size() == 6 && at[0] == kRows + 1 &&
+            s6[2] * s6[3] == xs[kRows] && s6[4] * s6[5] == xs[3]) {
+          // CrossFormer's long-distance layout (B, D, A, a, C, c), windows (a, c): the rank's
+          // share of a is a sub-image of rows {i a + j: j in the share}, whose own long-distance
+          // layout is the rank's windows; the layout runs on it as exported, so the fused
+          // attention (engine/passes/fuse.h) still matches
+          const int whole = gather_of(n.inputs[0], false, n.name);
+          auto reshape = [&](int from, Shape to, const std::string& what) {
+            return emit("Reshape", n.name + "/" + what, {from, g.add_constant(n.name + "/" + what + "_shape", Tensor::from_i64(to))},
+                        from, "_" + what);
+          };
+          const int64_t share = s6[3] / tp;
+          const int rows = reshape(whole, {xs[0], xs[1], s6[2], s6[3], xs[3]}, "rows");
+          Node sc = collective("ScatterTP", n.name + "/ScatterTP", rows, new_value(rows, "_share"), kRows + 1);
+          const int mine = sc.outputs[0];
+          out.push_back(std::move(sc));
+          ++st.scatters;
+          const int sub = reshape(mine, {xs[0], xs[1], s6[2] * share, xs[3]}, "sub_image");
+          std::vector<int64_t> t6(s6.begin(), s6.end());
+          t6[3] = share;
+          n.inputs = {sub, g.add_constant(n.name + "_share_shape", Tensor::from_i64(t6))};
+          const int o = n.outputs[0];
+          out.push_back(std::move(n));
+          set_band(o, -1);
+          // the rest of the layout: the Transpose as it is, the windows' Reshape to the share
+          Node tr = g.nodes[chain[1]];
+          tr.inputs[0] = o;
+          out.push_back(tr);
+          Node wr = g.nodes[chain[2]];
+          const Shape& ws = g.values[wr.outputs[0]].shape;
+          std::vector<int64_t> tw(ws.begin(), ws.end());
+          tw[0] /= tp;
+          wr.inputs = {tr.outputs[0], g.add_constant(g.values[wr.inputs[1]].name + "_share", Tensor::from_i64(tw))};
+          set_band(wr.outputs[0], 0);
+          out.push_back(std::move(wr));
+          done[chain[1]] = done[chain[2]] = true;
+          continue;
+        }
+        n.inputs[0] = gather_of(n.inputs[0], false, n.name);
         const int o = n.outputs[0];
         out.push_back(std::move(n));
         cut_after[chain[cut]] = at[cut];
         if (cut == 0) rename[o] = scatter_of(o, at[0], g.nodes[k].name);
+        continue;
+      }
+    }
+    if (n.op == "Reshape" && axis_of(n.inputs[0]) == kRows + 1 && g.values[n.inputs[0]].shape.size() == 6 &&
+        g.values[n.outputs[0]].shape.size() == 4) {
+      const Shape s6 = g.values[n.inputs[0]].shape;
+      const Shape os = g.values[n.outputs[0]].shape;
+      if (os == Shape{s6[0], s6[1], s6[2] * s6[3], s6[4] * s6[5]}) {
+        // the long-distance layout's inverse on the rank's share of windows: the sub-image (the
+        // fused attention's output), then its rows gathered back into the image
+        auto reshape = [&](int from, Shape to, const std::string& what) {
+          return emit("Reshape", n.name + "/" + what,
+                      {from, g.add_constant(n.name + "/" + what + "_shape", Tensor::from_i64(to))}, from, "_" + what);
+        };
+        const int64_t share = s6[3] / tp;
+        const int sub = reshape(n.inputs[0], {s6[0], s6[1], s6[2] * share, os[3]}, "sub_image");
+        const int rows = reshape(sub, {s6[0], s6[1], s6[2], share, os[3]}, "rows");
+        Node ag = collective("AllGatherTP", n.name + "/AllGatherTP", rows, new_value(rows, "_gathered"), kRows + 1);
+        ag.attrs["grad"] = attr_s("slice");
+        const int whole = ag.outputs[0];
+        out.push_back(std::move(ag));
+        ++st.replicated_gathers;
+        ++st.gathered_for["windows across bands"];
+        n.inputs = {whole, g.add_constant(n.name + "_whole_shape", Tensor::from_i64(std::vector<int64_t>(os.begin(), os.end())))};
+        out.push_back(std::move(n));
         continue;
       }
     }

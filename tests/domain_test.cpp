@@ -29,6 +29,7 @@ struct DomainRun {
   std::map<std::string, int> ops;       // collective nodes of the graph it ran, by op
   std::map<std::string, int> constant;  // of those, the ones whose input no parameter reaches (no backward)
   int entry_halos = 0;                  // ScatterTP nodes that take halo rows with the band
+  int fused_attention = 0;              // inference: WindowAttention nodes of the fast path
   int calls = 0;                        // collectives this rank took part in
   size_t kept = 0;                      // training: bytes the forward kept for the backward
 };
@@ -61,6 +62,9 @@ std::vector<DomainRun> infer_on(const std::string& model, const Tensor& x, int d
     DomainRun& s = runs[r];
     s.stats = domain_parallel(g, domain, false);
     count_collectives(g, s);
+    Graph fast = g;  // what the executor runs
+    optimize_for_cpu(fast);
+    for (const Node& n : fast.nodes) s.fused_attention += n.op == "WindowAttention";
     Executor ex(g, {});
     s.y = ex.run({{in, x}})[0];
     s.calls = comm.calls;
@@ -122,12 +126,15 @@ void expect_counts(const DomainRun& s, bool training) {
 // entry: the stage-0 convolutions that take their halo with their band of the whole input;
 // halos: the later convolutions' exchanges.
 void expect_infer_matches_one(const std::string& model, const std::string& input, int domain, int entry, int halos,
-                              int group_norms) {
+                              int group_norms, int unfused = 0) {
   SCOPED_TRACE(model + " domain " + std::to_string(domain));
   Tensor x = read_npy(data_path("tests/data/" + input));
   static std::map<std::string, Tensor> one;
+  static std::map<std::string, int> fused_one;
   if (!one.count(model)) {
-    one[model] = infer_on(model, x, 1)[0].y;
+    DomainRun r = infer_on(model, x, 1)[0];
+    one[model] = r.y;
+    fused_one[model] = r.fused_attention;
     // domain 1 is the PyTorch model (its stored output, made by the fixture's script)
     const std::string y = input.substr(0, input.size() - 6) + "_y.npy";
     ASSERT_TRUE(std::filesystem::exists(data_path("tests/data/" + y))) << y;
@@ -140,6 +147,9 @@ void expect_infer_matches_one(const std::string& model, const std::string& input
     EXPECT_LE(max_abs_diff(s.y, one[model]), 1e-5);
     EXPECT_LE(rel_l2(s.y, one[model]), 1e-5);
     EXPECT_EQ(max_abs_diff(s.y, runs[0].y), 0) << "ranks disagree";
+    // the fast path fuses every attention block as at domain 1 (the long-distance ones on the
+    // rank's sub-image of windows), but for `unfused` blocks whose windows cannot be shared so
+    EXPECT_EQ(s.fused_attention, fused_one[model] - unfused);
     EXPECT_EQ(s.entry_halos, entry);
     EXPECT_EQ(s.stats.halos, halos);
     EXPECT_EQ(s.stats.group_norms, group_norms);
@@ -232,12 +242,14 @@ TEST(DomainParallel, NextgenInferenceDomain4) {
 // (models/make_domain_fixture.py): halos for stage 0's 2 kernels, the later stages' kernel of 4,
 // and every decoder convolution (3x3: 4 per up-block, 2 in the last). At domain 4 stage 3's 6
 // rows and the first up-block's input do not split into 4 bands: they run whole, and the bands
-// start again at the up-block's second convolution (its halo taken with its band).
+// start again at the up-block's second convolution (its halo taken with its band); stage 2's 6
+// rows of windows do not split into 4 either: its windows are shared out after the layout,
+// unfused.
 TEST(DomainParallel, WxformerMirrorInferenceDomain2) {
   expect_infer_matches_one("wxformer_mirror.onnx", "wxformer_mirror_x.npy", 2, 2, 3 + 14, 6);
 }
 TEST(DomainParallel, WxformerMirrorInferenceDomain4) {
-  expect_infer_matches_one("wxformer_mirror.onnx", "wxformer_mirror_x.npy", 4, 2 + 1, 2 + 12, 6);
+  expect_infer_matches_one("wxformer_mirror.onnx", "wxformer_mirror_x.npy", 4, 2 + 1, 2 + 12, 6, 2);
 }
 
 TEST(DomainParallel, CrossformerTrainingDomain2) {
