@@ -21,16 +21,19 @@ int64_t prod(const Shape& s, size_t from, size_t to) {
   return p;
 }
 
+// Where axis a of a rank-`rank` input goes through Transpose n.
+int transposed_axis(const Node& n, size_t rank, int a) {
+  std::vector<int64_t> perm = n.ints("perm");
+  if (perm.empty())
+    for (int64_t k = (int64_t)rank - 1; k >= 0; --k) perm.push_back(k);
+  auto it = std::find(perm.begin(), perm.end(), a);
+  return it == perm.end() ? -1 : (int)(it - perm.begin());
+}
+
 // Where axis a of `in` goes through a Reshape or Transpose to `out`: -1 if it does not stay one
 // whole axis.
 int follow_axis(const Node& n, const Shape& in, int a, const Shape& out) {
-  if (n.op == "Transpose") {
-    std::vector<int64_t> perm = n.ints("perm");
-    if (perm.empty())
-      for (int64_t k = (int64_t)in.size() - 1; k >= 0; --k) perm.push_back(k);
-    auto it = std::find(perm.begin(), perm.end(), a);
-    return it == perm.end() ? -1 : (int)(it - perm.begin());
-  }
+  if (n.op == "Transpose") return transposed_axis(n, in.size(), a);
   const int64_t before = prod(in, 0, a);
   for (size_t b = 0; b < out.size(); ++b)
     if (prod(out, 0, b) == before && out[b] == in[a]) return (int)b;
@@ -41,13 +44,7 @@ int follow_axis(const Node& n, const Shape& in, int a, const Shape& out) {
 // ranks: Transpose moves it; Reshape keeps it when it stays the outer part of one axis, that
 // axis divisible by parts (Megatron's heads rule); -1 otherwise.
 int band_through_layout(const Graph& g, const Node& n, const Shape& in, int a, const Shape& out, int parts) {
-  if (n.op == "Transpose") {
-    std::vector<int64_t> perm = n.ints("perm");
-    if (perm.empty())
-      for (int64_t k = (int64_t)in.size() - 1; k >= 0; --k) perm.push_back(k);
-    auto it = std::find(perm.begin(), perm.end(), a);
-    return it == perm.end() ? -1 : (int)(it - perm.begin());
-  }
+  if (n.op == "Transpose") return transposed_axis(n, in.size(), a);
   if (n.op != "Reshape" || n.inputs.size() < 2 || !g.values[n.inputs[1]].is_const()) return -1;
   const std::vector<int64_t> target = g.values[n.inputs[1]].constant->to_i64();
   const int64_t before = prod(in, 0, a);

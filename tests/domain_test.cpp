@@ -208,7 +208,7 @@ void expect_train_matches_one(const std::string& model, const std::string& input
 TEST(DomainParallel, CrossformerInferenceDomain2) {
   expect_infer_matches_one("crossformer_tiny_snbaked_opset17.onnx", "crossformer_tiny_x.npy", 2, 4, 3 + 6, 6);
 }
-// At domain 4 stage 3 has one row per band, fewer than its window: its attention is gathered.
+// At domain 4 stage 3 has one row per band, fewer than its window, and 6 windows: it runs whole.
 TEST(DomainParallel, CrossformerInferenceDomain4) {
   expect_infer_matches_one("crossformer_tiny_snbaked_opset17.onnx", "crossformer_tiny_x.npy", 4, 4, 3 + 6, 6);
 }
@@ -228,8 +228,9 @@ TEST(DomainParallel, WxformerInferenceDomain2) {
 TEST(DomainParallel, WxformerInferenceDomain4) {
   expect_infer_matches_one("torch2_wxformer_tiny_dynamo.onnx", "torch2_wxformer_tiny_x.npy", 4, 4, 3 + 14, 6);
 }
-// CREDIT's next-generation model (column attention along latitudes: gathered; stage 3's one
-// row cannot be split: its cross-embedding gathered; Resize to the same size: the identity).
+// CREDIT's next-generation model (column attention along latitudes: the columns shared out;
+// stage 3's one row cannot be split: its cross-embedding gathered; Resize to the same size: the
+// identity).
 // At domain 4 stage 2 has 2 rows: it and the decoder block at its size (halos, 2 GroupNorms) gathered.
 TEST(DomainParallel, NextgenInferenceDomain2) {
   expect_infer_matches_one("nextgen_model_ts.onnx", "nextgen_model_x.npy", 2, 2, 14, 6);
