@@ -6,6 +6,7 @@
 #  - 10 fine-tuning steps at domain 2, tp 2 x domain 2 and dp 2 x domain 2 give the
 #    one-process losses (rtol 1e-5) and final parameters (compare_checkpoints 3e-5: the biases
 #    before a per-channel GroupNorm have gradients of rounding noise, which AdamW normalizes);
+#  - with activation checkpointing the domain-2 losses are the same bit for bit;
 #  - a domain-2 run stopped at step 5 resumes at domain 1 (and a one-process run at domain 2)
 #    with the uninterrupted losses: domain ranks write whole parameters once.
 # Usage: domain_test.sh MPIEXEC WXE COMPARE_CHECKPOINTS SOURCE_DIR
@@ -52,6 +53,11 @@ for mesh in "2 1 2" "4 2 2" "4 1 2"; do
     bad "$name-matches-domain1"; cat "$tmp/err"; paste <(losses "$tmp/$name") <(losses "$tmp/d1")
   fi
 done
+# activation checkpointing on bands: the same losses bit for bit (recomputed segments repeat no
+# exchange that is not theirs)
+if mpi 2 --domain 2 --activation-checkpoint blocks --save "$tmp/ck" >/dev/null 2>"$tmp/err" \
+   && grep -q "activation checkpointing: [1-9][0-9]* blocks" "$tmp/err" && same_losses "$tmp/ck" "$tmp/n2tp1domain2" exact; then
+  ok "domain2-checkpointing-bit-exact"; else bad "domain2-checkpointing-bit-exact"; cat "$tmp/err"; fi
 # stopped at step 5 at domain 2, resumed in one process; and the other way
 resume_copy "$tmp/n2tp1domain2" "$tmp/r1"
 if "$wxe" finetune "$model" "${common[@]}" --save "$tmp/r1" --resume >/dev/null 2>"$tmp/err" \
