@@ -720,6 +720,13 @@ int main(int argc, char** argv) {
   // options that would do nothing here are refused rather than silently ignored
   if (*infer && !ia.plan.empty() && ia.tp <= 1) return usage_error("--plan needs --tp 2 or more");
   if (*inspect && !inspect_plan.empty() && inspect_tp <= 1) return usage_error("--plan needs --tp 2 or more");
+  {  // the band collectives (parallel/bands.h) have host kernels only so far
+    const int domain = *infer ? ia.domain : *finetune ? finetune_domain : *forecast ? forecast_domain : 1;
+    const std::string dev = *infer ? ia.device : *finetune ? fc.device : *forecast ? fa.device : "cpu";
+    if (domain > 1 && dev != "cpu")
+      return usage_error("--domain runs on the cpu only for now (its halo exchanges have no " + dev +
+                         " kernels yet); drop --device " + dev + " or --domain");
+  }
   if (*finetune && fc.reference && fc.device != "cpu")
     return usage_error("--reference runs the CPU reference kernels; --device " + fc.device + " does not apply");
   if (*forecast && fa.reference && fa.device != "cpu")
