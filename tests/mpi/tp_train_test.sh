@@ -2,8 +2,10 @@
 # mpirun -n N wxe finetune --tp T on the dp x tp mesh (crossformer_tiny, CPU ranks):
 #  - 20 steps at tp 1 (one process), tp 2 and dp 2 x tp 2 (sequence parallel: every row-parallel
 #    layer's sum a reduce-scatter) give the same losses (rtol 1e-5) and
-#    the same final parameters (relative L2 1e-5 over all of them, 1e-2 for any one tensor: the
-#    position-bias MLP's last biases have gradients of rounding noise that AdamW normalizes);
+#    the same final parameters (relative L2 3e-5 over all of them, 3e-2 for any one tensor: the
+#    position-bias MLP's last biases and the biases before per-channel GroupNorms, whose
+#    statistics the tp group sums in another order, have gradients of rounding noise that AdamW
+#    normalizes);
 #  - a run stopped at step 10 and resumed on another mesh (dp2 x tp2 -> tp 1, tp 4, dp 4;
 #    tp 1 -> dp2 x tp2) continues with the uninterrupted run's losses (rtol 1e-5);
 #  - resumed on the same mesh it is bit-exact (losses and final parameters);
@@ -24,7 +26,7 @@ for mesh in "2 2" "4 2"; do
   name=n$1tp$2
   if mpi "$1" --tp "$2" --save "$tmp/$name" >/dev/null 2>"$tmp/err" && grep -q "tensor parallel over $2 ranks" "$tmp/err" \
      && grep -q "sequence parallel: 20 reduce-scatters" "$tmp/err" \
-     && same_losses "$tmp/$name" "$tmp/tp1" && "$compare" "$tmp/$name/step_000020" "$tmp/tp1/step_000020" 1e-5; then
+     && same_losses "$tmp/$name" "$tmp/tp1" && "$compare" "$tmp/$name/step_000020" "$tmp/tp1/step_000020" 3e-5; then
     ok "$name-matches-tp1"
   else
     bad "$name-matches-tp1"; cat "$tmp/err"; paste <(losses "$tmp/$name") <(losses "$tmp/tp1")
