@@ -62,8 +62,8 @@ std::string Trainer::save_checkpoint() {
     if (ema_) ema.push_back({"ema." + name, ema_->shadow()[i]});
   }
   if (sharded) {
-    // every tensor once: a tp shard from dp rank 0 and domain rank 0 of its tp column (domain ranks
-    // hold the same), a replicated one from rank 0
+    // every tensor once: a tp shard from zrank 0 of its tp column (it gathered the whole
+    // moments), a replicated one from rank 0
     std::vector<ShardPiece> pieces;
     auto add = [&](const std::string& name, const std::string& param, const Tensor& t) {
       ShardPiece p{name, t.shape, {}, t, mesh_->rank == 0};
@@ -71,7 +71,7 @@ std::string Trainer::save_checkpoint() {
       if (it != slices_.end()) {
         p.slice = it->second;
         p.global_shape[p.slice.axis] *= p.slice.parts;
-        p.owner = dp_rank_ == 0 && domain_rank_ == 0;
+        p.owner = zrank_ == 0;
       }
       pieces.push_back(p);
     };
@@ -169,7 +169,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   const char* step_key = meta.count("adam_step") ? "adam_step" : "step";
   const int64_t t = parse_int64(meta[step_key], str(dir, ": metadata '", step_key, "'"));
   WXE_CHECK(t >= 0 && t < (int64_t(1) << 53), dir, ": metadata '", step_key, "' is ", t, ", out of range");
-  adam_.set_state(t, {pack_block(pm, dp_rank_)}, {pack_block(pv, dp_rank_)});
+  adam_.set_state(t, {pack_block(pm, zrank_)}, {pack_block(pv, zrank_)});
   if (ema_)
     for (size_t i = 0; i < trainable_.size(); ++i) {
       const std::string& name = graph_.values[trainable_[i]].name;

@@ -106,8 +106,12 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     WXE_CHECK(any, "--freeze '", p, "' matches no parameter of ", cfg.model);
   }
   WXE_CHECK(!trainable_.empty(), cfg.model, ": every parameter is frozen; nothing to train");
+  // ZeRO over dp x domain on the cpu (the device path shards over dp; --domain is cpu-only)
+  WXE_CHECK(domain_ == 1 || cfg.device == "cpu", "--domain trains on the cpu only for now");
+  zparts_ = dp_ * domain_;
+  zrank_ = dp_rank_ * domain_ + domain_rank_;
   for (int v : trainable_) {
-    const int64_t n = graph_.values[v].constant->numel(), c = (n + dp_ - 1) / dp_;
+    const int64_t n = graph_.values[v].constant->numel(), c = (n + zparts_ - 1) / zparts_;
     zn_.push_back(n);
     zc_.push_back(c);
     zoff_.push_back(zS_);
@@ -305,11 +309,11 @@ StepLog Trainer::step() {
   double total_sq = sq_sharded + sq_replicated;
   if (mesh_ && mesh_->world > 1) {
     Tensor v(DType::F64, {3});
-    // domain ranks hold the same gradients and loss: counted from domain rank 0 only
-    const bool first = domain_rank_ == 0;
-    v.data<double>()[0] = first ? sq_sharded : 0.0;
-    v.data<double>()[1] = first && tp_rank_ == 0 ? sq_replicated : 0.0;
-    v.data<double>()[2] = first && tp_rank_ == 0 ? loss_sum : 0.0;  // tp ranks computed the same loss
+    // each rank's ZeRO blocks are its own (dp x domain); the tp ranks and the domain ranks
+    // computed the same loss
+    v.data<double>()[0] = sq_sharded;
+    v.data<double>()[1] = tp_rank_ == 0 ? sq_replicated : 0.0;
+    v.data<double>()[2] = tp_rank_ == 0 && domain_rank_ == 0 ? loss_sum : 0.0;
     mesh_->world_comm->all_reduce_sum(v);
     total_sq = v.data<double>()[0] + v.data<double>()[1];
     loss_sum = v.data<double>()[2];
@@ -334,7 +338,7 @@ StepLog Trainer::step() {
       params.push_back(graph_.values[v].constant.get());
       cparams.push_back(graph_.values[v].constant.get());
     }
-    Tensor pshard = pack_block(cparams, dp_rank_);
+    Tensor pshard = pack_block(cparams, zrank_);
     adam_.step({&pshard}, {&gshard}, log.lr);
     gather_blocks(pshard, params, false);
     if (ema_) ema_->update(cparams);
@@ -359,7 +363,7 @@ void Trainer::to_device() {
   d.p = device_zeros(zS_);
   d.g = device_zeros(zS_);
   for (size_t p = 0; p < trainable_.size(); ++p) {  // this rank's block of each parameter
-    auto [a, e] = block_range(p, dp_rank_);
+    auto [a, e] = block_range(p, zrank_);
     b.copy_on_device(d.p.data<float>() + zoff_[p], exec_->device_param(p).data<float>() + a, (e - a) * sizeof(float));
   }
   if (adam_.exp_avg().empty()) {

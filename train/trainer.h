@@ -163,21 +163,25 @@ class Trainer {
   std::string input_name_;
   std::vector<int64_t> perm_;        // shuffle permutation of the current epoch
   int64_t perm_epoch_ = -1;
-  // ZeRO-1 over dp: every trainable parameter (n[p] elements here) is cut into dp blocks of
-  // c[p] = ceil(n[p] / dp); this rank owns block dp_rank of each. The optimizer runs on one flat
-  // tensor of S = sum c[p] elements (block p at off[p], zero padded).
+  // ZeRO-1 over dp x domain: every trainable parameter (n[p] elements here) is cut into
+  // Z = dp x domain blocks of c[p] = ceil(n[p] / Z); this rank owns block
+  // zrank = dp_rank x domain + domain_rank of each (the domain ranks of a dp group hold the same
+  // gradients, so they share out the optimizer state rather than keep it each). The optimizer
+  // runs on one flat tensor of S = sum c[p] elements (block p at off[p], zero padded).
   std::vector<int64_t> zn_, zc_, zoff_;
   int64_t zS_ = 0;
+  int zparts_ = 1, zrank_ = 0;
   std::pair<int64_t, int64_t> block_range(size_t p, int block) const;  // [a, b) of parameter p in `block`
   Tensor pack_block(const std::vector<const Tensor*>& per_param, int block) const;    // (S)
   void unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const;
-  // This rank's block (S) of the gradients summed over dp (a reduce-scatter).
+  // This rank's block (S) of the gradients summed over dp (a reduce-scatter over dp of each dp
+  // group's domain blocks, then this domain rank's).
   Tensor reduce_scatter_grads(const std::vector<const Tensor*>& grads) const;
-  // Every dp rank's block (shard: this rank's) into the whole tensors per_param (a dp
-  // all-gather); with lead_only, only dp rank 0 unpacks (the others return false).
+  // Every rank's block (shard: this rank's) into the whole tensors per_param (all-gathers over
+  // domain, then dp); with lead_only, only zrank 0 unpacks (the others return false).
   bool gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per_param, bool lead_only) const;
-  // Per parameter, whole (dp all-gather), on dp rank 0; other dp ranks get none (they own
-  // no moment in a checkpoint) and keep no whole copies.
+  // Per parameter, whole (gather_blocks), on zrank 0; the other ranks get none (they own no
+  // moment in a checkpoint) and keep no whole copies.
   std::vector<Tensor> gather_moments(const Tensor& shard);
   void load_checkpoint(const std::string& dir);
   void check_same_plan();

@@ -1,4 +1,4 @@
-// ZeRO-1 over the dp ranks (train/trainer.h): every trainable parameter cut into dp blocks,
+// ZeRO-1 over the dp x domain ranks (train/trainer.h): every trainable parameter cut into blocks,
 // this rank's blocks packed into one flat tensor the optimizer updates; the gradient
 // reduce-scatter and the parameter and moment all-gathers.
 #include <algorithm>
@@ -30,28 +30,40 @@ void Trainer::unpack_block(const Tensor& flat, int block, const std::vector<Tens
 }
 
 Tensor Trainer::reduce_scatter_grads(const std::vector<const Tensor*>& grads) const {
-  if (dp_ == 1) return pack_block(grads, 0);
-  Tensor all(DType::F32, {dp_ * zS_}), shard(DType::F32, {zS_});
-  for (int d = 0; d < dp_; ++d) {
-    Tensor part = pack_block(grads, d);
-    std::memcpy(all.data<float>() + d * zS_, part.raw(), part.nbytes());
+  if (zparts_ == 1) return pack_block(grads, 0);
+  // blocks in zrank order: dp group d's domain blocks d x domain .. d x domain + domain - 1 in a row
+  Tensor all(DType::F32, {zparts_ * zS_}), group(DType::F32, {domain_ * zS_}), shard(DType::F32, {zS_});
+  for (int b = 0; b < zparts_; ++b) {
+    Tensor part = pack_block(grads, b);
+    std::memcpy(all.data<float>() + b * zS_, part.raw(), part.nbytes());
   }
-  mesh_->dp_comm->reduce_scatter_sum(all, shard);
+  if (dp_ > 1) mesh_->dp_comm->reduce_scatter_sum(all, group);
+  else group = all;
+  std::memcpy(shard.raw(), group.data<float>() + domain_rank_ * zS_, zS_ * sizeof(float));
   return shard;
 }
 
 bool Trainer::gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per_param, bool lead_only) const {
-  if (dp_ == 1) {
+  if (zparts_ == 1) {
     unpack_block(shard, 0, per_param);
     return true;
   }
-  Tensor all(DType::F32, {dp_ * zS_});
-  mesh_->dp_comm->all_gather(shard, all);
-  if (lead_only && dp_rank_ != 0) return false;
-  for (int d = 0; d < dp_; ++d) {
+  Tensor group = shard, all;
+  if (domain_ > 1) {
+    group = Tensor(DType::F32, {domain_ * zS_});
+    mesh_->domain_comm->all_gather(shard, group);
+  }
+  if (dp_ > 1) {
+    all = Tensor(DType::F32, {zparts_ * zS_});
+    mesh_->dp_comm->all_gather(group, all);
+  } else {
+    all = group;
+  }
+  if (lead_only && zrank_ != 0) return false;
+  for (int b = 0; b < zparts_; ++b) {
     Tensor part(DType::F32, {zS_});
-    std::memcpy(part.raw(), all.data<float>() + d * zS_, zS_ * sizeof(float));
-    unpack_block(part, d, per_param);
+    std::memcpy(part.raw(), all.data<float>() + b * zS_, zS_ * sizeof(float));
+    unpack_block(part, b, per_param);
   }
   return true;
 }

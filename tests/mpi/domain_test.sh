@@ -6,6 +6,7 @@
 #  - 10 fine-tuning steps at domain 2, tp 2 x domain 2 and dp 2 x domain 2 give the
 #    one-process losses (rtol 1e-5) and final parameters (compare_checkpoints 3e-5: the biases
 #    before a per-channel GroupNorm have gradients of rounding noise, which AdamW normalizes);
+#  - the AdamW state is shared out over dp x domain (ZeRO-1): half per rank at domain 2;
 #  - with activation checkpointing the domain-2 losses are the same bit for bit;
 #  - a domain-2 run stopped at step 5 resumes at domain 1 (and a one-process run at domain 2)
 #    with the uninterrupted losses: domain ranks write whole parameters once.
@@ -41,11 +42,11 @@ if ! timeout 120 "$mpiexec" --oversubscribe -n 3 "$wxe" infer "$model" -i "$d/cr
      >/dev/null 2>"$tmp/err" && grep -q -- "--domain 3 splits nothing" "$tmp/err"; then
   ok "infer-domain3-refused"; else bad "infer-domain3-refused"; cat "$tmp/err"; fi
 
-"$wxe" finetune "$model" "${common[@]}" --save "$tmp/d1" >/dev/null 2>"$tmp/err" || { echo "FAIL domain1 run"; cat "$tmp/err"; exit 1; }
+"$wxe" finetune "$model" "${common[@]}" --save "$tmp/d1" >/dev/null 2>"$tmp/d1.err" || { echo "FAIL domain1 run"; cat "$tmp/d1.err"; exit 1; }
 for mesh in "2 1 2" "4 2 2" "4 1 2"; do
   set -- $mesh
   name=n$1tp$2domain$3
-  if mpi "$1" --tp "$2" --domain "$3" --save "$tmp/$name" >/dev/null 2>"$tmp/err" \
+  if mpi "$1" --tp "$2" --domain "$3" --save "$tmp/$name" >/dev/null 2>"$tmp/err" && cp "$tmp/err" "$tmp/$name.err" \
      && grep -q "mesh dp $(($1 / $2 / $3)) x tp $2 x domain $3" "$tmp/err" && grep -q "domain $3: latitude bands" "$tmp/err" \
      && same_losses "$tmp/$name" "$tmp/d1" && "$compare" "$tmp/$name/step_000010" "$tmp/d1/step_000010" 3e-5 >>"$tmp/err" 2>&1; then
     ok "$name-matches-domain1"
@@ -53,6 +54,10 @@ for mesh in "2 1 2" "4 2 2" "4 1 2"; do
     bad "$name-matches-domain1"; cat "$tmp/err"; paste <(losses "$tmp/$name") <(losses "$tmp/d1")
   fi
 done
+# ZeRO-1 over dp x domain: at domain 2 each rank keeps half the AdamW state of one process
+adamw() { sed -n 's/.*memory: rank 0: .*AdamW state \([0-9.]*\) MB.*/\1/p' "$tmp/$1.err" | head -1; }
+if awk -v a="$(adamw d1)" -v b="$(adamw n2tp1domain2)" 'BEGIN { exit !(a > 0 && b > 0 && a / b > 1.9 && a / b < 2.1) }'; then
+  ok "adamw-state-shared-over-domain"; else bad "adamw-state-shared-over-domain"; adamw d1; adamw n2tp1domain2; fi
 # activation checkpointing on bands: the same losses bit for bit (recomputed segments repeat no
 # exchange that is not theirs)
 if mpi 2 --domain 2 --activation-checkpoint blocks --save "$tmp/ck" >/dev/null 2>"$tmp/err" \
