@@ -111,7 +111,7 @@ class Trainer {
   // Loads the model (training graph) and weights; with cfg.resume and a checkpoint in
   // cfg.save, continues from it. With a mesh (null: a world of one) the micro-batches are
   // divided over the dp groups, gradients summed over them, and the optimizer state sharded
-  // over them (ZeRO-1). With tp > 1 each tp group holds one copy of the model sharded
+  // over them and the domain ranks (ZeRO-1). With tp > 1 each tp group holds one copy of the model sharded
   // Megatron style (parallel/shard.h shard_training_graph): attention heads and feed-forward
   // columns split over the tp ranks, replicated parameters' gradients equal on all of them.
   Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, Mesh* mesh = nullptr);

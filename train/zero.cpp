@@ -30,15 +30,14 @@ void Trainer::unpack_block(const Tensor& flat, int block, const std::vector<Tens
 }
 
 Tensor Trainer::reduce_scatter_grads(const std::vector<const Tensor*>& grads) const {
-  if (zparts_ == 1) return pack_block(grads, 0);
+  if (dp_ == 1) return pack_block(grads, zrank_);  // nothing to sum: the domain rank's block
   // blocks in zrank order: dp group d's domain blocks d x domain .. d x domain + domain - 1 in a row
   Tensor all(DType::F32, {zparts_ * zS_}), group(DType::F32, {domain_ * zS_}), shard(DType::F32, {zS_});
   for (int b = 0; b < zparts_; ++b) {
     Tensor part = pack_block(grads, b);
     std::memcpy(all.data<float>() + b * zS_, part.raw(), part.nbytes());
   }
-  if (dp_ > 1) mesh_->dp_comm->reduce_scatter_sum(all, group);
-  else group = all;
+  mesh_->dp_comm->reduce_scatter_sum(all, group);
   std::memcpy(shard.raw(), group.data<float>() + domain_rank_ * zS_, zS_ * sizeof(float));
   return shard;
 }
