@@ -117,6 +117,9 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     zoff_.push_back(zS_);
     zS_ += c;
   }
+  // the AdamW state from the start (zeros: the first update is the same), so step 1 holds what
+  // every later step holds and its memory line is the steady state's (on a device it lives there)
+  if (cfg.device == "cpu") adam_.set_state(0, {Tensor::zeros(DType::F32, {zS_})}, {Tensor::zeros(DType::F32, {zS_})});
   if (mesh_ && mesh_->world > 1) check_same_plan();
   ExecOptions opt;
   opt.threads = cfg.threads;
