@@ -301,6 +301,12 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
     return m.outputs[0];
   };
 
+  // Reshape(from) to `to`, a node of `out` named scope/what
+  auto reshape = [&](const std::string& scope, int from, const Shape& to, const std::string& what) {
+    return emit("Reshape", scope + "/" + what, {from, g.add_constant(scope + "/" + what + "_shape", Tensor::from_i64(to))},
+                from, "_" + what);
+  };
+
   std::vector<bool> done(nodes, false);  // moved earlier (a row-parallel layer's layout and bias)
   std::map<int, int> rename;             // a dropped CopyToTP's output -> its input (or a value -> its band)
   std::map<int, int> cut_after;          // node -> the axis of its whole output to share out
@@ -509,17 +515,13 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
           // layout is the rank's windows; the layout runs on it as exported, so the fused
           // attention (engine/passes/fuse.h) still matches
           const int whole = gather_of(n.inputs[0], false, n.name);
-          auto reshape = [&](int from, Shape to, const std::string& what) {
-            return emit("Reshape", n.name + "/" + what, {from, g.add_constant(n.name + "/" + what + "_shape", Tensor::from_i64(to))},
-                        from, "_" + what);
-          };
           const int64_t share = s6[3] / tp;
-          const int rows = reshape(whole, {xs[0], xs[1], s6[2], s6[3], xs[3]}, "rows");
+          const int rows = reshape(n.name, whole, {xs[0], xs[1], s6[2], s6[3], xs[3]}, "rows");
           Node sc = collective("ScatterTP", n.name + "/ScatterTP", rows, new_value(rows, "_share"), kRows + 1);
           const int mine = sc.outputs[0];
           out.push_back(std::move(sc));
           ++st.scatters;
-          const int sub = reshape(mine, {xs[0], xs[1], s6[2] * share, xs[3]}, "sub_image");
+          const int sub = reshape(n.name, mine, {xs[0], xs[1], s6[2] * share, xs[3]}, "sub_image");
           std::vector<int64_t> t6(s6.begin(), s6.end());
           t6[3] = share;
           n.inputs = {sub, g.add_constant(n.name + "_share_shape", Tensor::from_i64(t6))};
@@ -555,13 +557,9 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
       if (os == Shape{s6[0], s6[1], s6[2] * s6[3], s6[4] * s6[5]}) {
         // the long-distance layout's inverse on the rank's share of windows: the sub-image (the
         // fused attention's output), then its rows gathered back into the image
-        auto reshape = [&](int from, Shape to, const std::string& what) {
-          return emit("Reshape", n.name + "/" + what,
-                      {from, g.add_constant(n.name + "/" + what + "_shape", Tensor::from_i64(to))}, from, "_" + what);
-        };
         const int64_t share = s6[3] / tp;
-        const int sub = reshape(n.inputs[0], {s6[0], s6[1], s6[2] * share, os[3]}, "sub_image");
-        const int rows = reshape(sub, {s6[0], s6[1], s6[2], share, os[3]}, "rows");
+        const int sub = reshape(n.name, n.inputs[0], {s6[0], s6[1], s6[2] * share, os[3]}, "sub_image");
+        const int rows = reshape(n.name, sub, {s6[0], s6[1], s6[2], share, os[3]}, "rows");
         Node ag = collective("AllGatherTP", n.name + "/AllGatherTP", rows, new_value(rows, "_gathered"), kRows + 1);
         ag.attrs["grad"] = attr_s("slice");
         const int whole = ag.outputs[0];

@@ -221,6 +221,27 @@ void all_gather_tp_backward(const Node& n, const std::vector<const Tensor*>&, co
   else take_band(n, *gout[0], *gin[0]);
 }
 
+// Band r of `full` with `top` rows above and `bottom` below (outer, rows + top + bottom, inner)
+// <-> full: to_band copies them out (zeros past the grid's edges), else back in (rows past
+// the edges dropped).
+void halo_band_copy(const Bands& b, int64_t r, int64_t parts, int64_t top, int64_t bottom, float* full, float* band,
+                    bool to_band) {
+  const int64_t full_rows = b.rows * parts, R = b.rows + top + bottom, first = r * b.rows - top;
+  for (int64_t o = 0; o < b.outer; ++o)
+    for (int64_t i = 0; i < R; ++i) {
+      float* x = band + (o * R + i) * b.inner;
+      const int64_t row = first + i;
+      float* f = full + (o * full_rows + row) * b.inner;
+      if (row < 0 || row >= full_rows) {
+        if (to_band) std::memset(x, 0, b.inner * sizeof(float));
+      } else if (to_band) {
+        std::memcpy(x, f, b.inner * sizeof(float));
+      } else {
+        std::memcpy(f, x, b.inner * sizeof(float));
+      }
+    }
+}
+
 // ScatterTP: forward this rank's band of a replicated tensor, with attributes top / bottom
 // that many rows of the bands above and below (zeros past the edges: a convolution's halo, taken
 // without communication); backward all-gather (with a halo: each rank's rows placed in a
@@ -232,17 +253,8 @@ void scatter_tp(const Node& n, const std::vector<const Tensor*>& in, const std::
     return;
   }
   Communicator& c = band_group(n);
-  const Bands b = bands_of(n, in[0]->shape);
-  const int64_t full_rows = b.rows * c.size(), R = b.rows + top + bottom, first = c.rank() * b.rows - top;
-  const float* x = in[0]->data<float>();
-  float* y = out[0]->data<float>();
-  for (int64_t o = 0; o < b.outer; ++o)
-    for (int64_t i = 0; i < R; ++i) {
-      float* dst = y + (o * R + i) * b.inner;
-      const int64_t row = first + i;
-      if (row < 0 || row >= full_rows) std::memset(dst, 0, b.inner * sizeof(float));
-      else std::memcpy(dst, x + (o * full_rows + row) * b.inner, b.inner * sizeof(float));
-    }
+  halo_band_copy(bands_of(n, in[0]->shape), c.rank(), c.size(), top, bottom, const_cast<float*>(in[0]->data<float>()),
+                 out[0]->data<float>(), true);
 }
 
 void scatter_tp_backward(const Node& n, const std::vector<const Tensor*>& in, const std::vector<const Tensor*>& outs,
@@ -252,17 +264,9 @@ void scatter_tp_backward(const Node& n, const std::vector<const Tensor*>& in, co
   if (!gin[0]) return;
   WXE_CHECK(gout[0], "node ", n.name, ": no output gradient");  // every rank must join the sum
   Communicator& c = band_group(n);
-  const Bands b = bands_of(n, gin[0]->shape);
-  const int64_t full_rows = b.rows * c.size(), R = b.rows + top + bottom, first = c.rank() * b.rows - top;
-  float* gx = gin[0]->data<float>();
-  const float* g = gout[0]->data<float>();
-  std::memset(gx, 0, gin[0]->nbytes());
-  for (int64_t o = 0; o < b.outer; ++o)
-    for (int64_t i = 0; i < R; ++i) {
-      const int64_t row = first + i;
-      if (row >= 0 && row < full_rows)
-        std::memcpy(gx + (o * full_rows + row) * b.inner, g + (o * R + i) * b.inner, b.inner * sizeof(float));
-    }
+  std::memset(gin[0]->raw(), 0, gin[0]->nbytes());
+  halo_band_copy(bands_of(n, gin[0]->shape), c.rank(), c.size(), top, bottom, gin[0]->data<float>(),
+                 const_cast<float*>(gout[0]->data<float>()), false);
   c.all_reduce_sum(*gin[0]);
 }
 

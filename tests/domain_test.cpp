@@ -85,8 +85,7 @@ std::vector<DomainRun> train_on(const std::string& model, const Tensor& x, const
   std::vector<DomainRun> runs(domain);
   std::vector<std::string> errors = RankGroup::run(domain, [&](int r, RankComm& comm) {
     Graph g = full;
-    for (Value& v : g.values)  // each rank its own parameters, as in its own process
-      if (v.is_param && v.is_const()) v.constant = std::make_shared<Tensor>(v.constant->clone());
+    own_parameters(g);
     DomainRun& s = runs[r];
     s.stats = domain_parallel(g, domain, true);
     if (fused) fuse_for_training(g);

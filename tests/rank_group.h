@@ -18,10 +18,18 @@
 #include <string>
 #include <vector>
 
+#include "engine/ir/graph.h"
 #include "parallel/collective_ops.h"
 #include "parallel/comm.h"
 
 namespace wxe::test {
+
+// A rank's copy of a graph gets its own parameters, as in its own process (the graph's copy
+// shares them with the original otherwise).
+inline void own_parameters(Graph& g) {
+  for (Value& v : g.values)
+    if (v.is_param && v.is_const()) v.constant = std::make_shared<Tensor>(v.constant->clone());
+}
 
 class RankGroup;
 

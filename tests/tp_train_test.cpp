@@ -106,8 +106,7 @@ std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tenso
   std::vector<RankStep> steps(tp);
   std::vector<std::string> errors = RankGroup::run(tp, [&](int r, RankComm& comm) {
     Graph g = full;
-    for (Value& v : g.values)  // each rank its own parameters, as in its own process
-      if (v.is_param && v.is_const()) v.constant = std::make_shared<Tensor>(v.constant->clone());
+    own_parameters(g);
     RankStep& s = steps[r];
     s.slices = parameter_slices(plan, full, tp, r);
     s.stats = shard_training_graph(g, plan, tp, r);

@@ -486,25 +486,37 @@ int window_merge(const Graph& g, const Uses& u, int k, const WindowPartition& w,
   return yr;
 }
 
-// q, k or v as the attention reads it: Reshape(Transpose(Reshape(Linear(x3, W), (nW, heads,
-// dh, th, tw)), (0, 1, 3, 4, 2)), (nW, heads, T, dh)). Returns the Linear's node or -1.
-int head_split_linear(const Graph& g, const Uses& u, int v) {
+// q, k or v as the attention reads it: Reshape(Transpose(Reshape(src, (nW, heads, dh, th, tw)),
+// (0, 1, 3, 4, 2)), (nW, heads, T, dh)). Returns src ((nW, I, th, tw)) or -1; adds the three
+// nodes to `nodes`.
+int head_split_source(const Graph& g, const Uses& u, int v, std::vector<int>& nodes) {
   const int r2 = u.only_for(v, 1);
   if (!node_is(g, r2, "Reshape")) return -1;
   const int tr = u.only_for(g.nodes[r2].inputs[0], 1);
   if (!node_is(g, tr, "Transpose") || g.nodes[tr].ints("perm") != std::vector<int64_t>{0, 1, 3, 4, 2}) return -1;
   const int r1 = u.only_for(g.nodes[tr].inputs[0], 1);
   if (!node_is(g, r1, "Reshape")) return -1;
-  const int lin = u.only_for(g.nodes[r1].inputs[0], 1);
+  const int src = g.nodes[r1].inputs[0];
+  const Shape& ls = g.values[src].shape;                     // (nW, I, th, tw)
+  const Shape& s1 = g.values[g.nodes[r1].outputs[0]].shape;  // (nW, heads, dh, th, tw)
+  const Shape& s3 = g.values[v].shape;                       // (nW, heads, T, dh)
+  if (ls.size() != 4 || s1.size() != 5 || s3.size() != 4 || s1[1] < 1 || ls[1] % s1[1] != 0) return -1;
+  if (s1 != Shape{ls[0], s1[1], ls[1] / s1[1], ls[2], ls[3]} || s3 != Shape{ls[0], s1[1], ls[2] * ls[3], s1[2]})
+    return -1;
+  nodes.insert(nodes.end(), {r2, tr, r1});
+  return src;
+}
+
+// q, k or v as the attention reads it: head_split_source of Linear(x3, W) (axis 1, no bias, no
+// activation, constant W). Returns the Linear's node or -1.
+int head_split_linear(const Graph& g, const Uses& u, int v) {
+  std::vector<int> nodes;
+  const int src = head_split_source(g, u, v, nodes);
+  const int lin = src < 0 ? -1 : u.only_for(src, 1);
   if (!node_is(g, lin, "Linear")) return -1;
   const Node& l = g.nodes[lin];
-  const Shape& ls = g.values[l.outputs[0]].shape;    // (nW, I, th, tw)
-  const Shape& s1 = g.values[g.nodes[r1].outputs[0]].shape;  // (nW, heads, dh, th, tw)
-  const Shape& s3 = g.values[v].shape;                // (nW, heads, T, dh)
-  if (ls.size() != 4 || s1.size() != 5 || s3.size() != 4 || l.i("axis", -1) != 1 || l.has("activation") ||
-      (l.inputs.size() > 2 && l.inputs[2] >= 0) || !g.values[l.inputs[1]].is_const())
-    return -1;
-  if (s1 != Shape{ls[0], s1[1], ls[1] / s1[1], ls[2], ls[3]} || s3 != Shape{ls[0], s1[1], ls[2] * ls[3], s1[2]})
+  if (l.i("axis", -1) != 1 || l.has("activation") || (l.inputs.size() > 2 && l.inputs[2] >= 0) ||
+      !g.values[l.inputs[1]].is_const())
     return -1;
   return lin;
 }
@@ -671,26 +683,6 @@ bool weight_matrix_of(const Shape& w, int64_t* rows, int64_t* cols) {
   return true;
 }
 
-// q, k or v as the attention reads it: Reshape(Transpose(Reshape(src, (nW, heads, dh, th, tw)),
-// (0, 1, 3, 4, 2)), (nW, heads, T, dh)). Returns src ((nW, I, th, tw)) or -1; adds the three
-// nodes to `nodes`.
-int head_split_source(const Graph& g, const Uses& u, int v, std::vector<int>& nodes) {
-  const int r2 = u.only_for(v, 1);
-  if (!node_is(g, r2, "Reshape")) return -1;
-  const int tr = u.only_for(g.nodes[r2].inputs[0], 1);
-  if (!node_is(g, tr, "Transpose") || g.nodes[tr].ints("perm") != std::vector<int64_t>{0, 1, 3, 4, 2}) return -1;
-  const int r1 = u.only_for(g.nodes[tr].inputs[0], 1);
-  if (!node_is(g, r1, "Reshape")) return -1;
-  const int src = g.nodes[r1].inputs[0];
-  const Shape& ls = g.values[src].shape;                     // (nW, I, th, tw)
-  const Shape& s1 = g.values[g.nodes[r1].outputs[0]].shape;  // (nW, heads, dh, th, tw)
-  const Shape& s3 = g.values[v].shape;                       // (nW, heads, T, dh)
-  if (ls.size() != 4 || s1.size() != 5 || s3.size() != 4 || s1[1] < 1 || ls[1] % s1[1] != 0) return -1;
-  if (s1 != Shape{ls[0], s1[1], ls[1] / s1[1], ls[2], ls[3]} || s3 != Shape{ls[0], s1[1], ls[2] * ls[3], s1[2]})
-    return -1;
-  nodes.insert(nodes.end(), {r2, tr, r1});
-  return src;
-}
 
 // Slice node k takes rows [part I, (part + 1) I) of axis 1 of a (nW, 3I, th, tw) value.
 bool slice_of_part(const Graph& g, int k, int part) {
