@@ -302,6 +302,57 @@ TEST(BackwardFast, ErfTransposeConcatDepthToSpaceMatchReference) {
   expect_pointwise("Concat axis -1", "Concat", {randn({2, 3, 2}, 105), randn({2, 3, 5}, 106)}, {{"axis", attr_i(-1)}}, 0);
 }
 
+// Slice as row copies into zeros and Resize one axis at a time, against the scatter through the
+// forward's own index map (the gradient buffers start as NaN: every element must be written).
+TEST(BackwardFast, SliceAndResizeMatchReference) {
+  register_cpu_kernels();
+  const BackwardFn slice_fast = cpu::pointwise_backward_kernel("Slice", KernelKind::Fast);
+  const BackwardFn slice_ref = cpu::pointwise_backward_kernel("Slice", KernelKind::Reference);
+  ASSERT_NE(slice_fast, slice_ref);
+  struct SliceCase {
+    std::string what;
+    Shape x;
+    std::vector<int64_t> starts, ends, axes, steps;
+  };
+  const std::vector<SliceCase> slices = {
+      {"CREDIT's crop of the rows (1,84,256,384)[:, :, 0:181]", {1, 84, 256, 384}, {0}, {181}, {2}, {1}},
+      {"and of the columns, axis -1", {1, 4, 18, 38}, {0}, {36}, {-1}, {1}},
+      {"two axes, ends past the end", {2, 5, 9, 11}, {1, 2}, {100, 9}, {1, 3}, {1, 1}},
+      {"step 2 on the last axis, negative start", {3, 4, 20}, {-15}, {20}, {2}, {2}},
+      {"negative step", {3, 7, 6}, {5, -1}, {0, -100}, {1, 2}, {-2, -1}},
+      {"empty", {3, 4}, {2}, {2}, {1}, {1}},
+  };
+  for (const SliceCase& c : slices) {
+    std::vector<Tensor> in = {randn(c.x, 110), Tensor::from_i64(c.starts), Tensor::from_i64(c.ends),
+                              Tensor::from_i64(c.axes), Tensor::from_i64(c.steps)};
+    expect_same_grads("Slice " + c.what, make_node("Slice", 5), in, {true, false, false, false, false}, slice_fast,
+                      slice_ref, 0);
+  }
+  const BackwardFn resize_fast = cpu::pointwise_backward_kernel("Resize", KernelKind::Fast);
+  const BackwardFn resize_ref = cpu::pointwise_backward_kernel("Resize", KernelKind::Reference);
+  ASSERT_NE(resize_fast, resize_ref);
+  struct ResizeCase {
+    std::string what;
+    Shape x, sizes;
+    Attrs a;
+  };
+  const Attrs credit = {{"mode", attr_s("linear")}, {"coordinate_transformation_mode", attr_s("half_pixel")}};
+  const std::vector<ResizeCase> resizes = {
+      {"CREDIT's bilinear half_pixel back to the grid (1,6,64,96) -> (1,6,45,90)", {1, 6, 64, 96}, {1, 6, 45, 90}, credit},
+      {"bilinear up 2x", {2, 3, 7, 5}, {2, 3, 14, 10}, credit},
+      {"nearest up 2x", {1, 4, 6, 8}, {1, 4, 12, 16}, {{"mode", attr_s("nearest")}}},
+      {"cubic, align_corners, rows only", {1, 2, 9, 7}, {1, 2, 13, 7},
+       {{"mode", attr_s("cubic")}, {"coordinate_transformation_mode", attr_s("align_corners")}}},
+      {"linear over the channels too", {1, 5, 4, 6}, {1, 3, 8, 6}, credit},
+      {"same size (identity)", {1, 3, 5, 6}, {1, 3, 5, 6}, credit},
+  };
+  for (const ResizeCase& c : resizes) {
+    std::vector<Tensor> in = {randn(c.x, 111), Tensor(), Tensor(), Tensor::from_i64(c.sizes)};
+    expect_same_grads("Resize " + c.what, make_node("Resize", 4, 1, c.a), in, {true, false, false, false}, resize_fast,
+                      resize_ref, 1e-6);
+  }
+}
+
 // Broadcast expand and sum against index loops, and the sum's independence of the thread count.
 TEST(BackwardFast, BroadcastHelpersMatchIndexLoops) {
   const Shape full{2, 16, 32, 48};  // large enough for the parallel paths

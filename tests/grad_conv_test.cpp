@@ -297,10 +297,10 @@ TEST(ConvBackward, FastPathMatchesReferenceLoops) {
   }
 }
 
-// Conv geometries for conv_small_oc.h (few output channels, kernel width 16 or 32, no pads):
-// the forward and the weight gradient against the reference kernel and loops, with column
-// counts past a whole number of vector blocks (the tail), odd channel counts, stride 1 (no
-// column phases) and 3, batch 2 and 1-D; the path must apply to each.
+// Conv geometries for conv_small_oc.h (few output channels, kernel width 16 or 32): the forward
+// and the weight gradient against the reference kernel and loops, with column counts past a
+// whole number of vector blocks (the tail), odd channel counts, stride 1 (no column phases) and
+// 3, batch 2, 1-D, and zero pads (even, asymmetric); the path must apply to each.
 TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
   register_cpu_kernels();
   const Attr s2 = attr_ints({2, 2});
@@ -312,6 +312,13 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
       {"k 5x16 s2 8 outputs", "Conv", {1, 4, 11, 80}, {8, 4, 5, 16}, 8, {{"strides", s2}}},
       {"1-D k32 s2", "Conv", {2, 3, 140}, {4, 3, 32}, 4, {{"strides", attr_ints({2})}}},
       {"15 outputs k16", "Conv", {1, 2, 16, 50}, {15, 2, 16, 16}, 15, {}},
+      // zero pads (the training graph folds the cross-embeddings' Pads into their Convs)
+      {"k16 s2 pads 7 (CREDIT's stage-0 cross-embedding)", "Conv", {1, 3, 24, 64}, {4, 3, 16, 16}, 4,
+       {{"strides", s2}, {"pads", attr_ints({7, 7, 7, 7})}}},
+      {"k32 s2 asymmetric pads 15, 3, 16, 2", "Conv", {1, 2, 20, 70}, {4, 2, 32, 32}, 4,
+       {{"strides", s2}, {"pads", attr_ints({15, 3, 16, 2})}}},
+      {"k16 stride 1 pads 2, 0, 1, 5", "Conv", {1, 3, 18, 40}, {3, 3, 16, 16}, 0, {{"pads", attr_ints({2, 0, 1, 5})}}},
+      {"1-D k16 s2 pads 7", "Conv", {1, 3, 50}, {2, 3, 16}, 2, {{"strides", attr_ints({2})}, {"pads", attr_ints({7, 7})}}},
   };
   for (const FastCase& c : cases) {
     SCOPED_TRACE(c.label);
@@ -337,11 +344,10 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
         }
     }
   }
-  // pads, dilation, group, narrow kernels, 16 outputs: not this path
+  // dilation, group, narrow kernels, 16 outputs: not this path
   auto applies = [](Shape xs, Shape ws, Attrs a) {
     return cpu::small_oc_conv_applies(cpu::conv_geometry(make_node("Conv", 2, 1, a), xs, ws, false));
   };
-  EXPECT_FALSE(applies({1, 2, 40, 40}, {4, 2, 16, 16}, pads2(7, 7, 7, 7)));
   EXPECT_FALSE(applies({1, 2, 40, 40}, {4, 2, 16, 16}, {{"dilations", attr_ints({1, 2})}}));
   EXPECT_FALSE(applies({1, 4, 40, 40}, {4, 2, 16, 16}, {{"group", attr_i(2)}}));
   EXPECT_FALSE(applies({1, 2, 40, 40}, {4, 2, 8, 8}, {}));

@@ -203,6 +203,14 @@ void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
     bool any_out = std::any_of(n.outputs.begin(), n.outputs.end(), [&](int o) { return grad[o].defined(); });
     if (!any_out) continue;
     auto t0 = std::chrono::steady_clock::now();
+    if (is_view_op(n.op)) {  // the gradient, reshaped (its storage moves on: nothing else holds it)
+      const int x = n.inputs[0], o = n.outputs[0];
+      Tensor t = grad[o].reshaped(g_.values[x].shape);
+      grad[o] = Tensor();
+      if (needs_grad_[x]) add_grad(x, std::move(t));
+      release_read_by(k);
+      continue;
+    }
     in.clear();
     out.clear();
     gout.clear();
@@ -225,12 +233,7 @@ void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
       throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + e.what());
     }
     for (int o : n.outputs) grad[o] = Tensor();  // consumed
-    if (!bw_reads_.empty()) {  // kept values whose last backward reader this was
-      for (int v : n.inputs)
-        if (v >= 0 && first_bw_use_[v] == (int)k) release(v, true);
-      for (int o : n.outputs)
-        if (first_bw_use_[o] == (int)k) release(o, true);
-    }
+    release_read_by(k);
     for (size_t i = 0; i < n.inputs.size(); ++i)
       if (gin[i]) add_grad(n.inputs[i], std::move(gi[i]));
     if (opt_.profile) {
@@ -282,6 +285,16 @@ void GradExecutor::recompute(int s) {
       if (v >= 0 && inner_of_[v] == s && last_fwd_use_[v] == k) release(v, false);
   }
   seg_dropped_[s] = false;
+}
+
+// The kept values whose last backward reader node k was.
+void GradExecutor::release_read_by(size_t k) {
+  if (bw_reads_.empty()) return;
+  const Node& n = g_.nodes[k];
+  for (int v : n.inputs)
+    if (v >= 0 && first_bw_use_[v] == (int)k) release(v, true);
+  for (int o : n.outputs)
+    if (first_bw_use_[o] == (int)k) release(o, true);
 }
 
 // A forward value nothing reads any more (in_backward: no backward kernel still to run; else:
@@ -341,46 +354,17 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
         vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
     }
   for (int id : g_.inputs) vals_[id] = inputs.at(g_.values[id].name);
-  std::vector<const Tensor*> in;
-  std::vector<Tensor*> out;
   for (size_t k = 0; k < g_.nodes.size(); ++k) {
     const Node& n = g_.nodes[k];
     auto t0 = std::chrono::steady_clock::now();
-    if (dev_ && is_view_op(n.op)) {
+    if (is_view_op(n.op)) {  // an alias of its input, wherever that is
       const int x = n.inputs[0], o = n.outputs[0];
-      if (dvals_[x].defined())
+      if (dev_ && dvals_[x].defined())
         dvals_[o] = dvals_[x].reshaped(g_.values[o].shape);
       else
         vals_[o] = vals_[x].reshaped(g_.values[o].shape);
-      continue;
-    }
-    const BackendKernel* dk = dev_ ? dk_[k] : nullptr;
-    in.clear();
-    out.clear();
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      const int v = n.inputs[i];
-      in.push_back(v < 0 ? nullptr : dk && !host_input(dk, i) ? &dev_value(v) : &host_value(v));
-    }
-    for (int o : n.outputs) {
-      const Value& v = g_.values[o];
-      if (dk) {
-        dvals_[o] = dev_->empty(v.dtype, v.shape);
-        out.push_back(&dvals_[o]);
-      } else {
-        vals_[o] = Tensor(v.dtype, v.shape);
-        out.push_back(&vals_[o]);
-      }
-    }
-    try {
-      (dk ? dk->forward : kernels_[k])(n, in, out);
-      if (opt_.profile && dk) dev_->synchronize();
-    } catch (const Error& e) {
-      throw Error(g_.source + ": node " + n.name + " (" + n.op + "): " + e.what());
-    }
-    if (opt_.profile) {
-      auto& p = profile_[n.op];
-      p.ms += ms_since(t0);
-      ++p.calls;
+    } else {
+      run_forward_node(k, t0);
     }
     if (!bw_reads_.empty()) {  // values no backward reads, at their last forward use (or unread)
       for (int v : n.inputs)
@@ -410,6 +394,39 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
   for (int o : g_.outputs) result.push_back(host_value(o));
   if (dev_) dev_->synchronize();
   return result;
+}
+
+// Node k's kernel on fresh outputs: the device's where it has one, else the host's.
+void GradExecutor::run_forward_node(size_t k, std::chrono::steady_clock::time_point t0) {
+  const Node& n = g_.nodes[k];
+  const BackendKernel* dk = dev_ ? dk_[k] : nullptr;
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const int v = n.inputs[i];
+    in.push_back(v < 0 ? nullptr : dk && !host_input(dk, i) ? &dev_value(v) : &host_value(v));
+  }
+  for (int o : n.outputs) {
+    const Value& v = g_.values[o];
+    if (dk) {
+      dvals_[o] = dev_->empty(v.dtype, v.shape);
+      out.push_back(&dvals_[o]);
+    } else {
+      vals_[o] = Tensor(v.dtype, v.shape);
+      out.push_back(&vals_[o]);
+    }
+  }
+  try {
+    (dk ? dk->forward : kernels_[k])(n, in, out);
+    if (opt_.profile && dk) dev_->synchronize();
+  } catch (const Error& e) {
+    throw Error(g_.source + ": node " + n.name + " (" + n.op + "): " + e.what());
+  }
+  if (opt_.profile) {
+    auto& p = profile_[n.op];
+    p.ms += ms_since(t0);
+    ++p.calls;
+  }
 }
 
 void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {

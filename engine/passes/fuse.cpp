@@ -1051,6 +1051,7 @@ void optimize_for_cpu(Graph& g, Precision precision) {
 }
 
 void fuse_for_training(Graph& g) {
+  fold_pad_into_conv(g);
   fuse_gelu(g);
   fuse_channel_layernorm(g);
   fuse_linear_gelu(g);

@@ -102,7 +102,8 @@ void use_bf16(Graph& g);
 // All of the above, in order (use_bf16 only for Precision::BF16).
 void optimize_for_cpu(Graph& g, Precision precision = Precision::F32);
 
-// The fusions a training graph takes (their ops have CPU backward kernels): fuse_gelu,
+// The fusions a training graph takes (their ops have CPU backward kernels): fold_pad_into_conv
+// (the padded copy is then not kept for the weight gradient), fuse_gelu,
 // fuse_channel_layernorm, fuse_linear_gelu and fuse_window_attention_training. Their backward
 // reads x where the exported chains kept several intermediates for it (engine/ir/ops.h BackwardReads), and runs one
 // kernel instead of 5 or 9 (a Linear with activation "gelu" recomputes its pre-activation in

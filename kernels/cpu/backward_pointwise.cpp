@@ -16,7 +16,7 @@
 // arithmetic over contiguous arrays (a broadcast operand expanded once, the gradient of a
 // broadcast input summed by broadcast_sum, broadcast.h), Erf in float, Transpose as the
 // inverse transpose of the gradient, Concat as a split of it, DepthToSpace as the row copies
-// of its forward run backwards. The code above them stays as
+// of its forward run backwards, Slice as row copies into zeros, Resize one axis at a time. The code above them stays as
 // the reference.
 #include "kernels/cpu/backward_pointwise.h"
 
@@ -29,6 +29,7 @@
 #include "engine/ir/ops.h"
 #include "kernels/cpu/broadcast.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/op_args.h"
 
 namespace wxe::cpu {
 
@@ -713,6 +714,128 @@ void depth_to_space_bw_fast(const Node& n, const Ins& in, const Ins& out, const 
   }
 }
 
+// Zeros in parallel (a whole-tensor gradient of tens of MB).
+void zero_parallel(Tensor* t) {
+  const int64_t cnt = t->numel();
+  float* p = t->data<float>();
+  constexpr int64_t kBlock = 1 << 16;
+#pragma omp parallel for schedule(static) if (cnt > kParallelMin)
+  for (int64_t b = 0; b < (cnt + kBlock - 1) / kBlock; ++b)
+    std::memset(p + b * kBlock, 0, sizeof(float) * (size_t)std::min(kBlock, cnt - b * kBlock));
+}
+
+// Slice: zeros, and the gradient's rows copied to where the forward read them (slice_plan:
+// the forward's own clamping of starts, ends and steps).
+void slice_bw_fast(const Node& n, const Ins& in, const Ins&, const Gouts& gout, const Gins& gin) {
+  zero_from(gin, 1);  // starts, ends, axes, steps: no gradient
+  Tensor* gx = gin[0];
+  if (!gx) return;
+  const std::vector<SliceDim> plan = slice_plan(n, in[0]->shape, in[1]->to_i64(), in[2]->to_i64(), opt_ints(in, 3),
+                                                opt_ints(in, 4));
+  zero_parallel(gx);
+  const int r = (int)plan.size();
+  const int64_t total = gout[0]->numel();
+  if (total == 0) return;
+  if (r == 0) {
+    gx->data<float>()[0] = gout[0]->data<float>()[0];
+    return;
+  }
+  const std::vector<int64_t> st = strides_of(in[0]->shape);
+  int64_t base = 0;
+  for (int d = 0; d < r; ++d) base += plan[d].start * st[d];
+  const int64_t L = plan[r - 1].len, rows = total / L, lstep = plan[r - 1].step * st[r - 1];
+  const float* g = gout[0]->data<float>();
+  float* G = gx->data<float>() + base;
+#pragma omp parallel for schedule(static) if (total > kParallelMin)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t off = 0, rem = row;
+    for (int d = r - 2; d >= 0; --d) {
+      off += rem % plan[d].len * plan[d].step * st[d];
+      rem /= plan[d].len;
+    }
+    const float* src = g + row * L;
+    float* dst = G + off;
+    if (lstep == 1)
+      std::memcpy(dst, src, sizeof(float) * (size_t)L);
+    else
+      for (int64_t j = 0; j < L; ++j) dst[j * lstep] = src[j];
+  }
+}
+
+// Resize: the per-axis taps' transposes applied one axis at a time, last axis first (each a
+// scatter along one axis, parallel over the others, so no two threads add into one element);
+// axes the forward leaves as they are are skipped.
+void resize_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  zero_from(gin, 1);  // roi, scales, sizes: no gradient
+  Tensor* gx = gin[0];
+  if (!gx) return;
+  const Shape& xs = in[0]->shape;
+  Shape cur = out[0]->shape;
+  const int r = (int)xs.size();
+  if (numel(cur) == 0 || numel(xs) == 0) return zero(gx);
+  const std::vector<ResizeAxisTaps> taps = resize_axis_taps(n, in, cur);
+  auto identity = [&](int d) {
+    const ResizeAxisTaps& t = taps[d];
+    if (cur[d] != xs[d]) return false;
+    for (int64_t o = 0; o < cur[d]; ++o)
+      for (int j = 0; j < t.k; ++j) {
+        const float w = t.w[o * t.k + j];
+        if (w != 0.f && !(w == 1.f && t.idx[o * t.k + j] == o)) return false;
+      }
+    return true;
+  };
+  std::vector<int> axes;
+  for (int d = r - 1; d >= 0; --d)
+    if (!identity(d)) axes.push_back(d);
+  if (axes.empty()) {
+    std::memcpy(gx->raw(), gout[0]->raw(), gx->nbytes());
+    return;
+  }
+  Tensor a, b;  // ping-pong buffers; the last pass writes into gx
+  const Tensor* src = gout[0];
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const int d = axes[i];
+    Shape next = cur;
+    next[d] = xs[d];
+    Tensor* dst = gx;
+    if (i + 1 < axes.size()) {
+      Tensor& t = src == &a ? b : a;
+      t = Tensor(DType::F32, next);
+      dst = &t;
+    }
+    zero_parallel(dst);
+    int64_t outer = 1, inner = 1;
+    for (int e = 0; e < d; ++e) outer *= cur[e];
+    for (int e = d + 1; e < r; ++e) inner *= cur[e];
+    const int64_t L = cur[d], Li = xs[d];
+    const ResizeAxisTaps& t = taps[d];
+    const float* S = src->data<float>();
+    float* D = dst->data<float>();
+    if (inner == 1) {  // the last axis: rows
+#pragma omp parallel for schedule(static) if (outer * L > kParallelMin)
+      for (int64_t q = 0; q < outer; ++q) {
+        const float* s = S + q * L;
+        float* dd = D + q * Li;
+        for (int64_t o = 0; o < L; ++o)
+          for (int j = 0; j < t.k; ++j) dd[t.idx[o * t.k + j]] += t.w[o * t.k + j] * s[o];
+      }
+    } else {
+#pragma omp parallel for schedule(static) if (outer * L * inner > kParallelMin)
+      for (int64_t q = 0; q < outer; ++q)
+        for (int64_t o = 0; o < L; ++o)
+          for (int j = 0; j < t.k; ++j) {
+            const float w = t.w[o * t.k + j];
+            if (w == 0.f) continue;
+            const float* s = S + (q * L + o) * inner;
+            float* dd = D + (q * Li + t.idx[o * t.k + j]) * inner;
+            for (int64_t e = 0; e < inner; ++e) dd[e] += w * s[e];
+          }
+    }
+    cur = next;
+    src = dst;
+  }
+}
+
 // Op -> (reference, fast) for the ops with a fast path.
 const std::map<std::string, std::pair<BackwardFn, BackwardFn>>& fast_table() {
   static const std::map<std::string, std::pair<BackwardFn, BackwardFn>> t = {
@@ -727,6 +850,8 @@ const std::map<std::string, std::pair<BackwardFn, BackwardFn>>& fast_table() {
       {"Transpose", {checked<first_input_bw<true>>, checked<transpose_bw_fast>}},
       {"DepthToSpace", {checked<first_input_bw<true>>, checked<depth_to_space_bw_fast>}},
       {"Concat", {checked<concat_bw>, checked<concat_bw_fast>}},
+      {"Slice", {checked<first_input_bw<true>>, checked<slice_bw_fast>}},
+      {"Resize", {checked<resize_bw>, checked<resize_bw_fast>}},
   };
   return t;
 }
@@ -777,13 +902,11 @@ void register_pointwise_backward() {
   register_backward("Unsqueeze", checked<copy_bw>);
   register_backward("Flatten", checked<copy_bw>);
   register_backward("Split", checked<first_input_bw<true>>);
-  register_backward("Slice", checked<first_input_bw<true>>);
   register_backward("Gather", checked<first_input_bw<false>>);    // repeated indices
   register_backward("GatherND", checked<first_input_bw<false>>);
   register_backward("Expand", checked<first_input_bw<false>>);
   register_backward("Tile", checked<first_input_bw<false>>);
   register_backward("Pad", checked<pad_bw>);
-  register_backward("Resize", checked<resize_bw>);
 }
 
 }  // namespace wxe::cpu

@@ -136,30 +136,53 @@ bool small_oc_conv_applies(const ConvGeom& g) {
   if (g.transpose || g.group != 1 || g.nsp > 2 || g.C_out >= 16 || g.N * g.C_in * g.C_out == 0) return false;
   if (g.k[2] % 8 != 0 || g.k[2] < 16 || g.k[2] > 32) return false;  // kernel 8: oneDNN is as fast
   for (int a = 1; a < 3; ++a)
-    if (g.d[a] != 1 || g.pb[a] != 0 || g.out[a] < 1 || (g.out[a] - 1) * g.s[a] + g.k[a] > g.in[a]) return false;
+    if (g.d[a] != 1 || g.pb[a] < 0 || g.pe[a] < 0 || g.out[a] < 1 ||
+        (g.out[a] - 1) * g.s[a] + g.k[a] > g.pb[a] + g.in[a] + g.pe[a])
+      return false;
   return true;
 }
 
-void small_oc_conv_forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y) {
-  const Dims2 d = dims_of(g);
-  const float* xp = x;
-  int64_t Wp = d.W;
-  if (d.sw > 1) {  // split the columns into their sw phases
-    Wp = (d.W + d.sw - 1) / d.sw;
-    const int64_t rows = d.N * d.C * d.H, phase = rows * Wp;
-    float* p = phase_scratch.floats(d.sw * phase);
+namespace {
+
+// x with its zero pads, its columns split into `phases` phases (phase p of a row holds columns
+// p, p + phases, ... of the padded row: width Wp), in phase_scratch; d becomes the padded
+// problem's dims. x itself when there is nothing to do.
+const float* padded_phases(const ConvGeom& g, Dims2& d, const float* x, int64_t phases, int64_t& Wp) {
+  const int64_t pt = g.pb[1], pl = g.pb[2], H = d.H, W = d.W;
+  const int64_t Hp = H + pt + g.pe[1], Wpad = W + pl + g.pe[2];
+  Wp = (Wpad + phases - 1) / phases;
+  if (phases == 1 && Hp == H && Wpad == W) return x;
+  const int64_t rows = d.N * d.C * Hp, phase = rows * Wp;
+  float* p = phase_scratch.floats(phases * phase);
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < d.W; ++j) p[(j % d.sw) * phase + r * Wp + j / d.sw] = x[r * d.W + j];
-    xp = p;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t h = r % Hp - pt, nc = r / Hp;
+    const float* src = h >= 0 && h < H ? x + (nc * H + h) * W : nullptr;
+    for (int64_t j = 0; j < Wp * phases; ++j) {
+      const int64_t js = j - pl;
+      p[(j % phases) * phase + r * Wp + j / phases] = src && js >= 0 && js < W ? src[js] : 0.f;
+    }
   }
+  d.H = Hp;
+  d.W = Wpad;
+  return p;
+}
+
+}  // namespace
+
+void small_oc_conv_forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y) {
+  Dims2 d = dims_of(g);
+  int64_t Wp = 0;
+  const float* xp = padded_phases(g, d, x, d.sw, Wp);
   if (d.OC % 4 == 0) return forward_rows<4>(d, xp, Wp, w, bias, y);
   if (d.OC % 2 == 0) return forward_rows<2>(d, xp, Wp, w, bias, y);
   forward_rows<1>(d, xp, Wp, w, bias, y);
 }
 
 void small_oc_conv_weight_grad(const ConvGeom& g, const float* x, const float* dy, float* dw) {
-  const Dims2 d = dims_of(g);
+  Dims2 d = dims_of(g);
+  int64_t Wp = 0;
+  x = padded_phases(g, d, x, 1, Wp);
   if (d.KW == 8) return weight_grad_nv<1>(d, x, dy, dw);
   if (d.KW == 16) return weight_grad_nv<2>(d, x, dy, dw);
   weight_grad_nv<4>(d, x, dy, dw);

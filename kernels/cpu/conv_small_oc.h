@@ -9,9 +9,10 @@
 
 namespace wxe::cpu {
 
-// Conv (not ConvTranspose), group 1, dilation 1, no begin pads and every tap inside the input
-// (no end pads read), at most 2 spatial axes, fewer than 16 output channels, kernel width 16
-// or 32 (at width 8 oneDNN is about as fast).
+// Conv (not ConvTranspose), group 1, dilation 1, at most 2 spatial axes, fewer than 16 output
+// channels, kernel width 16 or 32 (at width 8 oneDNN is about as fast). Pads are zeros copied
+// per call into a scratch buffer with the column phases (a padded input is not kept: the
+// training graph folds the cross-embeddings' explicit Pads into their Convs).
 bool small_oc_conv_applies(const ConvGeom& g);
 
 // y (N, C_out, OH, OW) = conv(x (N, C_in, H, W), w (C_out, C_in, KH, KW)) + bias (C_out; may
