@@ -530,14 +530,34 @@ static void use_device_mesh(Mesh& mesh, const std::string& device, bool dp_nccl)
 // On a machine other work keeps busy, OpenMP threads waiting at a barrier sleep instead of
 // spinning (OMP_WAIT_POLICY=PASSIVE): spinning threads take the cores that the threads they
 // wait for need. wxformer_tiny's training step at 2 threads beside other work (load 5 on 2
-// cores, 2026-11-26): median 250-540 ms spinning, 82-118 ms passive. A quiet machine (1-minute
-// load under 1) keeps libgomp's spinning, which wakes threads faster; a policy the environment
-// sets (OMP_WAIT_POLICY, GOMP_SPINCOUNT) is kept. libgomp reads it when it loads, before
-// main, so the process starts itself again with it set (same pid: mpirun does not notice).
+// cores, 2026-11-26): median 250-540 ms spinning, 82-118 ms passive. Busy means: at least
+// half the cores run other threads now (/proc/stat's procs_running, the least of a few
+// samples, less this process). The 1-minute load average is not used: it still counts work
+// that ended a minute ago (a benchmark's previous run), and passive waits cost a quiet
+// machine's small models up to 2x. A policy the environment sets (OMP_WAIT_POLICY,
+// GOMP_SPINCOUNT) is kept. libgomp reads it when it loads, before main, so the process starts
+// itself again with it set (same pid: mpirun does not notice).
+static int other_running_threads() {
+  int least = -1;
+  for (int i = 0; i < 5; ++i) {
+    if (i) usleep(2000);
+    FILE* f = std::fopen("/proc/stat", "r");
+    if (!f) return 0;
+    char line[256];
+    int running = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "procs_running %d", &running) == 1) break;
+    std::fclose(f);
+    if (running < 0) return 0;
+    least = least < 0 ? running : std::min(least, running);
+  }
+  return std::max(least - 1, 0);
+}
+
 void wait_passively_when_busy(char** argv) {
   if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-  double load = 0;
-  if (getloadavg(&load, 1) != 1 || load < 1.0) return;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (2 * other_running_threads() < std::max(cores, 1L)) return;
   setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   execv("/proc/self/exe", argv);  // if that fails, go on spinning
 }
