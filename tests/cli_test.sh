@@ -198,6 +198,15 @@ if "$wxe" --version >"$tmp/out" 2>&1 && grep -q "^wxe [0-9]" "$tmp/out" \
 else
   echo "FAIL version-and-help"; cat "$tmp/out"; fails=$((fails + 1))
 fi
+# cuBLAS is loaded when a CUDA run needs it, not linked (linked, it costs every process ~210 MB
+# of resident memory at start-up): wxe names no libcublas among its needed libraries
+if command -v readelf >/dev/null; then
+  if readelf -d "$wxe" | grep -q "NEEDED.*libcublas"; then
+    echo "FAIL cublas-not-linked: $(readelf -d "$wxe" | grep NEEDED.*libcublas)"; fails=$((fails + 1))
+  else
+    echo "ok   cublas-not-linked"
+  fi
+fi
 # -i before the model does not swallow it; paths with '=' are paths
 cp "$x" "$tmp/a=b.npy"
 if "$wxe" infer -i "$tmp/a=b.npy" "$model" -o "$tmp/o=1.npy" --threads 2 >"$tmp/out" 2>"$tmp/err" && [ -s "$tmp/o=1.npy" ]; then

@@ -105,10 +105,10 @@ Context& ctx() {
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, r.device));
     uint64_t keep = UINT64_MAX;
     CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-    CUBLAS_CHECK(cublasCreate(&r.blas));
-    CUBLAS_CHECK(cublasSetStream(r.blas, r.stream));
+    CUBLAS_CHECK(cublas().create(&r.blas));
+    CUBLAS_CHECK(cublas().set_stream(r.blas, r.stream));
     // exact float32 products (no TF32), as the CPU reference computes them
-    CUBLAS_CHECK(cublasSetMathMode(r.blas, CUBLAS_PEDANTIC_MATH));
+    CUBLAS_CHECK(cublas().set_math_mode(r.blas, CUBLAS_PEDANTIC_MATH));
     CUDNN_CHECK(cudnnCreate(&r.dnn));
     CUDNN_CHECK(cudnnSetStream(r.dnn, r.stream));
     return r;

@@ -11,6 +11,7 @@
 
 #include "engine/exec/backend.h"
 #include "engine/ir/ops.h"
+#include "kernels/cuda/cublas_lazy.h"
 #include "kernels/cuda/index_math.h"
 
 namespace wxe::cuda {
@@ -24,7 +25,7 @@ namespace wxe::cuda {
   do {                                                                                      \
     cublasStatus_t st_ = (call);                                                            \
     if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      ::wxe::fail("cublas: ", cublasGetStatusString(st_), " (", #call, ")");                \
+      ::wxe::fail("cublas: ", ::wxe::cuda::cublas().status_string(st_), " (", #call, ")");                \
   } while (0)
 #define CUDNN_CHECK(call)                                                                   \
   do {                                                                                      \

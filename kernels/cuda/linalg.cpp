@@ -29,15 +29,15 @@ void gemm_rowmajor(int64_t batch, int64_t M, int64_t N, int64_t K, const float* 
   // float32: cublasSgemm's compute type under the handle's pedantic math mode; bf16: the
   // default math mode, which the pedantic one would hold to float32 products
   const cublasComputeType_t ct = bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
-  if (bf16) CUBLAS_CHECK(cublasSetMathMode(ctx().blas, CUBLAS_DEFAULT_MATH));
+  if (bf16) CUBLAS_CHECK(cublas().set_math_mode(ctx().blas, CUBLAS_DEFAULT_MATH));
   if (batch == 1)
-    CUBLAS_CHECK(cublasGemmEx(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F,
+    CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F,
                               lda, &beta, C, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT));
   else
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, ldb,
+    CUBLAS_CHECK(cublas().gemm_strided_batched_ex(ctx().blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, ldb,
                                             sb, A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc, (int)batch, ct,
                                             CUBLAS_GEMM_DEFAULT));
-  if (bf16) CUBLAS_CHECK(cublasSetMathMode(ctx().blas, CUBLAS_PEDANTIC_MATH));
+  if (bf16) CUBLAS_CHECK(cublas().set_math_mode(ctx().blas, CUBLAS_PEDANTIC_MATH));
 }
 
 // ---------------------------------------------------------------- Linear
