@@ -177,7 +177,10 @@ void expect_same_step(const RankStep& s, const RankStep& one, const RankStep& ra
     auto sl = s.slices.find(name);
     if (sl == s.slices.end()) {
       ASSERT_EQ(got.shape, ref.shape) << name;
-      EXPECT_LE(grad_error(got, ref, scale), 1e-5) << "replicated " << name;
+      // 2e-5: the position-bias MLP's first weight sums many cancelling terms; its tp-2
+      // gradient differs from tp 1's by 3.1e-6 with oneDNN's first-layer conv and by 1.0e-5
+      // with conv_small_oc's (as exact: tests/grad_conv_test.cpp), every other one by < 4e-6
+      EXPECT_LE(grad_error(got, ref, scale), 2e-5) << "replicated " << name;
     } else {
       ++sharded;
       Tensor want = block_of(ref, sl->second);

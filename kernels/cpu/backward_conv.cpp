@@ -415,7 +415,6 @@ PrimCache<BackwardPrims> backward_cache;  // by geometry key
 // Staging buffers by role; dx's buffer is reused for x and W's for dW, as the data pass
 // finishes before the weights pass starts; one scratchpad for both passes.
 enum { kDy, kW, kWide, kDy2, kPad };
-thread_local Scratch bwd_scratch[5];
 
 // dx and dW by oneDNN (either pointer may be null); false when the geometry is not supported.
 bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
@@ -425,20 +424,20 @@ bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float
   if (p->use_ref) return false;
   memory dy_m;
   if (dx) {
-    dy_m = stage_in(n, p->data_dy, dy, bwd_scratch[kDy]);
-    memory w_m = stage_in(n, p->data_w, W, bwd_scratch[kW]);
-    memory dx_m = out_mem(p->data_dx, dx, bwd_scratch[kWide]);
-    memory pad = mem(p->data_pad, bwd_scratch[kPad].get(p->data_pad.get_size()));
+    dy_m = stage_in(n, p->data_dy, dy, scratch_slot(kDy));
+    memory w_m = stage_in(n, p->data_w, W, scratch_slot(kW));
+    memory dx_m = out_mem(p->data_dx, dx, scratch_slot(kWide));
+    memory pad = mem(p->data_pad, scratch_slot(kPad).get(p->data_pad.get_size()));
     execute(n, p->data,
             {{DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DIFF_SRC, dx_m}, {DNNL_ARG_SCRATCHPAD, pad}});
     stage_out(n, p->data_dx, dx_m, dx);
   }
   if (dW) {
-    memory x_m = stage_in(n, p->wts_x, x, bwd_scratch[kWide]);
-    if (!dx || !(p->wts_dy.prim == p->data_dy.prim)) dy_m = stage_in(n, p->wts_dy, dy, bwd_scratch[kDy2]);
-    memory dw_m = out_mem(p->wts_dw, dW, bwd_scratch[kW]);
+    memory x_m = stage_in(n, p->wts_x, x, scratch_slot(kWide));
+    if (!dx || !(p->wts_dy.prim == p->data_dy.prim)) dy_m = stage_in(n, p->wts_dy, dy, scratch_slot(kDy2));
+    memory dw_m = out_mem(p->wts_dw, dW, scratch_slot(kW));
     Args args{{DNNL_ARG_SRC, x_m}, {DNNL_ARG_DIFF_DST, dy_m}, {DNNL_ARG_DIFF_WEIGHTS, dw_m},
-              {DNNL_ARG_SCRATCHPAD, mem(p->wts_pad, bwd_scratch[kPad].get(p->wts_pad.get_size()))}};
+              {DNNL_ARG_SCRATCHPAD, mem(p->wts_pad, scratch_slot(kPad).get(p->wts_pad.get_size()))}};
     execute(n, p->weights, args);
     stage_out(n, p->wts_dw, dw_m, dW);
   }

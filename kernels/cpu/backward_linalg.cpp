@@ -388,8 +388,6 @@ void middle_sums(const float* g, int64_t P, int64_t N, int64_t Q, float* out) {
 }
 
 enum { kGzT, kXT, kDxT };
-thread_local Scratch linear_scratch[3];  // gZ, X and dX with the outer two dims swapped
-thread_local Scratch linear_bf16[3];     // gZ, X and W as bfloat16 (precision = "bf16")
 
 // Linear: with Q == 1, dX (P, K) = gZ (P, N) W and dW = gZ^T X. Otherwise the contraction runs
 // over (p, q): gZ and X viewed as (N, M) and (K, M), M = P Q (themselves when P == 1, else
@@ -406,10 +404,10 @@ bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const L
   const float* X = in[0]->data<float>();
   const float* W = in[1]->data<float>();
   const bool bf16 = n.s("precision", "") == "bf16";
-  // the operand as the matmul reads it: itself, or its bfloat16 copy in linear_bf16[slot]
+  // the operand as the matmul reads it: itself, or its bfloat16 copy in scratch_slot(3 + slot)
   auto operand = [&](const float* p, int64_t count, int slot) -> const void* {
     if (!bf16) return p;
-    auto* h = static_cast<uint16_t*>(linear_bf16[slot].get((size_t)count * sizeof(uint16_t)));
+    auto* h = static_cast<uint16_t*>(scratch_slot(3 + slot).get((size_t)count * sizeof(uint16_t)));
     to_bf16(p, count, h);
     return h;
   };
@@ -424,15 +422,15 @@ bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const L
   }
   const int64_t M = P * Q;
   if (bf16 && P > 1) {  // gZ' and X' straight into bfloat16
-    auto* gzh = static_cast<uint16_t*>(linear_bf16[0].get((size_t)(N * M) * sizeof(uint16_t)));
+    auto* gzh = static_cast<uint16_t*>(scratch_slot(3 + 0).get((size_t)(N * M) * sizeof(uint16_t)));
     swap_outer_bf16(gz, P, N, Q, gzh);
     if (gx) {
-      float* dxm = linear_scratch[kDxT].floats(K * M);
+      float* dxm = scratch_slot(kDxT).floats(K * M);
       if (!matmul_views(n, 1, K, N, M, w_op, true, gzh, false, dxm, 1.f, true)) return false;
       swap_outer(dxm, K, P, Q, gx->data<float>());
     }
     if (gw) {
-      auto* xh = static_cast<uint16_t*>(linear_bf16[1].get((size_t)(K * M) * sizeof(uint16_t)));
+      auto* xh = static_cast<uint16_t*>(scratch_slot(3 + 1).get((size_t)(K * M) * sizeof(uint16_t)));
       swap_outer_bf16(X, P, K, Q, xh);
       if (!matmul_views(n, 1, N, M, K, gzh, false, xh, true, gw->data<float>(), 1.f, true)) return false;
     }
@@ -442,18 +440,18 @@ bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const L
   const float* gzm = gz;  // (N, M)
   const float* xm = X;    // (K, M)
   if (P > 1) {
-    float* t = linear_scratch[kGzT].floats(N * M);
+    float* t = scratch_slot(kGzT).floats(N * M);
     swap_outer(gz, P, N, Q, t);
     gzm = t;
     if (gw) {
-      float* u = linear_scratch[kXT].floats(K * M);
+      float* u = scratch_slot(kXT).floats(K * M);
       swap_outer(X, P, K, Q, u);
       xm = u;
     }
   }
   const void* gz_op = operand(gzm, N * M, 0);
   if (gx) {
-    float* dxm = P > 1 ? linear_scratch[kDxT].floats(K * M) : gx->data<float>();
+    float* dxm = P > 1 ? scratch_slot(kDxT).floats(K * M) : gx->data<float>();
     if (!matmul_views(n, 1, K, N, M, w_op, true, gz_op, false, dxm, 1.f, bf16)) return false;
     if (P > 1) swap_outer(dxm, K, P, Q, gx->data<float>());
   }

@@ -29,6 +29,7 @@
 #include "engine/ir/ops.h"
 #include "kernels/cpu/broadcast.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/op_args.h"
 
 namespace wxe::cpu {
@@ -476,13 +477,8 @@ void resize_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, 
 // ---------------------------------------------------------------------------------------
 // Fast paths.
 
-// Per-thread buffers of whole-output size, grown on demand and kept.
-thread_local std::vector<float> fast_scratch[3];
-
-float* scratch(int i, int64_t count) {
-  if ((int64_t)fast_scratch[i].size() < count) fast_scratch[i].resize((size_t)count);
-  return fast_scratch[i].data();
-}
+// Buffers of whole-output size: the thread's scratch slots (dnnl_util.h).
+float* scratch(int i, int64_t count) { return onednn::scratch_slot(i).floats(count); }
 
 // dst[i] = binary_grad<OP>(K, a[i], b[i], g[i]) over contiguous arrays.
 template <Bin OP, int K>

@@ -33,8 +33,23 @@ void weight_grad_rows(const Dims2& d, const float* x, const float* dy, float* dw
       for (int o = 0; o < OCB; ++o)
         #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) acc[o][v] = _mm256_setzero_ps();
+      // each output row's sum is added to a running total: a float sum over one row, then
+      // over rows, instead of one float sum over every output element (24k terms on CREDIT's
+      // stage-0 grid), whose rounding grows with its length
+      __m256 tot[OCB][NV];
+      #pragma GCC unroll 8
+      for (int o = 0; o < OCB; ++o)
+        #pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) tot[o][v] = _mm256_setzero_ps();
       for (int64_t n = 0; n < d.N; ++n)
         for (int64_t qh = 0; qh < d.OH; ++qh) {
+          #pragma GCC unroll 8
+          for (int o = 0; o < OCB; ++o)
+            #pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) {
+              tot[o][v] = _mm256_add_ps(tot[o][v], acc[o][v]);
+              acc[o][v] = _mm256_setzero_ps();
+            }
           const float* xr = x + ((n * d.C + c) * d.H + qh * d.sh + a) * d.W;
           const float* dr[OCB];
           #pragma GCC unroll 8
@@ -55,7 +70,8 @@ void weight_grad_rows(const Dims2& d, const float* x, const float* dy, float* dw
       #pragma GCC unroll 8
       for (int o = 0; o < OCB; ++o)
         #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) _mm256_storeu_ps(dw + (((ob + o) * d.C + c) * d.KH + a) * d.KW + 8 * v, acc[o][v]);
+        for (int v = 0; v < NV; ++v)
+          _mm256_storeu_ps(dw + (((ob + o) * d.C + c) * d.KH + a) * d.KW + 8 * v, _mm256_add_ps(tot[o][v], acc[o][v]));
     }
   }
 }
@@ -128,7 +144,6 @@ void forward_rows(const Dims2& d, const float* xp, int64_t Wp, const float* w, c
   }
 }
 
-thread_local onednn::Scratch phase_scratch;
 
 }  // namespace
 
@@ -145,7 +160,7 @@ bool small_oc_conv_applies(const ConvGeom& g) {
 namespace {
 
 // x with its zero pads, its columns split into `phases` phases (phase p of a row holds columns
-// p, p + phases, ... of the padded row: width Wp), in phase_scratch; d becomes the padded
+// p, p + phases, ... of the padded row: width Wp), in scratch slot 0; d becomes the padded
 // problem's dims. x itself when there is nothing to do.
 const float* padded_phases(const ConvGeom& g, Dims2& d, const float* x, int64_t phases, int64_t& Wp) {
   const int64_t pt = g.pb[1], pl = g.pb[2], H = d.H, W = d.W;
@@ -153,7 +168,7 @@ const float* padded_phases(const ConvGeom& g, Dims2& d, const float* x, int64_t 
   Wp = (Wpad + phases - 1) / phases;
   if (phases == 1 && Hp == H && Wpad == W) return x;
   const int64_t rows = d.N * d.C * Hp, phase = rows * Wp;
-  float* p = phase_scratch.floats(phases * phase);
+  float* p = onednn::scratch_slot(0).floats(phases * phase);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = r % Hp - pt, nc = r / Hp;

@@ -217,7 +217,6 @@ struct LinearPrim {
 };
 
 PrimCache<LinearPrim> linear_cache;
-thread_local Scratch linear_scratch[2];  // X, W in bf16
 
 void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
                  const std::vector<Tensor*>& out) {
@@ -288,14 +287,14 @@ void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
   const void* xp = in[0]->raw();
   const void* wp = in[1]->raw();
   if (p->bf16) {
-    memory xb = mem(p->x_bf16, linear_scratch[0].get(p->x_bf16.get_size()));
+    memory xb = mem(p->x_bf16, scratch_slot(0).get(p->x_bf16.get_size()));
     memory xf = mem(p->x_f32, xp);
     p->x_to_bf16.execute(strm(), xf, xb);
     xp = xb.get_data_handle();
     if (n.i("constant_weights", 0)) {
       wp = weight_cache.get(key, *in[1], p->w_f32, p->w_bf16, p->w_to_bf16);
     } else {
-      memory wb = mem(p->w_bf16, linear_scratch[1].get(p->w_bf16.get_size()));
+      memory wb = mem(p->w_bf16, scratch_slot(1).get(p->w_bf16.get_size()));
       memory wf = mem(p->w_f32, wp);
       p->w_to_bf16.execute(strm(), wf, wb);
       wp = wb.get_data_handle();
@@ -467,7 +466,6 @@ EinsumPlan plan_einsum(const EinsumEq& eq, const Shape& sa, const Shape& sb, con
 }
 
 PrimCache<EinsumPlan> einsum_cache;
-thread_local Scratch einsum_scratch[3];
 
 void einsum_fast(const Node& n, const std::vector<const Tensor*>& in,
                  const std::vector<Tensor*>& out) {
@@ -498,7 +496,7 @@ void einsum_fast(const Node& n, const std::vector<const Tensor*>& in,
   for (int t = 0; t < 3; ++t) {
     const EinsumOperand& o = plan->op[t];
     if (!o.copy) continue;
-    buf[t] = static_cast<float*>(einsum_scratch[t].get((size_t)o.numel * sizeof(float)));
+    buf[t] = static_cast<float*>(scratch_slot(t).get((size_t)o.numel * sizeof(float)));
     if (t < 2) {
       std::vector<int64_t> cst = strides_of(Shape(o.letter_dims.begin(), o.letter_dims.end()));
       strided_copy(o.letter_dims, static_cast<const float*>(ptr[t]), o.letter_strides, buf[t], cst);
@@ -517,7 +515,6 @@ void einsum_fast(const Node& n, const std::vector<const Tensor*>& in,
 
 // ---------------------------------------------------------------- Conv / ConvTranspose
 enum { kSrc, kWei, kDst };
-thread_local Scratch conv_scratch[3];
 
 struct ConvPrim {
   bool use_ref = false;
@@ -673,12 +670,12 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
   memory x_user = mem(p->src_user, in[0]->raw()), x = x_user;
   memory w_user = mem(p->wei_user, in[1]->raw()), w = w_user;
   memory y_user = mem(p->dst_user, out[0]->raw()), y = y_user;
-  if (p->r_src) x = mem(p->src, conv_scratch[kSrc].get(p->src.get_size()));
+  if (p->r_src) x = mem(p->src, scratch_slot(kSrc).get(p->src.get_size()));
   if (p->r_wei && n.i("constant_weights", 0))
     w = mem(p->wei, weight_cache.get(key, *in[1], p->wei_user, p->wei, p->wei_reorder));
   else if (p->r_wei)
-    w = mem(p->wei, conv_scratch[kWei].get(p->wei.get_size()));
-  if (p->r_dst) y = mem(p->dst, conv_scratch[kDst].get(p->dst.get_size()));
+    w = mem(p->wei, scratch_slot(kWei).get(p->wei.get_size()));
+  if (p->r_dst) y = mem(p->dst, scratch_slot(kDst).get(p->dst.get_size()));
   try {
     if (p->t_src)
       transpose_planes(in[0]->data<float>(), static_cast<float*>(x.get_data_handle()), g.N, g.C_in, HW);

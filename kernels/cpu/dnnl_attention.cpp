@@ -73,7 +73,6 @@ AttnPrims make_attention(const WindowGeom& g, int64_t cw, bool has_bo, float sca
 }
 
 PrimCache<AttnPrims> attention_cache;
-thread_local Scratch attention_scratch[4];  // tokens (then o), qkv, scores, y
 
 // scores[h][i][j] = scale q_i . k_j + bias[h][i][j] for one window; qkv rows of 3I floats.
 // bstride: floats between two heads' biases (0: one bias for all).
@@ -138,10 +137,10 @@ void window_attention_fast(const Node& n, const std::vector<const Tensor*>& in,
     const int64_t wy = w % g.nW / g.nwx, wx = w % g.nW % g.nwx;
     return (w / g.nW) * D * HW + (g.strided ? wy * g.W + wx : wy * g.th * g.W + wx * g.tw);
   };
-  float* tok = static_cast<float*>(attention_scratch[0].get(cw * T * std::max(D, I) * sizeof(float)));
-  float* qkv = static_cast<float*>(attention_scratch[1].get(cw * T * 3 * I * sizeof(float)));
-  float* sc = static_cast<float*>(attention_scratch[2].get(cw * H * T * T * sizeof(float)));
-  float* yt = static_cast<float*>(attention_scratch[3].get(cw * T * D * sizeof(float)));
+  float* tok = static_cast<float*>(scratch_slot(0).get(cw * T * std::max(D, I) * sizeof(float)));
+  float* qkv = static_cast<float*>(scratch_slot(1).get(cw * T * 3 * I * sizeof(float)));
+  float* sc = static_cast<float*>(scratch_slot(2).get(cw * H * T * T * sizeof(float)));
+  float* yt = static_cast<float*>(scratch_slot(3).get(cw * T * D * sizeof(float)));
   for (int64_t w0 = 0; w0 < windows; w0 += cw) {
     const int64_t cnt = std::min(cw, windows - w0);
     auto p = attention_cache.get(str("WindowAttention", cnt, "x", T, "x", D, ">", I, "h", H, in[5] ? "b" : "",

@@ -45,4 +45,10 @@ void to_bf16(const float* src, int64_t count, uint16_t* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = bf16_bits(src[i]);
 }
 
+Scratch& scratch_slot(int i) {
+  thread_local Scratch pool[kScratchSlots];
+  WXE_ASSERT(i >= 0 && i < kScratchSlots);
+  return pool[i];
+}
+
 }  // namespace wxe::cpu::onednn

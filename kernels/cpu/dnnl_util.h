@@ -151,10 +151,10 @@ T ref_only() {
   return t;
 }
 
-// Per-thread scratch (staged operands, reordered weights, blocked activations), declared
-// thread_local by its users: a kernel call finishes before its thread runs the next one, so
-// each thread reuses its buffers (grown on demand, never shrunk; page-faulting fresh buffers
-// on every call cost more than some of the convolutions). 64-byte aligned.
+// Per-thread scratch (staged operands, reordered weights, blocked activations): a kernel call
+// finishes before its thread runs the next one, so each thread reuses its buffers (grown on
+// demand, never shrunk; page-faulting fresh buffers on every call cost more than some of the
+// convolutions). 64-byte aligned.
 struct Scratch {
   struct Free {
     void operator()(void* p) const { std::free(p); }
@@ -197,6 +197,14 @@ inline uint16_t bf16_bits(float f) {
 
 // dst[i] = bf16_bits(src[i]) for i < count; parallel over large arrays.
 void to_bf16(const float* src, int64_t count, uint16_t* dst);
+
+// The thread's scratch buffers, one pool for every kernel (scratch_slot(i), i < kScratchSlots):
+// kernels run one at a time on a thread, so they take the same slots and the pool holds the
+// largest need of any one kernel, not the sum over kernels (wxformer_v2026's training step: 226
+// MB of per-kernel buffers before). A kernel must not call another that takes slots while it
+// still reads its own.
+constexpr int kScratchSlots = 6;
+Scratch& scratch_slot(int i);
 
 }  // namespace onednn
 
