@@ -300,7 +300,10 @@ TEST(ConvBackward, FastPathMatchesReferenceLoops) {
 // Conv geometries for conv_small_oc.h (few output channels, kernel width 16 or 32): the forward
 // and the weight gradient against the reference kernel and loops, with column counts past a
 // whole number of vector blocks (the tail), odd channel counts, stride 1 (no column phases) and
-// 3, batch 2, 1-D, and zero pads (even, asymmetric); the path must apply to each.
+// 3, batch 2, 1-D, and zero pads (even, asymmetric); the path must apply to each. The forward
+// of those at stride 2 with at most 4 outputs and an even output size runs as a stride-4 conv
+// of the 2 x 2 output phases on oneDNN instead (dnnl.cpp conv_by_output_phases: the padded
+// cases and "k16 s2 even outputs"), the rest on conv_small_oc: both against the reference.
 TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
   register_cpu_kernels();
   const Attr s2 = attr_ints({2, 2});
@@ -318,6 +321,7 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
       {"k32 s2 asymmetric pads 15, 3, 16, 2", "Conv", {1, 2, 20, 70}, {4, 2, 32, 32}, 4,
        {{"strides", s2}, {"pads", attr_ints({15, 3, 16, 2})}}},
       {"k16 stride 1 pads 2, 0, 1, 5", "Conv", {1, 3, 18, 40}, {3, 3, 16, 16}, 0, {{"pads", attr_ints({2, 0, 1, 5})}}},
+      {"k16 s2 even outputs, no pads", "Conv", {1, 3, 34, 66}, {4, 3, 16, 16}, 4, {{"strides", s2}}},
       {"1-D k16 s2 pads 7", "Conv", {1, 3, 50}, {2, 3, 16}, 2, {{"strides", attr_ints({2})}, {"pads", attr_ints({7, 7})}}},
   };
   for (const FastCase& c : cases) {
@@ -344,6 +348,23 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
         }
     }
   }
+  // 16 outputs at kernel 32, stride 4 (the 640 x 1280 CrossFormer's first layer, 74 -> 16
+  // channels): the weight gradient on this path, the forward on oneDNN's, against the reference
+  {
+    const Shape xs{1, 5, 40, 72}, ws{16, 5, 32, 32};
+    const Attrs a{{"strides", attr_ints({4, 4})}, {"pads", attr_ints({14, 14, 14, 14})}};
+    const cpu::ConvGeom g = cpu::conv_geometry(make_node("Conv", 3, 1, a), xs, ws, false);
+    EXPECT_TRUE(cpu::small_oc_conv_applies(g, true));
+    EXPECT_FALSE(cpu::small_oc_conv_applies(g));
+    std::vector<Tensor> x = conv_inputs(xs, ws, 16, 72);
+    Node n = make_node("Conv", 3, 1, a);
+    Tensor y = run_node(n, {&x[0], &x[1], &x[2]})[0];
+    Tensor dy = randn(y.shape, 73);
+    Grads ref = backward(n, x, y, &dy, {false, true, true}, KernelKind::Reference);
+    Grads fast = backward(n, x, y, &dy, {false, true, true}, KernelKind::Fast);
+    EXPECT_LT(rel_l2(fast.t[1], ref.t[1]), 1e-5);
+    EXPECT_LT(rel_l2(fast.t[2], ref.t[2]), 1e-5);
+  }
   // dilation, group, narrow kernels, 16 outputs: not this path
   auto applies = [](Shape xs, Shape ws, Attrs a) {
     return cpu::small_oc_conv_applies(cpu::conv_geometry(make_node("Conv", 2, 1, a), xs, ws, false));
@@ -352,6 +373,19 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
   EXPECT_FALSE(applies({1, 4, 40, 40}, {4, 2, 16, 16}, {{"group", attr_i(2)}}));
   EXPECT_FALSE(applies({1, 2, 40, 40}, {4, 2, 8, 8}, {}));
   EXPECT_FALSE(applies({1, 2, 40, 40}, {16, 2, 16, 16}, {}));
+}
+
+// oneDNN 2.6 offers only its reference kernel (0.1 GFLOP/s) for some geometries in the blocked
+// layout the fast path names first: the 640 x 1280 CrossFormer's first cross-embeddings (74 ->
+// 16 channels, kernels 16 and 32, stride 4) took minutes per training step. The backward pair
+// passes such a layout over for one with a real kernel.
+TEST(ConvBackward, OneDnnReferenceKernelIsPassedOver) {
+  register_cpu_kernels();
+  for (int64_t k : {16, 32}) {
+    const Attrs a{{"strides", attr_ints({4, 4})}, {"pads", attr_ints({(k - 4) / 2, (k - 4) / 2, (k - 4) / 2, (k - 4) / 2})}};
+    const cpu::ConvGeom g = cpu::conv_geometry(make_node("Conv", 3, 1, a), {1, 74, 160, 320}, {16, 74, k, k}, false);
+    EXPECT_FALSE(cpu::conv_backward_on_onednn_reference(g)) << "kernel " << k;
+  }
 }
 
 // Weights updated in place between calls (as the optimizer does): the fast forward and backward

@@ -283,6 +283,7 @@ void stage_out(const Node& n, const Operand& o, const memory& m, float* data) {
 struct BackwardPrims {
   bool use_ref = false;
   bool bf16 = false;  // dy, W and x staged as bfloat16 (the Operand reorders convert)
+  bool reference = false;  // oneDNN's reference kernel ("ref:any") for either pass
   dnnl::primitive data, weights;
   Operand data_dy, data_w, data_dx;
   Operand wts_x, wts_dy, wts_dw;
@@ -325,6 +326,7 @@ void make_pair(BackwardPrims& r, dnnl::algorithm alg, const memory::desc& x_user
   r.data_pad = dpd.scratchpad_desc();
   r.wts_pad = wpd.scratchpad_desc();
   r.bf16 = bf16;
+  r.reference = std::string(dpd.impl_info_str()).rfind("ref", 0) == 0 || std::string(wpd.impl_info_str()).rfind("ref", 0) == 0;
 }
 
 // Activation layouts: as the forward path in dnnl.cpp, blocked for spatial Conv (nChw16c, named:
@@ -380,11 +382,18 @@ BackwardPrims make_backward(const ConvGeom& g, bool want_bf16) {
   // blocked: nChw16c, else oneDNN's choice; plain: the tensors' own layout. Named only for
   // 16 channels or more on both sides: with fewer (CREDIT's first cross-embedding convs, 7 -> 2
   // channels at kernel 32) oneDNN 2.6 has only its reference kernel for nChw16c (0.1 GFLOP/s).
+  // A layout for which oneDNN offers only its reference kernel ("ref:any", e.g. nChw16c for the
+  // 640 x 1280 CrossFormer's first cross-embeddings: 74 -> 16 channels, kernel 32, stride 4,
+  // 0.1 GFLOP/s: one training step took minutes) is passed over for the next one, down to the
+  // tensors' own plain layout (im2col + gemm); a reference pair is kept only when nothing else
+  // exists.
   const bool named = std::min(Cig, Cog) >= 16;
   std::vector<tag> acts{tag::undef};
-  if (blocked) acts = named ? std::vector<tag>{act16[g.nsp - 1], tag::any} : std::vector<tag>{tag::any};
+  if (blocked) acts = named ? std::vector<tag>{act16[g.nsp - 1], tag::any, tag::undef} : std::vector<tag>{tag::any, tag::undef};
   std::vector<bool> types{false};
   if (want_bf16 && !g.transpose) types = {true, false};
+  BackwardPrims fallback;
+  fallback.use_ref = true;
   for (bool bf16 : types)
     for (tag act : acts) {
       try {
@@ -396,11 +405,12 @@ BackwardPrims make_backward(const ConvGeom& g, bool want_bf16) {
                     dnnl::deconvolution_backward_weights>(r, dnnl::algorithm::deconvolution_direct, x_user, w_user,
                                                           y_user, act, strides, dil, pl, pr, bf16);
         r.use_ref = false;
-        return r;
+        if (!r.reference) return r;
+        if (fallback.use_ref) fallback = r;
       } catch (const dnnl::error&) {
       }
     }
-  return r;
+  return fallback;
 }
 
 std::string geom_key(const ConvGeom& g) {
@@ -417,6 +427,15 @@ PrimCache<BackwardPrims> backward_cache;  // by geometry key
 enum { kDy, kW, kWide, kDy2, kPad };
 
 // dx and dW by oneDNN (either pointer may be null); false when the geometry is not supported.
+}  // namespace
+
+bool conv_backward_on_onednn_reference(const ConvGeom& g) {
+  auto p = backward_cache.get(geom_key(g), [&] { return make_backward(g, false); });
+  return !p->use_ref && p->reference;
+}
+
+namespace {
+
 bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
                    float* dW) {
   const bool bf16 = n.op == "Conv" && n.s("precision", "") == "bf16";
@@ -481,7 +500,7 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
   if (DB) bias_grad(DY, g.N, g.C_out, g.out[0] * g.out[1] * g.out[2], DB);
   if (!DX && !DW) return false;
   const bool empty = in[0]->numel() == 0 || in[1]->numel() == 0 || dy->numel() == 0;
-  if (kind == KernelKind::Fast && !empty && small_oc_conv_applies(g)) {  // few output channels, wide kernel
+  if (kind == KernelKind::Fast && !empty && small_oc_conv_applies(g, true)) {  // few output channels, wide kernel
     if (DW) small_oc_conv_weight_grad(g, X, DY, DW);
     if (DX && !backward_dnnl(n, g, X, W, DY, DX, nullptr)) backward_loops(g, X, W, DY, DX, nullptr);
     return true;

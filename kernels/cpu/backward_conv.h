@@ -3,6 +3,7 @@
 #pragma once
 #include "engine/ir/ops.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/dnnl_util.h"
 
 namespace wxe::cpu {
 
@@ -13,5 +14,9 @@ namespace wxe::cpu {
 // computed dx and dw (the bias gradient is always a plain sum in double).
 bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin,
                    KernelKind kind);
+
+// Whether the float32 oneDNN backward pair the fast path runs for g is oneDNN's reference
+// kernel ("ref:any", about 0.1 GFLOP/s): only when no layout offers anything else.
+bool conv_backward_on_onednn_reference(const ConvGeom& g);
 
 }  // namespace wxe::cpu

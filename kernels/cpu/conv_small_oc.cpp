@@ -147,8 +147,9 @@ void forward_rows(const Dims2& d, const float* xp, int64_t Wp, const float* w, c
 
 }  // namespace
 
-bool small_oc_conv_applies(const ConvGeom& g) {
-  if (g.transpose || g.group != 1 || g.nsp > 2 || g.C_out >= 16 || g.N * g.C_in * g.C_out == 0) return false;
+bool small_oc_conv_applies(const ConvGeom& g, bool weight_grad) {
+  if (g.transpose || g.group != 1 || g.nsp > 2 || g.C_out > (weight_grad ? 16 : 15) || g.N * g.C_in * g.C_out == 0)
+    return false;
   if (g.k[2] % 8 != 0 || g.k[2] < 16 || g.k[2] > 32) return false;  // kernel 8: oneDNN is as fast
   for (int a = 1; a < 3; ++a)
     if (g.d[a] != 1 || g.pb[a] < 0 || g.pe[a] < 0 || g.out[a] < 1 ||

@@ -13,7 +13,10 @@ namespace wxe::cpu {
 // channels, kernel width 16 or 32 (at width 8 oneDNN is about as fast). Pads are zeros copied
 // per call into a scratch buffer with the column phases (a padded input is not kept: the
 // training graph folds the cross-embeddings' explicit Pads into their Convs).
-bool small_oc_conv_applies(const ConvGeom& g);
+// weight_grad: for the weight gradient alone, 16 output channels too (oneDNN 2.6's direct
+// kernels for the forward handle 16, but its backward for 74 -> 16 channels at kernel 16 or 32,
+// stride 4 (the 640 x 1280 CrossFormer's first layer) is im2col + gemm at about 30 GFLOP/s).
+bool small_oc_conv_applies(const ConvGeom& g, bool weight_grad = false);
 
 // y (N, C_out, OH, OW) = conv(x (N, C_in, H, W), w (C_out, C_in, KH, KW)) + bias (C_out; may
 // be null).

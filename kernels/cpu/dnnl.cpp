@@ -642,10 +642,69 @@ ConvPrim make_conv(const ConvGeom& g, bool has_bias, bool src_nhwc = false, bool
   return r;
 }
 
+void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out,
+                   bool transpose, bool channels_last);
+
+// A stride-2 Conv with at most 4 output channels and a kernel of 8 or more (CREDIT's first-layer
+// cross-embeddings, 80 -> 4 channels, kernels 16 and 32) as a stride-4 Conv whose 4 x C_out
+// output channels are the output's 2 x 2 phases, then the phases interleaved: oneDNN blocks
+// output channels by 16, so it has a direct kernel for that one and none for the original
+// (engine/passes/fuse.h split_conv_output_phases does the same to an inference graph's constant
+// weights; here the weights are expanded per call, as a training step's change every step).
+// False when it does not apply.
+bool conv_by_output_phases(const Node& n, const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor* bias,
+                           Tensor& y) {
+  if (g.transpose || g.group != 1 || g.nsp != 2 || g.C_out > 4 || g.s[1] != 2 || g.s[2] != 2 || g.d[1] != 1 ||
+      g.d[2] != 1 || g.k[1] < 8 || g.k[2] < 8 || g.out[1] % 2 || g.out[2] % 2)
+    return false;
+  const int64_t OC = g.C_out, C = g.C_in, KH = g.k[1], KW = g.k[2], OH = g.out[1], OW = g.out[2];
+  // end pads giving OH/2 x OW/2 outputs at stride 4 (taps past the old end pad have weight 0)
+  const int64_t pe_h = (OH / 2 - 1) * 4 + KH + 2 - g.in[1] - g.pb[1];
+  const int64_t pe_w = (OW / 2 - 1) * 4 + KW + 2 - g.in[2] - g.pb[2];
+  if (pe_h < 0 || pe_w < 0) return false;
+  Tensor w2 = Tensor::zeros(DType::F32, {4 * OC, C, KH + 2, KW + 2});  // W2[o*4 + py*2 + px, c, a, b] = W[o, c, a - 2 py, b - 2 px]
+  const float* W = w.data<float>();
+  float* W2 = w2.data<float>();
+  for (int64_t o = 0; o < OC; ++o)
+    for (int64_t ph = 0; ph < 4; ++ph)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t a = 0; a < KH; ++a)
+          std::memcpy(W2 + (((o * 4 + ph) * C + c) * (KH + 2) + a + 2 * (ph / 2)) * (KW + 2) + 2 * (ph % 2),
+                      W + ((o * C + c) * KH + a) * KW, sizeof(float) * (size_t)KW);
+  Tensor b2;
+  if (bias) {
+    b2 = Tensor(DType::F32, {4 * OC});
+    for (int64_t o = 0; o < 4 * OC; ++o) b2.data<float>()[o] = bias->data<float>()[o / 4];
+  }
+  Node m = n;
+  m.attrs["strides"] = attr_ints({4, 4});
+  m.attrs["pads"] = attr_ints({g.pb[1], g.pb[2], pe_h, pe_w});
+  m.attrs.erase("auto_pad");
+  Tensor t(DType::F32, {g.N, 4 * OC, OH / 2, OW / 2});
+  std::vector<const Tensor*> in2 = {&x, &w2};
+  if (bias) in2.push_back(&b2);
+  conv_any_fast(m, in2, {&t}, false, false);
+  const float* T = t.data<float>();
+  float* Y = y.data<float>();
+  const int64_t H2 = OH / 2, W2c = OW / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < g.N * OC * OH; ++r) {  // output row r = (n, o, i)
+    const int64_t i = r % OH, no = r / OH, py = i % 2;
+    const float* p0 = T + ((no * 4 + py * 2) * H2 + i / 2) * W2c;  // phase (py, 0); (py, 1) follows
+    const float* p1 = p0 + H2 * W2c;
+    float* yr = Y + r * OW;
+    for (int64_t j = 0; j < W2c; ++j) {
+      yr[2 * j] = p0[j];
+      yr[2 * j + 1] = p1[j];
+    }
+  }
+  return true;
+}
+
 // Conv, ConvTranspose, and ConvChannelsLast (channels_last: x is (N, H, W, C), and so is the
 // output with the attribute channels_last_output).
 void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
-                   const std::vector<Tensor*>& out, bool transpose, bool channels_last = false) {
+                   const std::vector<Tensor*>& out, bool transpose, bool channels_last) {
   const bool src_nhwc = channels_last, dst_nhwc = channels_last && n.i("channels_last_output", 0);
   if (!all_f32(in, out) || in.size() < 2 || !in[0] || !in[1]) return reference(n, in, out);
   if (src_nhwc && in[0]->rank() != 4) return reference(n, in, out);
@@ -658,6 +717,7 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
   if (bias && bias->shape != Shape{g.C_out}) return reference(n, in, out);
   if (out[0]->numel() == 0 || in[0]->numel() == 0) return reference(n, in, out);
   const bool bf16 = n.s("precision", "") == "bf16";
+  if (!channels_last && !bf16 && conv_by_output_phases(n, g, *in[0], *in[1], bias, *out[0])) return;
   if (!channels_last && !bf16 && small_oc_conv_applies(g))  // few output channels, wide kernel: conv_small_oc.h
     return small_oc_conv_forward(g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
                                  out[0]->data<float>());
@@ -702,12 +762,12 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
 
 void conv_fast(const Node& n, const std::vector<const Tensor*>& in,
                const std::vector<Tensor*>& out) {
-  conv_any_fast(n, in, out, false);
+  conv_any_fast(n, in, out, false, false);
 }
 
 void conv_transpose_fast(const Node& n, const std::vector<const Tensor*>& in,
                          const std::vector<Tensor*>& out) {
-  conv_any_fast(n, in, out, true);
+  conv_any_fast(n, in, out, true, false);
 }
 
 void conv_channels_last_fast(const Node& n, const std::vector<const Tensor*>& in,
