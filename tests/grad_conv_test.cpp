@@ -303,7 +303,7 @@ TEST(ConvBackward, FastPathMatchesReferenceLoops) {
 // 3, batch 2, 1-D, and zero pads (even, asymmetric); the path must apply to each. The forward
 // of those at stride 2 with at most 4 outputs and an even output size runs as a stride-4 conv
 // of the 2 x 2 output phases on oneDNN instead (dnnl.cpp conv_by_output_phases: the padded
-// cases and "k16 s2 even outputs"), the rest on conv_small_oc: both against the reference.
+// cases and "k16 s2 even outputs, ..."), the rest on conv_small_oc: both against the reference.
 TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
   register_cpu_kernels();
   const Attr s2 = attr_ints({2, 2});
@@ -321,7 +321,8 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
       {"k32 s2 asymmetric pads 15, 3, 16, 2", "Conv", {1, 2, 20, 70}, {4, 2, 32, 32}, 4,
        {{"strides", s2}, {"pads", attr_ints({15, 3, 16, 2})}}},
       {"k16 stride 1 pads 2, 0, 1, 5", "Conv", {1, 3, 18, 40}, {3, 3, 16, 16}, 0, {{"pads", attr_ints({2, 0, 1, 5})}}},
-      {"k16 s2 even outputs, no pads", "Conv", {1, 3, 34, 66}, {4, 3, 16, 16}, 4, {{"strides", s2}}},
+      {"k16 s2 even outputs, no pads, kernel_shape", "Conv", {1, 3, 34, 66}, {4, 3, 16, 16}, 4,
+       {{"strides", s2}, {"kernel_shape", attr_ints({16, 16})}}},
       {"1-D k16 s2 pads 7", "Conv", {1, 3, 50}, {2, 3, 16}, 2, {{"strides", attr_ints({2})}, {"pads", attr_ints({7, 7})}}},
   };
   for (const FastCase& c : cases) {

@@ -680,6 +680,7 @@ bool conv_by_output_phases(const Node& n, const ConvGeom& g, const Tensor& x, co
   m.attrs["strides"] = attr_ints({4, 4});
   m.attrs["pads"] = attr_ints({g.pb[1], g.pb[2], pe_h, pe_w});
   m.attrs.erase("auto_pad");
+  m.attrs.erase("kernel_shape");
   Tensor t(DType::F32, {g.N, 4 * OC, OH / 2, OW / 2});
   std::vector<const Tensor*> in2 = {&x, &w2};
   if (bias) in2.push_back(&b2);
