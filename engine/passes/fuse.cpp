@@ -6,6 +6,7 @@
 #include <map>
 
 #include "engine/ir/ops.h"
+#include "engine/math/conv_phases.h"
 #include "engine/passes/passes.h"
 
 namespace wxe {
@@ -175,23 +176,13 @@ void split_conv_output_phases(Graph& g) {
     }
     const int64_t OC = w.shape[0], IC = w.shape[1], KH = w.shape[2], KW = w.shape[3];
     const int64_t H = x.shape[2], W = x.shape[3], OH = y.shape[2], OW = y.shape[3];
-    // end pads giving OH/2 x OW/2 outputs at stride 4 (taps past the old end pad have weight 0)
-    const int64_t pe_h = (OH / 2 - 1) * 4 + KH + 2 - H - pads[0];
-    const int64_t pe_w = (OW / 2 - 1) * 4 + KW + 2 - W - pads[1];
+    const int64_t pe_h = phase_conv_end_pad(H, OH, KH, pads[0]), pe_w = phase_conv_end_pad(W, OW, KW, pads[1]);
     if (pe_h < 0 || pe_w < 0) {
       keep();
       continue;
     }
-    // W2[o*4 + py*2 + px, c, a, b] = W[o, c, a - 2 py, b - 2 px]
-    const Tensor& wt = *w.constant;
     Tensor w2 = Tensor::zeros(DType::F32, {4 * OC, IC, KH + 2, KW + 2});
-    for (int64_t o = 0; o < OC; ++o)
-      for (int64_t ph = 0; ph < 4; ++ph)
-        for (int64_t c = 0; c < IC; ++c)
-          for (int64_t a = 0; a < KH; ++a)
-            for (int64_t b = 0; b < KW; ++b)
-              w2.data<float>()[(((o * 4 + ph) * IC + c) * (KH + 2) + a + 2 * (ph / 2)) * (KW + 2) + b + 2 * (ph % 2)] =
-                  wt.data<float>()[((o * IC + c) * KH + a) * KW + b];
+    expand_phase_weights(w.constant->data<float>(), OC, IC, KH, KW, w2.data<float>());
     Node conv;
     conv.op = "Conv";
     conv.name = n.name + "/phases";

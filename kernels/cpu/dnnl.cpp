@@ -39,6 +39,7 @@
 #include <unordered_map>
 
 #include "engine/ir/ops.h"
+#include "engine/math/conv_phases.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
@@ -649,8 +650,8 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in, const st
 // cross-embeddings, 80 -> 4 channels, kernels 16 and 32) as a stride-4 Conv whose 4 x C_out
 // output channels are the output's 2 x 2 phases, then the phases interleaved: oneDNN blocks
 // output channels by 16, so it has a direct kernel for that one and none for the original
-// (engine/passes/fuse.h split_conv_output_phases does the same to an inference graph's constant
-// weights; here the weights are expanded per call, as a training step's change every step).
+// (engine/math/conv_phases.h; the inference pass does the same to constant weights, here the
+// weights are expanded per call, as a training step's change every step).
 // False when it does not apply.
 bool conv_by_output_phases(const Node& n, const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor* bias,
                            Tensor& y) {
@@ -658,19 +659,10 @@ bool conv_by_output_phases(const Node& n, const ConvGeom& g, const Tensor& x, co
       g.d[2] != 1 || g.k[1] < 8 || g.k[2] < 8 || g.out[1] % 2 || g.out[2] % 2)
     return false;
   const int64_t OC = g.C_out, C = g.C_in, KH = g.k[1], KW = g.k[2], OH = g.out[1], OW = g.out[2];
-  // end pads giving OH/2 x OW/2 outputs at stride 4 (taps past the old end pad have weight 0)
-  const int64_t pe_h = (OH / 2 - 1) * 4 + KH + 2 - g.in[1] - g.pb[1];
-  const int64_t pe_w = (OW / 2 - 1) * 4 + KW + 2 - g.in[2] - g.pb[2];
+  const int64_t pe_h = phase_conv_end_pad(g.in[1], OH, KH, g.pb[1]), pe_w = phase_conv_end_pad(g.in[2], OW, KW, g.pb[2]);
   if (pe_h < 0 || pe_w < 0) return false;
-  Tensor w2 = Tensor::zeros(DType::F32, {4 * OC, C, KH + 2, KW + 2});  // W2[o*4 + py*2 + px, c, a, b] = W[o, c, a - 2 py, b - 2 px]
-  const float* W = w.data<float>();
-  float* W2 = w2.data<float>();
-  for (int64_t o = 0; o < OC; ++o)
-    for (int64_t ph = 0; ph < 4; ++ph)
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t a = 0; a < KH; ++a)
-          std::memcpy(W2 + (((o * 4 + ph) * C + c) * (KH + 2) + a + 2 * (ph / 2)) * (KW + 2) + 2 * (ph % 2),
-                      W + ((o * C + c) * KH + a) * KW, sizeof(float) * (size_t)KW);
+  Tensor w2 = Tensor::zeros(DType::F32, {4 * OC, C, KH + 2, KW + 2});
+  expand_phase_weights(w.data<float>(), OC, C, KH, KW, w2.data<float>());
   Tensor b2;
   if (bias) {
     b2 = Tensor(DType::F32, {4 * OC});
