@@ -173,7 +173,8 @@ class Trainer {
   int zparts_ = 1, zrank_ = 0;
   std::pair<int64_t, int64_t> block_range(size_t p, int block) const;  // [a, b) of parameter p in `block`
   Tensor pack_block(const std::vector<const Tensor*>& per_param, int block) const;    // (S)
-  void unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const;
+  void pack_block_into(const std::vector<const Tensor*>& per_param, int block, float* flat) const;  // S floats
+  void unpack_block(const float* flat, int block, const std::vector<Tensor*>& per_param) const;
   // This rank's block (S) of the gradients summed over dp (a reduce-scatter over dp of each dp
   // group's domain blocks, then this domain rank's).
   Tensor reduce_scatter_grads(const std::vector<const Tensor*>& grads) const;

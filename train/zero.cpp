@@ -13,19 +13,24 @@ std::pair<int64_t, int64_t> Trainer::block_range(size_t p, int block) const {
   return {a, std::min(zn_[p], a + zc_[p])};
 }
 
-Tensor Trainer::pack_block(const std::vector<const Tensor*>& per_param, int block) const {
-  Tensor flat = Tensor::zeros(DType::F32, {zS_});
+void Trainer::pack_block_into(const std::vector<const Tensor*>& per_param, int block, float* flat) const {
+  std::memset(flat, 0, zS_ * sizeof(float));
   for (size_t p = 0; p < per_param.size(); ++p) {
     auto [a, b] = block_range(p, block);
-    std::memcpy(flat.data<float>() + zoff_[p], per_param[p]->data<float>() + a, (b - a) * sizeof(float));
+    std::memcpy(flat + zoff_[p], per_param[p]->data<float>() + a, (b - a) * sizeof(float));
   }
+}
+
+Tensor Trainer::pack_block(const std::vector<const Tensor*>& per_param, int block) const {
+  Tensor flat(DType::F32, {zS_});
+  pack_block_into(per_param, block, flat.data<float>());
   return flat;
 }
 
-void Trainer::unpack_block(const Tensor& flat, int block, const std::vector<Tensor*>& per_param) const {
+void Trainer::unpack_block(const float* flat, int block, const std::vector<Tensor*>& per_param) const {
   for (size_t p = 0; p < per_param.size(); ++p) {
     auto [a, b] = block_range(p, block);
-    std::memcpy(per_param[p]->data<float>() + a, flat.data<float>() + zoff_[p], (b - a) * sizeof(float));
+    std::memcpy(per_param[p]->data<float>() + a, flat + zoff_[p], (b - a) * sizeof(float));
   }
 }
 
@@ -33,10 +38,7 @@ Tensor Trainer::reduce_scatter_grads(const std::vector<const Tensor*>& grads) co
   if (dp_ == 1) return pack_block(grads, zrank_);  // nothing to sum: the domain rank's block
   // blocks in zrank order: dp group d's domain blocks d x domain .. d x domain + domain - 1 in a row
   Tensor all(DType::F32, {zparts_ * zS_}), group(DType::F32, {domain_ * zS_}), shard(DType::F32, {zS_});
-  for (int b = 0; b < zparts_; ++b) {
-    Tensor part = pack_block(grads, b);
-    std::memcpy(all.data<float>() + b * zS_, part.raw(), part.nbytes());
-  }
+  for (int b = 0; b < zparts_; ++b) pack_block_into(grads, b, all.data<float>() + b * zS_);
   mesh_->dp_comm->reduce_scatter_sum(all, group);
   std::memcpy(shard.raw(), group.data<float>() + domain_rank_ * zS_, zS_ * sizeof(float));
   return shard;
@@ -44,7 +46,7 @@ Tensor Trainer::reduce_scatter_grads(const std::vector<const Tensor*>& grads) co
 
 bool Trainer::gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per_param, bool lead_only) const {
   if (zparts_ == 1) {
-    unpack_block(shard, 0, per_param);
+    unpack_block(shard.data<float>(), 0, per_param);
     return true;
   }
   Tensor group = shard, all;
@@ -59,11 +61,7 @@ bool Trainer::gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per
     all = group;
   }
   if (lead_only && zrank_ != 0) return false;
-  for (int b = 0; b < zparts_; ++b) {
-    Tensor part(DType::F32, {zS_});
-    std::memcpy(part.raw(), all.data<float>() + b * zS_, zS_ * sizeof(float));
-    unpack_block(part, b, per_param);
-  }
+  for (int b = 0; b < zparts_; ++b) unpack_block(all.data<float>() + b * zS_, b, per_param);
   return true;
 }
 

@@ -364,7 +364,12 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
       else
         vals_[o] = vals_[x].reshaped(g_.values[o].shape);
     } else {
-      run_forward_node(k, t0);
+      run_forward_node(k);
+      if (opt_.profile) {
+        auto& p = profile_[n.op];
+        p.ms += ms_since(t0);
+        ++p.calls;
+      }
     }
     if (!bw_reads_.empty()) {  // values no backward reads, at their last forward use (or unread)
       for (int v : n.inputs)
@@ -397,7 +402,7 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
 }
 
 // Node k's kernel on fresh outputs: the device's where it has one, else the host's.
-void GradExecutor::run_forward_node(size_t k, std::chrono::steady_clock::time_point t0) {
+void GradExecutor::run_forward_node(size_t k) {
   const Node& n = g_.nodes[k];
   const BackendKernel* dk = dev_ ? dk_[k] : nullptr;
   std::vector<const Tensor*> in;
@@ -421,11 +426,6 @@ void GradExecutor::run_forward_node(size_t k, std::chrono::steady_clock::time_po
     if (opt_.profile && dk) dev_->synchronize();
   } catch (const Error& e) {
     throw Error(g_.source + ": node " + n.name + " (" + n.op + "): " + e.what());
-  }
-  if (opt_.profile) {
-    auto& p = profile_[n.op];
-    p.ms += ms_since(t0);
-    ++p.calls;
   }
 }
 

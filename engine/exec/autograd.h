@@ -23,7 +23,6 @@
 // into the graph for checkpoints. Other constants are the host's, copied to the device once.
 // grads() are in the device's memory.
 #pragma once
-#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -89,7 +88,7 @@ class GradExecutor {
   std::vector<int> seg_last_;
   std::vector<bool> seg_dropped_;
   void recompute(int s);
-  void run_forward_node(size_t k, std::chrono::steady_clock::time_point t0);
+  void run_forward_node(size_t k);  // its kernel on fresh outputs (device or host)
   size_t kept_bytes_ = 0;
   std::vector<Tensor> grads_;
   std::map<std::string, OpProfile> profile_;
@@ -107,8 +106,8 @@ class GradExecutor {
   Tensor& dev_value(int v);
   Tensor& dev_param(int v);  // a constant's device copy, made on first use
   Tensor& host_value(int v);
-  void release(int v, bool in_backward);
-  void release_read_by(size_t k);  // the memory plan: v's storage dropped (autograd.h)
+  void release(int v, bool in_backward);  // the memory plan: v's storage dropped (autograd.h)
+  void release_read_by(size_t k);         // release() of the kept values node k's backward read last
   void backward_device(const std::vector<Tensor>& grad_outputs);
 };
 

@@ -31,6 +31,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/op_args.h"
+#include "kernels/cpu/transpose.h"
 
 namespace wxe::cpu {
 
@@ -729,33 +730,15 @@ void slice_bw_fast(const Node& n, const Ins& in, const Ins&, const Gouts& gout, 
   const std::vector<SliceDim> plan = slice_plan(n, in[0]->shape, in[1]->to_i64(), in[2]->to_i64(), opt_ints(in, 3),
                                                 opt_ints(in, 4));
   zero_parallel(gx);
-  const int r = (int)plan.size();
-  const int64_t total = gout[0]->numel();
-  if (total == 0) return;
-  if (r == 0) {
-    gx->data<float>()[0] = gout[0]->data<float>()[0];
-    return;
-  }
   const std::vector<int64_t> st = strides_of(in[0]->shape);
+  std::vector<int64_t> dims, gst = strides_of(gout[0]->shape), dst;
   int64_t base = 0;
-  for (int d = 0; d < r; ++d) base += plan[d].start * st[d];
-  const int64_t L = plan[r - 1].len, rows = total / L, lstep = plan[r - 1].step * st[r - 1];
-  const float* g = gout[0]->data<float>();
-  float* G = gx->data<float>() + base;
-#pragma omp parallel for schedule(static) if (total > kParallelMin)
-  for (int64_t row = 0; row < rows; ++row) {
-    int64_t off = 0, rem = row;
-    for (int d = r - 2; d >= 0; --d) {
-      off += rem % plan[d].len * plan[d].step * st[d];
-      rem /= plan[d].len;
-    }
-    const float* src = g + row * L;
-    float* dst = G + off;
-    if (lstep == 1)
-      std::memcpy(dst, src, sizeof(float) * (size_t)L);
-    else
-      for (int64_t j = 0; j < L; ++j) dst[j * lstep] = src[j];
+  for (size_t d = 0; d < plan.size(); ++d) {
+    base += plan[d].start * st[d];
+    dims.push_back(plan[d].len);
+    dst.push_back(plan[d].step * st[d]);
   }
+  if (gout[0]->numel() > 0) strided_copy_f32(dims, gout[0]->data<float>(), gst, gx->data<float>() + base, dst);
 }
 
 // Resize: the per-axis taps' transposes applied one axis at a time, last axis first (each a
@@ -807,26 +790,16 @@ void resize_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& g
     const ResizeAxisTaps& t = taps[d];
     const float* S = src->data<float>();
     float* D = dst->data<float>();
-    if (inner == 1) {  // the last axis: rows
-#pragma omp parallel for schedule(static) if (outer * L > kParallelMin)
-      for (int64_t q = 0; q < outer; ++q) {
-        const float* s = S + q * L;
-        float* dd = D + q * Li;
-        for (int64_t o = 0; o < L; ++o)
-          for (int j = 0; j < t.k; ++j) dd[t.idx[o * t.k + j]] += t.w[o * t.k + j] * s[o];
-      }
-    } else {
 #pragma omp parallel for schedule(static) if (outer * L * inner > kParallelMin)
-      for (int64_t q = 0; q < outer; ++q)
-        for (int64_t o = 0; o < L; ++o)
-          for (int j = 0; j < t.k; ++j) {
-            const float w = t.w[o * t.k + j];
-            if (w == 0.f) continue;
-            const float* s = S + (q * L + o) * inner;
-            float* dd = D + (q * Li + t.idx[o * t.k + j]) * inner;
-            for (int64_t e = 0; e < inner; ++e) dd[e] += w * s[e];
-          }
-    }
+    for (int64_t q = 0; q < outer; ++q)
+      for (int64_t o = 0; o < L; ++o)
+        for (int j = 0; j < t.k; ++j) {
+          const float w = t.w[o * t.k + j];
+          if (w == 0.f) continue;
+          const float* s = S + (q * L + o) * inner;
+          float* dd = D + (q * Li + t.idx[o * t.k + j]) * inner;
+          for (int64_t e = 0; e < inner; ++e) dd[e] += w * s[e];
+        }
     cur = next;
     src = dst;
   }

@@ -144,22 +144,6 @@ void forward_rows(const Dims2& d, const float* xp, int64_t Wp, const float* w, c
   }
 }
 
-
-}  // namespace
-
-bool small_oc_conv_applies(const ConvGeom& g, bool weight_grad) {
-  if (g.transpose || g.group != 1 || g.nsp > 2 || g.C_out > (weight_grad ? 16 : 15) || g.N * g.C_in * g.C_out == 0)
-    return false;
-  if (g.k[2] % 8 != 0 || g.k[2] < 16 || g.k[2] > 32) return false;  // kernel 8: oneDNN is as fast
-  for (int a = 1; a < 3; ++a)
-    if (g.d[a] != 1 || g.pb[a] < 0 || g.pe[a] < 0 || g.out[a] < 1 ||
-        (g.out[a] - 1) * g.s[a] + g.k[a] > g.pb[a] + g.in[a] + g.pe[a])
-      return false;
-  return true;
-}
-
-namespace {
-
 // x with its zero pads, its columns split into `phases` phases (phase p of a row holds columns
 // p, p + phases, ... of the padded row: width Wp), in scratch slot 0; d becomes the padded
 // problem's dims. x itself when there is nothing to do.
@@ -185,6 +169,17 @@ const float* padded_phases(const ConvGeom& g, Dims2& d, const float* x, int64_t 
 }
 
 }  // namespace
+
+bool small_oc_conv_applies(const ConvGeom& g, bool weight_grad) {
+  if (g.transpose || g.group != 1 || g.nsp > 2 || g.C_out > (weight_grad ? 16 : 15) || g.N * g.C_in * g.C_out == 0)
+    return false;
+  if (g.k[2] % 8 != 0 || g.k[2] < 16 || g.k[2] > 32) return false;  // kernel 8: oneDNN is as fast
+  for (int a = 1; a < 3; ++a)
+    if (g.d[a] != 1 || g.pb[a] < 0 || g.pe[a] < 0 || g.out[a] < 1 ||
+        (g.out[a] - 1) * g.s[a] + g.k[a] > g.pb[a] + g.in[a] + g.pe[a])
+      return false;
+  return true;
+}
 
 void small_oc_conv_forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y) {
   Dims2 d = dims_of(g);

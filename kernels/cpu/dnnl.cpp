@@ -310,32 +310,6 @@ void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
 }
 
 // ---------------------------------------------------------------- Einsum
-// dst[c] = src[c] over an N-d index c, with element strides for both sides.
-void strided_copy(const std::vector<int64_t>& dims, const float* src,
-                  const std::vector<int64_t>& sst, float* dst, const std::vector<int64_t>& dstr) {
-  const size_t r = dims.size();
-  if (r == 0) {
-    dst[0] = src[0];
-    return;
-  }
-  const int64_t inner = dims[r - 1], si = sst[r - 1], di = dstr[r - 1];
-  int64_t rows = 1;
-  for (size_t k = 0; k + 1 < r; ++k) rows *= dims[k];
-#pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < rows; ++row) {
-    int64_t so = 0, doff = 0, rem = row;
-    for (size_t k = r - 1; k-- > 0;) {
-      const int64_t c = rem % dims[k];
-      rem /= dims[k];
-      so += c * sst[k];
-      doff += c * dstr[k];
-    }
-    const float* s = src + so;
-    float* d = dst + doff;
-    for (int64_t j = 0; j < inner; ++j) d[j * di] = s[j * si];
-  }
-}
-
 // One einsum operand (or the output) as seen by the matmul.
 struct EinsumOperand {
   bool copy = false;                   // staged through a contiguous buffer
@@ -500,7 +474,7 @@ void einsum_fast(const Node& n, const std::vector<const Tensor*>& in,
     buf[t] = static_cast<float*>(scratch_slot(t).get((size_t)o.numel * sizeof(float)));
     if (t < 2) {
       std::vector<int64_t> cst = strides_of(Shape(o.letter_dims.begin(), o.letter_dims.end()));
-      strided_copy(o.letter_dims, static_cast<const float*>(ptr[t]), o.letter_strides, buf[t], cst);
+      strided_copy_f32(o.letter_dims, static_cast<const float*>(ptr[t]), o.letter_strides, buf[t], cst);
     }
     ptr[t] = buf[t];
   }
@@ -510,7 +484,7 @@ void einsum_fast(const Node& n, const std::vector<const Tensor*>& in,
   const EinsumOperand& o = plan->op[2];
   if (o.copy) {
     std::vector<int64_t> cst = strides_of(Shape(o.letter_dims.begin(), o.letter_dims.end()));
-    strided_copy(o.letter_dims, buf[2], cst, out[0]->data<float>(), o.letter_strides);
+    strided_copy_f32(o.letter_dims, buf[2], cst, out[0]->data<float>(), o.letter_strides);
   }
 }
 
