@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/backward_conv.h"
 #include "kernels/cpu/conv_small_oc.h"
+#include "kernels/cpu/conv_winograd.h"
 #include "tests/grad_check.h"
 #include "tests/test_util.h"
 
@@ -380,6 +381,79 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
 // layout the fast path names first: the 640 x 1280 CrossFormer's first cross-embeddings (74 ->
 // 16 channels, kernels 16 and 32, stride 4) took minutes per training step. The backward pair
 // passes such a layout over for one with a real kernel.
+// 3x3 stride-1 convs on oneDNN's Winograd kernel in bands of rows (conv_winograd.h): forward
+// (nchw and nhwc in and out), backward-data and the weight gradient against the reference
+// kernel and loops, with whole-plane bands and with bands of 4, 8 and 12 rows (every band's
+// halo, the first and last bands' pads, a last band shorter than the others); pads of 0 and 1
+// on either side; then through the registered Conv kernels.
+TEST(ConvBackward, WinogradBandsMatchReference) {
+  register_cpu_kernels();
+  if (!cpu::winograd_enabled()) GTEST_SKIP() << "winograd off";
+  auto nhwc_of = [](const Tensor& t) {
+    return run_node(make_node("Transpose", 1, 1, {{"perm", attr_ints({0, 2, 3, 1})}}), {&t})[0];
+  };
+  struct Case {
+    std::string label;
+    Shape x;
+    int64_t co;
+    std::vector<int64_t> pads;
+  };
+  const std::vector<Case> cases = {
+      {"pads 1, 37 rows", {1, 32, 37, 200}, 24, {1, 1, 1, 1}},
+      {"pads 0 (valid), batch 2", {2, 20, 42, 120}, 32, {0, 0, 0, 0}},
+      {"pads 0, 1, 1, 0", {1, 32, 45, 130}, 32, {0, 1, 1, 0}},
+  };
+  bool banded = false;
+  for (const Case& c : cases) {
+    const Shape ws{c.co, c.x[1], 3, 3};
+    std::vector<Tensor> x = conv_inputs(c.x, ws, c.co, 80);
+    Node n = make_node("Conv", 3, 1, {{"pads", attr_ints(c.pads)}});
+    const cpu::ConvGeom g = cpu::conv_geometry(n, c.x, ws, false);
+    Tensor y = run_node(n, {&x[0], &x[1], &x[2]})[0];
+    Tensor dy = randn(y.shape, 81);
+    Grads ref = backward(n, x, y, &dy, {true, true, false}, KernelKind::Reference);
+    for (int64_t rows : {0, 4, 8, 12}) {
+      SCOPED_TRACE(c.label + ", band rows " + std::to_string(rows));
+      cpu::set_winograd_band_rows(rows);
+      ASSERT_TRUE(cpu::winograd_applies(g));
+      banded = banded || (rows > 0 && rows < g.out[1]);
+      // forward, every layout pair
+      const Tensor xl = nhwc_of(x[0]), yl_ref = nhwc_of(y);
+      for (bool in_nhwc : {false, true})
+        for (bool out_nhwc : {false, true}) {
+          Tensor yf(DType::F32, out_nhwc ? yl_ref.shape : y.shape);
+          ASSERT_TRUE(cpu::winograd_conv_forward(n, g, (in_nhwc ? xl : x[0]).data<float>(), in_nhwc,
+                                                 x[1].data<float>(), x[2].data<float>(), yf.data<float>(), out_nhwc));
+          EXPECT_LT(rel_l2(yf, out_nhwc ? yl_ref : y), 2e-6) << "forward, nhwc in/out " << in_nhwc << out_nhwc;
+        }
+      // backward against the loops
+      Tensor dx(DType::F32, c.x), dw(DType::F32, ws);
+      std::fill(dx.data<float>(), dx.data<float>() + dx.numel(), std::numeric_limits<float>::quiet_NaN());
+      // backward-data only with equal pads on each axis, in every band (oneDNN 2.6's Winograd
+      // backward-data is wrong otherwise): pads 1, or one whole-plane band of equal pads
+      const bool whole = rows == 0 || rows >= c.x[2];
+      const bool data = c.pads[1] == c.pads[3] && ((c.pads[0] == 1 && c.pads[2] == 1) || (whole && c.pads[0] == c.pads[2]));
+      EXPECT_EQ(cpu::winograd_conv_backward_data(n, g, x[1].data<float>(), dy.data<float>(), dx.data<float>()), data);
+      ASSERT_TRUE(cpu::winograd_conv_weight_grad(n, g, x[0].data<float>(), dy.data<float>(), dw.data<float>()));
+      if (data) EXPECT_LT(rel_l2(dx, ref.t[0]), 2e-6) << "backward-data";
+      EXPECT_LT(rel_l2(dw, ref.t[1]), 2e-6) << "weight gradient";
+      // the registered kernels take this path (backward-data the direct one where it refused)
+      Grads fast = backward(n, x, y, &dy, {true, true, true}, KernelKind::Fast);
+      EXPECT_TRUE(fast.dnnl);
+      EXPECT_LT(rel_l2(fast.t[0], ref.t[0]), 2e-6);
+      if (data) EXPECT_EQ(max_abs_diff(fast.t[0], dx), 0.0);
+      EXPECT_EQ(max_abs_diff(fast.t[1], dw), 0.0);
+    }
+  }
+  cpu::set_winograd_band_rows(0);
+  EXPECT_TRUE(banded);
+  // below the size where it pays, or not 3x3 stride 1: the direct kernels
+  Node n = make_node("Conv", 2, 1, {{"pads", attr_ints({1, 1, 1, 1})}});
+  EXPECT_FALSE(cpu::winograd_applies(cpu::conv_geometry(n, {1, 16, 16, 16}, {16, 16, 3, 3}, false)));
+  Node s2 = make_node("Conv", 2, 1, {{"pads", attr_ints({1, 1, 1, 1})}, {"strides", attr_ints({2, 2})}});
+  EXPECT_FALSE(cpu::winograd_applies(cpu::conv_geometry(s2, {1, 64, 128, 128}, {64, 64, 3, 3}, false)));
+}
+
 TEST(ConvBackward, OneDnnReferenceKernelIsPassedOver) {
   register_cpu_kernels();
   for (int64_t k : {16, 32}) {

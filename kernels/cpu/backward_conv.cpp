@@ -22,7 +22,7 @@
 // with the same translation of the ONNX attributes as make_conv in dnnl.cpp; backward-data
 // runs only when dx is wanted, and the scratchpads are per-thread buffers (user mode). A Conv with few output channels and a wide
 // kernel takes its weight gradient from conv_small_oc.h instead (oneDNN's is im2col + gemm
-// there). Anything it does not take (negative pads of a ConvTranspose with output_shape, empty
+// there), a 3x3 stride-1 Conv both gradients from conv_winograd.h. Anything it does not take (negative pads of a ConvTranspose with output_shape, empty
 // tensors, a geometry oneDNN rejects) runs the loops.
 // A Conv with precision = "bf16" (finetune --precision bf16) stages dy, W and x as bfloat16
 // (the operand reorders convert) and gets float32 dx and dW: bfloat16 products, float32
@@ -36,6 +36,7 @@
 #include "kernels/cpu/backward_conv.h"
 #include "kernels/cpu/backward_util.h"
 #include "kernels/cpu/conv_small_oc.h"
+#include "kernels/cpu/conv_winograd.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 
@@ -500,14 +501,25 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
   if (DB) bias_grad(DY, g.N, g.C_out, g.out[0] * g.out[1] * g.out[2], DB);
   if (!DX && !DW) return false;
   const bool empty = in[0]->numel() == 0 || in[1]->numel() == 0 || dy->numel() == 0;
-  if (kind == KernelKind::Fast && !empty && small_oc_conv_applies(g, true)) {  // few output channels, wide kernel
-    if (DW) small_oc_conv_weight_grad(g, X, DY, DW);
-    if (DX && !backward_dnnl(n, g, X, W, DY, DX, nullptr)) backward_loops(g, X, W, DY, DX, nullptr);
-    return true;
+  if (kind != KernelKind::Fast || empty) {
+    backward_loops(g, X, W, DY, DX, DW);
+    return false;
   }
-  if (kind == KernelKind::Fast && !empty && backward_dnnl(n, g, X, W, DY, DX, DW)) return true;
-  backward_loops(g, X, W, DY, DX, DW);
-  return false;
+  // Each gradient by the first that takes it: the weight gradient of few output channels with a
+  // wide kernel by conv_small_oc.h, 3x3 stride 1 (float32) by conv_winograd.h, then oneDNN's
+  // direct kernels, then the loops.
+  const bool bf16 = n.op == "Conv" && n.s("precision", "") == "bf16";
+  if (DW && small_oc_conv_applies(g, true)) {
+    small_oc_conv_weight_grad(g, X, DY, DW);
+    DW = nullptr;
+  }
+  if (DW && !bf16 && winograd_conv_weight_grad(n, g, X, DY, DW)) DW = nullptr;
+  if (DX && !bf16 && winograd_conv_backward_data(n, g, W, DY, DX)) DX = nullptr;
+  if ((DX || DW) && !backward_dnnl(n, g, X, W, DY, DX, DW)) {
+    backward_loops(g, X, W, DY, DX, DW);
+    return false;
+  }
+  return true;
 }
 
 void register_conv_backward() {

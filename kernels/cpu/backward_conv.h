@@ -10,8 +10,8 @@ namespace wxe::cpu {
 // The backward kernel of a Conv or ConvTranspose node (engine/ir/ops.h BackwardFn contract).
 // Reference: plain loops with double accumulation (the oracle). Fast: oneDNN's backward-data
 // and backward-weights primitives where they apply, conv_small_oc.h's weight gradient for few
-// output channels and wide kernels, the loops otherwise. Returns true when the fast path
-// computed dx and dw (the bias gradient is always a plain sum in double).
+// output channels and wide kernels, conv_winograd.h's gradients for 3x3 stride 1, the loops
+// otherwise. Returns true when the fast paths computed dx and dw (the bias gradient is always a plain sum in double).
 bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin,
                    KernelKind kind);
 

@@ -41,6 +41,7 @@
 #include "engine/ir/ops.h"
 #include "engine/math/conv_phases.h"
 #include "kernels/cpu/conv_small_oc.h"
+#include "kernels/cpu/conv_winograd.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/transpose.h"
@@ -685,6 +686,9 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
   if (out[0]->numel() == 0 || in[0]->numel() == 0) return reference(n, in, out);
   const bool bf16 = n.s("precision", "") == "bf16";
   if (!channels_last && !bf16 && conv_by_output_phases(n, g, *in[0], *in[1], bias, *out[0])) return;
+  if (!bf16 && winograd_conv_forward(n, g, in[0]->data<float>(), src_nhwc, in[1]->data<float>(),
+                                     bias ? bias->data<float>() : nullptr, out[0]->data<float>(), dst_nhwc))
+    return;  // 3x3 stride 1: conv_winograd.h
   if (!channels_last && !bf16 && small_oc_conv_applies(g))  // few output channels, wide kernel: conv_small_oc.h
     return small_oc_conv_forward(g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
                                  out[0]->data<float>());
