@@ -71,15 +71,24 @@ TEST(LinearGelu, ReferenceEqualsLinearThenGelu) {
   }
 }
 
+// Features inner (axis 1) with a bias: K < N takes the bias as a K + 1st weight column against
+// a row of ones, K >= N adds it by a sum post-op (dnnl.cpp); with and without GELU.
 TEST(LinearGelu, FastEqualsReference) {
-  Tensor w = randn({24, 16}, 2), b = randn({24}, 3);
-  for (int64_t axis : {1, -1})
-    for (bool bias : {true, false}) {
-      Tensor x = axis == 1 ? randn({2, 16, 5, 7}, 1, 2.f) : randn({3, 11, 16}, 1, 2.f);
-      Node n = make_node("Linear", bias ? 3 : 2, 1, {{"axis", attr_i(axis)}, {"activation", attr_s("gelu")}});
-      std::vector<const Tensor*> in{&x, &w};
-      if (bias) in.push_back(&b);
-      expect_close(run1(n, in, KernelKind::Fast), run1(n, in), 2e-5, 2e-5);
+  for (int64_t N : {24, 12})
+    for (bool gelu : {true, false}) {
+      Tensor w = randn({N, 16}, 2), b = randn({N}, 3);
+      for (int64_t axis : {1, -1})
+        for (bool bias : {true, false}) {
+          SCOPED_TRACE("N " + std::to_string(N) + " gelu " + std::to_string(gelu) + " axis " + std::to_string(axis) +
+                       " bias " + std::to_string(bias));
+          Tensor x = axis == 1 ? randn({2, 16, 5, 7}, 1, 2.f) : randn({3, 11, 16}, 1, 2.f);
+          std::map<std::string, Attr> a{{"axis", attr_i(axis)}};
+          if (gelu) a["activation"] = attr_s("gelu");
+          Node n = make_node("Linear", bias ? 3 : 2, 1, a);
+          std::vector<const Tensor*> in{&x, &w};
+          if (bias) in.push_back(&b);
+          expect_close(run1(n, in, KernelKind::Fast), run1(n, in), 2e-5, 2e-5);
+        }
     }
 }
 

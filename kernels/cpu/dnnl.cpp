@@ -212,6 +212,7 @@ WeightCache weight_cache;
 struct LinearPrim {
   bool use_ref = false;
   bool bf16 = false;
+  bool aug = false;  // features inner, bias as W's K + 1st column against a row of ones under X
   MatMulPrim mm;
   memory::desc x_f32, w_f32;             // X and W as stored
   memory::desc x_bf16, w_bf16;           // as the matmul reads them (bf16)
@@ -258,14 +259,18 @@ void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
     } else {
       // features on an inner axis (NCHW): W (N, K) x X_p (K, Q) -> Y_p (N, Q) for each p,
       // W broadcast over the batch. A per-row bias makes oneDNN 2.6 take its slow reference
-      // matmul, so the bias is written into Y first and added by a sum post-op.
-      r.x_f32 = plain_md({P, K, Q});
-      r.w_f32 = plain_md({1, N, K});
-      r.x_bf16 = memory::desc({P, K, Q}, cdt, Dims{K * Q, Q, 1});
-      r.w_bf16 = memory::desc({1, N, K}, cdt, Dims{N * K, K, 1});
-      if (bias) po.append_sum(1.f);
+      // matmul, so it is either a K + 1st column of W against a row of ones under X (copies of
+      // W and X: cheaper than writing Y twice when K < N), or written into Y first and added
+      // by a sum post-op.
+      r.aug = bias && !bf16 && K < N;
+      const int64_t Ka = r.aug ? K + 1 : K;
+      r.x_f32 = plain_md({P, Ka, Q});
+      r.w_f32 = plain_md({1, N, Ka});
+      r.x_bf16 = memory::desc({P, Ka, Q}, cdt, Dims{Ka * Q, Q, 1});
+      r.w_bf16 = memory::desc({1, N, Ka}, cdt, Dims{N * Ka, Ka, 1});
+      if (bias && !r.aug) po.append_sum(1.f);
       if (gelu) po.append_eltwise(1.f, dnnl::algorithm::eltwise_gelu_erf, 0.f, 0.f);
-      if (bias || gelu) attr.set_post_ops(po);
+      if ((bias && !r.aug) || gelu) attr.set_post_ops(po);
       r.mm = make_matmul(r.w_bf16, r.x_bf16, nullptr, plain_md({P, N, Q}), attr);
     }
     r.use_ref = r.mm.use_ref;
@@ -280,14 +285,33 @@ void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
     return r;
   });
   if (p->use_ref) return reference(n, in, out);
-  if (bias && Q > 1) {
+  const void* xp = in[0]->raw();
+  const void* wp = in[1]->raw();
+  if (p->aug) {  // [W | b] and [X; 1]
+    float* wa = scratch_slot(1).floats(N * (K + 1));
+    float* xa = scratch_slot(0).floats(P * (K + 1) * Q);
+    const float* W = in[1]->data<float>();
+    const float* X = in[0]->data<float>();
+    for (int64_t o = 0; o < N; ++o) {
+      std::copy(W + o * K, W + (o + 1) * K, wa + o * (K + 1));
+      wa[o * (K + 1) + K] = bias->data<float>()[o];
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < P * (K + 1); ++t) {
+      float* row = xa + t * Q;
+      if (t % (K + 1) == K)
+        std::fill(row, row + Q, 1.f);
+      else
+        std::memcpy(row, X + ((t / (K + 1)) * K + t % (K + 1)) * Q, Q * sizeof(float));
+    }
+    xp = xa;
+    wp = wa;
+  } else if (bias && Q > 1) {
     float* y = out[0]->data<float>();
     const float* b = bias->data<float>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < P * N; ++t) std::fill(y + t * Q, y + (t + 1) * Q, b[t % N]);
   }
-  const void* xp = in[0]->raw();
-  const void* wp = in[1]->raw();
   if (p->bf16) {
     memory xb = mem(p->x_bf16, scratch_slot(0).get(p->x_bf16.get_size()));
     memory xf = mem(p->x_f32, xp);
