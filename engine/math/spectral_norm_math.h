@@ -122,7 +122,7 @@ std::vector<double> wmat_v(const Geometry& d, const float* w, const float* v, Su
   std::vector<double> out((size_t)d.rows, 0.0);
   if (is_whole(d)) {
     const MatrixIndex m = matrix_index(d);
-#pragma omp parallel for schedule(static) if (d.rows * d.cols > (1 << 15))
+#pragma omp parallel for schedule(static) if (d.rows * d.cols > (1 << 13))
     for (int64_t row = 0; row < d.rows; ++row) {
       double a = 0;
       for (int64_t col = 0; col < d.cols; ++col) a += (double)w[offset(m, row, col)] * v[col];
@@ -144,7 +144,7 @@ std::vector<double> wmat_t_u(const Geometry& d, const float* w, const float* u, 
     const MatrixIndex m = matrix_index(d);
     constexpr int64_t kCols = 256;
     const int64_t blocks = (d.cols + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static) if (d.rows * d.cols > (1 << 15))
+#pragma omp parallel for schedule(static) if (d.rows * d.cols > (1 << 13))
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t c0 = b * kCols, c1 = std::min(d.cols, c0 + kCols);
       for (int64_t row = 0; row < d.rows; ++row)
@@ -163,6 +163,27 @@ inline void normalize_into(const std::vector<double>& x, double eps, float* dst)
   for (double a : x) ss += a * a;
   const double scale = 1.0 / std::max(std::sqrt(ss), eps);
   for (size_t i = 0; i < x.size(); ++i) dst[i] = (float)(x[i] * scale);
+}
+
+// sum of a[e] * b[e] over n elements in double: fixed chunks of 4096 (four interleaved partial
+// sums each), then the chunk sums in order, so the bits do not depend on the thread count.
+inline double dot_chunked(const float* a, const float* b, int64_t n) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> part((size_t)chunks);
+#pragma omp parallel for schedule(static) if (n > (1 << 13))
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t e0 = c * kChunk, e1 = std::min(n, e0 + kChunk);
+    double s[4] = {0, 0, 0, 0};
+    int64_t e = e0;
+    for (; e + 4 <= e1; e += 4)
+      for (int k = 0; k < 4; ++k) s[k] += (double)a[e + k] * b[e + k];
+    for (; e < e1; ++e) s[0] += (double)a[e] * b[e];
+    part[c] = (s[0] + s[1]) + (s[2] + s[3]);
+  }
+  double t = 0;
+  for (double p : part) t += p;
+  return t;
 }
 
 // u . wv, accumulated in double and rounded to float.
@@ -194,6 +215,7 @@ void forward(const Geometry& d, int64_t iterations, double eps, const float* w, 
   // No check on sigma: a zero or non-finite sigma gives inf/NaN as in PyTorch, which the
   // training loop's non-finite-loss check reports.
   const float sigma = dot_rounded(u, wv);
+#pragma omp parallel for schedule(static) if (n > (1 << 13))
   for (int64_t e = 0; e < n; ++e) y[e] = w[e] / sigma;
 }
 
@@ -204,16 +226,22 @@ template <class Sum>
 void backward(const Geometry& d, const float* w, const float* u, const float* v, const float* W, const float* g,
               float* gw, int64_t n, Sum sum) {
   const double sigma = sigma_of(d, w, u, v, sum);
-  std::vector<double> gW(1, 0.0);  // sum(g * W) over the whole matrix
-  if (g)
-    for (int64_t e = 0; e < n; ++e) gW[0] += (double)g[e] * W[e];
+  std::vector<double> gW(1, g ? dot_chunked(g, W, n) : 0.0);  // sum(g * W) over the whole matrix
   sum(gW);
   if (!gw) return;
   if (!g) {
     std::fill(gw, gw + n, 0.f);
     return;
   }
-  d.for_each([&](int64_t e, int64_t row, int64_t col) { gw[e] = (float)((g[e] - gW[0] * u[row] * v[col]) / sigma); });
+  auto at = [&](int64_t e, int64_t row, int64_t col) { gw[e] = (float)((g[e] - gW[0] * u[row] * v[col]) / sigma); };
+  if (!is_whole(d)) return d.for_each(at);
+  const MatrixIndex m = matrix_index(d);
+#pragma omp parallel for schedule(static) if (n > (1 << 13))
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t row, col;
+    row_col(m, e, &row, &col);
+    at(e, row, col);
+  }
 }
 
 }  // namespace wxe::sn
