@@ -5,7 +5,7 @@ Usage (the PyTorch side needs the venv described in models/export_credit.py):
 
     /root/wxe-venv/bin/python bench/compare_train.py \\
         [--models crossformer_tiny,wxformer_tiny,wxformer_v2026] [--threads 1,2] \\
-        [--runs R] [--wxe build/wxe] [--engines wxe,torch] [--json OUT]
+        [--runs R] [--wxe build/wxe] [--engines wxe,torch] [--busy N] [--json OUT]
 
     e.g. the tiny models at 1 and 2 threads, then the benchmark model with fewer runs:
     /root/wxe-venv/bin/python bench/compare_train.py --models crossformer_tiny,wxformer_tiny
@@ -51,8 +51,10 @@ peak RSS, and the ratio wxe / PyTorch for time and for memory (goal of issue 8: 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -188,6 +190,20 @@ def engine_torch(a, model, threads):
     return res
 
 
+@contextlib.contextmanager
+def busy(n):
+    """n spinning processes for the duration (a competing load: issue 22's busy-machine case)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        if procs:
+            time.sleep(1.0)  # running before the engine starts (wxe samples the load at start-up)
+        yield
+    finally:
+        for q in procs:
+            q.kill()
+            q.wait()
+
+
 def engine_wxe(a, model, threads):
     exe = a.wxe
     if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
@@ -269,6 +285,8 @@ def main(argv=None):
     p.add_argument("--checkpoint", action="store_true",
                    help="activation checkpointing on both sides: wxe --activation-checkpoint blocks, PyTorch "
                         "torch.utils.checkpoint around each attention and feed-forward module (as CREDIT)")
+    p.add_argument("--busy", type=int, default=0,
+                   help="competing busy processes (spinning loops) running beside every engine's run (default 0)")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--_child", choices=sorted(MODELS), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -291,19 +309,21 @@ def main(argv=None):
         for t in threads:
             res = {}
             for eng in engines:
-                if eng == "wxe":
-                    res["wxe"] = engine_wxe(a, model, t)
-                elif eng == "torch":
-                    res["pytorch"] = engine_torch(a, model, t)
-                else:
+                if eng not in ("wxe", "torch"):
                     p.error(f"unknown engine {eng}")
+                with busy(a.busy):
+                    if eng == "wxe":
+                        res["wxe"] = engine_wxe(a, model, t)
+                    else:
+                        res["pytorch"] = engine_torch(a, model, t)
                 name = list(res)[-1]
                 r = res[name]
                 msg = r["error"] if "error" in r else f"median {r['median_ms']:.1f} ms, peak RSS {r['peak_rss_mb']:.0f} MB"
                 print(f"{model} threads {t} {name}: {msg}", file=sys.stderr)
             rows.append(((model, t), res))
     print(f"training step (forward + loss + backward + clip + AdamW), batch 1, runs {a.runs} (+1 warm-up), "
-          f"{os.cpu_count()} CPUs, 1-min load average {load_before} before / {_loadavg()} after")
+          f"{os.cpu_count()} CPUs, 1-min load average {load_before} before / {_loadavg()} after"
+          + (f", {a.busy} busy process(es) beside each run" if a.busy else ""))
     print_table(rows, a)
     if a.json:
         with open(a.json, "w") as f:
