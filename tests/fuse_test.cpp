@@ -355,7 +355,7 @@ namespace {
 TEST(Fuse, ConvsGoChannelsLastSharingTheInputTranspose) {
   Builder b;
   int x = b.input("x", {1, 3, 12, 16});
-  std::map<std::string, Attr> a{{"pads", attr_ints({1, 1, 1, 1})}};
+  std::map<std::string, Attr> a{{"pads", attr_ints({2, 2, 2, 2})}, {"dilations", attr_ints({2, 2})}};
   int c1 = b.node("Conv", {x, b.constant("w1", randn({4, 3, 3, 3}, 2))}, a);
   int c2 = b.node("Conv", {x, b.constant("w2", randn({4, 3, 3, 3}, 3)), b.constant("b2", randn({4}, 4))}, a);
   int p = b.node("Conv", {c1, b.constant("w3", randn({4, 4, 1, 1}, 5))});  // 1x1: stays plain
@@ -365,6 +365,22 @@ TEST(Fuse, ConvsGoChannelsLastSharingTheInputTranspose) {
   Tensor before = run_ref(g, xin);
   conv_channels_last(g);
   EXPECT_EQ(ops_of(g), (Ops{"Transpose", "ConvChannelsLast", "Transpose", "ConvChannelsLast", "Transpose", "Conv", "Add"}));
+  expect_close(run_ref(g, xin), before, 1e-6, 1e-6);
+}
+
+// 3x3 stride-1 convs stay NCHW (their CPU kernel, conv_winograd.h, reorders into its own
+// blocked layout from either); a 3x3 stride-2 conv goes channels-last.
+TEST(Fuse, ThreeByThreeStrideOneConvsStayChannelsFirst) {
+  Builder b;
+  int x = b.input("x", {1, 3, 12, 16});
+  int c1 = b.node("Conv", {x, b.constant("w1", randn({4, 3, 3, 3}, 2))}, {{"pads", attr_ints({1, 1, 1, 1})}});
+  int c2 = b.node("Conv", {c1, b.constant("w2", randn({4, 4, 3, 3}, 3))},
+                  {{"pads", attr_ints({1, 1, 1, 1})}, {"strides", attr_ints({2, 2})}});
+  Graph g = b.done(c2, {1, 3, 12, 16});
+  Tensor xin = randn({1, 3, 12, 16}, 1);
+  Tensor before = run_ref(g, xin);
+  conv_channels_last(g);
+  EXPECT_EQ(ops_of(g), (Ops{"Conv", "Transpose", "ConvChannelsLast", "Transpose"}));
   expect_close(run_ref(g, xin), before, 1e-6, 1e-6);
 }
 
@@ -407,7 +423,7 @@ TEST(Fuse, PixelShuffleBetweenChannelsLastConvsStaysChannelsLast) {
   for (const char* mode : {"CRD", "DCR"}) {
     Builder b;
     int x = b.input("x", {1, 3, 5, 6});
-    std::map<std::string, Attr> a{{"pads", attr_ints({1, 1, 1, 1})}};
+    std::map<std::string, Attr> a{{"pads", attr_ints({2, 2, 2, 2})}, {"dilations", attr_ints({2, 2})}};
     int c1 = b.node("Conv", {x, b.constant("w1", randn({8, 3, 3, 3}, 2))}, a);
     int d = b.node("DepthToSpace", {c1}, {{"blocksize", attr_i(2)}, {"mode", attr_s(mode)}});
     int y = b.node("Conv", {d, b.constant("w2", randn({3, 2, 3, 3}, 3))}, a);

@@ -946,10 +946,12 @@ void conv_channels_last(Graph& g) {
       return false;
     const std::string ap = n.s("auto_pad", "NOTSET");
     const std::vector<int64_t> pads = n.ints("pads", {0, 0, 0, 0});
-    const bool pointwise = w.shape[2] == 1 && w.shape[3] == 1 &&
-                           n.ints("strides", {1, 1}) == std::vector<int64_t>{1, 1} &&
+    const bool stride1 = n.ints("strides", {1, 1}) == std::vector<int64_t>{1, 1};
+    const bool pointwise = w.shape[2] == 1 && w.shape[3] == 1 && stride1 &&
                            std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
-    return (ap == "NOTSET" || ap.empty()) && !pointwise;
+    const bool winograd = w.shape[2] == 3 && w.shape[3] == 3 && stride1 &&
+                          n.ints("dilations", {1, 1}) == std::vector<int64_t>{1, 1};
+    return (ap == "NOTSET" || ap.empty()) && !pointwise && !winograd;
   };
   std::map<int, int> nhwc_of;  // value -> its channels-last Transpose's output
   std::vector<Node> out;
