@@ -218,6 +218,17 @@ void run_reorder(const Node& n, const dnnl::reorder& r, const memory& from, cons
   execute(n, r, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
 }
 
+// A buffer of layout md in scratch slot `slot`.
+memory scratch_mem(const memory::desc& md, int slot) { return mem(md, scratch_slot(slot).get(md.get_size())); }
+
+// The caller's rows (the view `user` at `from`) copied by r into a buffer of layout `to`.
+memory staged(const Node& n, const dnnl::reorder& r, const memory::desc& user, const float* from,
+              const memory::desc& to, int slot) {
+  memory m = scratch_mem(to, slot);
+  run_reorder(n, r, mem(user, from), m);
+  return m;
+}
+
 // The weights (O, C, 3, 3) in the primitive's layout, staged once per call for every band that
 // shares it (all do; a band with another layout stages again).
 struct StagedWeights {
@@ -230,8 +241,7 @@ struct StagedWeights {
       if (user == want) {
         m = mem(want, w);
       } else {
-        m = mem(want, scratch_slot(kWei).get(want.get_size()));
-        run_reorder(n, make_reorder(user, want), mem(user, w), m);
+        m = staged(n, make_reorder(user, want), user, w, want, kWei);
       }
       md = want;
     }
@@ -268,11 +278,10 @@ bool winograd_conv_forward(const Node& n, const ConvGeom& g, const float* x, boo
   for (size_t i = 0; i < p->bands.size(); ++i) {
     const Band& B = p->bands[i];
     const BandPrims& P = *p->prims[i];
-    memory xb = mem(P.in, scratch_slot(kIn).get(P.in.get_size()));
-    run_reorder(n, P.in_r, mem(P.in_user, x + row_offset(g, B.a, true, x_nhwc)), xb);
-    memory yb = mem(P.out, scratch_slot(kOut).get(P.out.get_size()));
+    memory xb = staged(n, P.in_r, P.in_user, x + row_offset(g, B.a, true, x_nhwc), P.in, kIn);
+    memory yb = scratch_mem(P.out, kOut);
     Args args{{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, sw.get(n, P.wei, g)}, {DNNL_ARG_DST, yb},
-              {DNNL_ARG_SCRATCHPAD, mem(P.pad, scratch_slot(kPad).get(P.pad.get_size()))}};
+              {DNNL_ARG_SCRATCHPAD, scratch_mem(P.pad, kPad)}};
     if (bias) args.emplace(DNNL_ARG_BIAS, mem(plain_md({g.C_out}), bias));
     execute(n, P.prim, args);
     run_reorder(n, P.out_r, yb, mem(P.out_user, y + row_offset(g, B.r0, false, y_nhwc)));
@@ -288,12 +297,11 @@ bool winograd_conv_backward_data(const Node& n, const ConvGeom& g, const float* 
   for (size_t i = 0; i < p->bands.size(); ++i) {
     const Band& B = p->bands[i];
     const BandPrims& P = *p->prims[i];
-    memory dyb = mem(P.in, scratch_slot(kIn).get(P.in.get_size()));
-    run_reorder(n, P.in_r, mem(P.in_user, dy + row_offset(g, B.r0, false, false)), dyb);
-    memory dxb = mem(P.out, scratch_slot(kOut).get(P.out.get_size()));
+    memory dyb = staged(n, P.in_r, P.in_user, dy + row_offset(g, B.r0, false, false), P.in, kIn);
+    memory dxb = scratch_mem(P.out, kOut);
     execute(n, P.prim,
             {{DNNL_ARG_DIFF_DST, dyb}, {DNNL_ARG_WEIGHTS, sw.get(n, P.wei, g)}, {DNNL_ARG_DIFF_SRC, dxb},
-             {DNNL_ARG_SCRATCHPAD, mem(P.pad, scratch_slot(kPad).get(P.pad.get_size()))}});
+             {DNNL_ARG_SCRATCHPAD, scratch_mem(P.pad, kPad)}});
     run_reorder(n, P.out_r, dxb, mem(P.out_user, dx + row_offset(g, B.k0, true, false)));
   }
   return true;
@@ -308,14 +316,12 @@ bool winograd_conv_weight_grad(const Node& n, const ConvGeom& g, const float* x,
   for (size_t i = 0; i < p->bands.size(); ++i) {
     const Band& B = p->bands[i];
     const BandPrims& P = *p->prims[i];
-    memory xb = mem(P.in, scratch_slot(kIn).get(P.in.get_size()));
-    run_reorder(n, P.in_r, mem(P.in_user, x + row_offset(g, B.a, true, false)), xb);
-    memory dyb = mem(P.in2, scratch_slot(kIn2).get(P.in2.get_size()));
-    run_reorder(n, P.in2_r, mem(P.in2_user, dy + row_offset(g, B.r0, false, false)), dyb);
-    memory dwb = mem(P.out, scratch_slot(kOut).get(P.out.get_size()));
+    memory xb = staged(n, P.in_r, P.in_user, x + row_offset(g, B.a, true, false), P.in, kIn);
+    memory dyb = staged(n, P.in2_r, P.in2_user, dy + row_offset(g, B.r0, false, false), P.in2, kIn2);
+    memory dwb = scratch_mem(P.out, kOut);
     execute(n, P.prim,
             {{DNNL_ARG_SRC, xb}, {DNNL_ARG_DIFF_DST, dyb}, {DNNL_ARG_DIFF_WEIGHTS, dwb},
-             {DNNL_ARG_SCRATCHPAD, mem(P.pad, scratch_slot(kPad).get(P.pad.get_size()))}});
+             {DNNL_ARG_SCRATCHPAD, scratch_mem(P.pad, kPad)}});
     float* to = i == 0 ? dw : band_dw;  // the first band writes dw, the others are added to it
     run_reorder(n, P.out_r, dwb, mem(P.out_user, to));
     if (i > 0)

@@ -26,12 +26,15 @@ namespace wxe::cpu {
 bool winograd_applies(const ConvGeom& g);
 
 // y = conv(x, w) + bias (may be null). x and y are nchw, or nhwc where the flag says so.
-// False (nothing written) when oneDNN has no Winograd kernel for the geometry.
+// False (nothing written) when oneDNN has no Winograd kernel for the geometry or its bands
+// would still need more than 48 MiB (then the transformed weights of many channels on a small
+// grid fill the scratchpad, e.g. 256 -> 512 channels on 16 x 24: the direct kernel runs).
 bool winograd_conv_forward(const Node& n, const ConvGeom& g, const float* x, bool x_nhwc, const float* w,
                            const float* bias, float* y, bool y_nhwc);
 
-// dx from w and dy; dw from x and dy; all nchw. False (nothing written) when oneDNN has no
-// Winograd kernel for the geometry or its bands would need more than 1.5 x the band budget.
+// dx from w and dy; dw from x and dy; all nchw. False (nothing written) as for the forward,
+// and for backward-data also with unequal pads on an axis in any band (oneDNN 2.6's Winograd
+// backward-data is wrong there; pads 1 all round, the common case, always qualify).
 bool winograd_conv_backward_data(const Node& n, const ConvGeom& g, const float* w, const float* dy, float* dx);
 bool winograd_conv_weight_grad(const Node& n, const ConvGeom& g, const float* x, const float* dy, float* dw);
 
