@@ -317,6 +317,8 @@ TEST(BackwardFast, SliceAndResizeMatchReference) {
   const std::vector<SliceCase> slices = {
       {"CREDIT's crop of the rows (1,84,256,384)[:, :, 0:181]", {1, 84, 256, 384}, {0}, {181}, {2}, {1}},
       {"and of the columns, axis -1", {1, 4, 18, 38}, {0}, {36}, {-1}, {1}},
+      {"a band of rows, gradient zero on both sides", {2, 3, 17, 10}, {4}, {11}, {2}, {1}},
+      {"the whole tensor", {2, 3, 4}, {0}, {100}, {0}, {1}},
       {"two axes, ends past the end", {2, 5, 9, 11}, {1, 2}, {100, 9}, {1, 3}, {1, 1}},
       {"step 2 on the last axis, negative start", {3, 4, 20}, {-15}, {20}, {2}, {2}},
       {"negative step", {3, 7, 6}, {5, -1}, {0, -100}, {1, 2}, {-2, -1}},

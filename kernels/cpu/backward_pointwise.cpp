@@ -27,6 +27,7 @@
 #include <map>
 
 #include "engine/ir/ops.h"
+#include "kernels/cpu/backward_util.h"
 #include "kernels/cpu/broadcast.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
@@ -723,13 +724,34 @@ void zero_parallel(Tensor* t) {
 
 // Slice: zeros, and the gradient's rows copied to where the forward read them (slice_plan:
 // the forward's own clamping of starts, ends and steps).
+// Zeroes what of gx the slice's copy will not write: with one axis cut at step 1 (CREDIT's crops)
+// only the rows before and after the slice, else all of gx.
+void zero_outside_slice(Tensor* gx, const std::vector<SliceDim>& plan) {
+  const Shape& s = gx->shape;
+  int cut = -1;
+  for (size_t d = 0; d < plan.size(); ++d)
+    if (plan[d].start != 0 || plan[d].step != 1 || plan[d].len != s[d]) {
+      if (cut >= 0 || plan[d].step != 1) return zero_parallel(gx);
+      cut = (int)d;
+    }
+  if (cut < 0) return;  // the whole tensor
+  const int64_t inner = prod(s, cut + 1, s.size()), outer = prod(s, 0, cut), row = s[cut] * inner;
+  const int64_t a = plan[cut].start * inner, b = a + plan[cut].len * inner;
+  float* g = gx->data<float>();
+#pragma omp parallel for schedule(static) if (outer * (row - (b - a)) > (1 << 16))
+  for (int64_t o = 0; o < outer; ++o) {
+    std::fill(g + o * row, g + o * row + a, 0.f);
+    std::fill(g + o * row + b, g + (o + 1) * row, 0.f);
+  }
+}
+
 void slice_bw_fast(const Node& n, const Ins& in, const Ins&, const Gouts& gout, const Gins& gin) {
   zero_from(gin, 1);  // starts, ends, axes, steps: no gradient
   Tensor* gx = gin[0];
   if (!gx) return;
   const std::vector<SliceDim> plan = slice_plan(n, in[0]->shape, in[1]->to_i64(), in[2]->to_i64(), opt_ints(in, 3),
                                                 opt_ints(in, 4));
-  zero_parallel(gx);
+  zero_outside_slice(gx, plan);
   const std::vector<int64_t> st = strides_of(in[0]->shape);
   std::vector<int64_t> dims, gst = strides_of(gout[0]->shape), dst;
   int64_t base = 0;

@@ -4,11 +4,11 @@
 #include <cmath>
 
 #include "engine/ir/ops.h"
+#include "kernels/cpu/op_args.h"  // opt_t
 
 namespace wxe::cpu {
 
-// Optional inputs, outputs' gradients and inputs' gradients: null when absent.
-inline const Tensor* opt_t(const Ins& in, size_t i) { return i < in.size() ? in[i] : nullptr; }
+// Optional outputs' gradients and inputs' gradients: null when absent.
 inline const Tensor* opt_g(const Ins& gout, size_t k) { return k < gout.size() ? gout[k] : nullptr; }
 inline Tensor* opt_gin(const Outs& gin, size_t i) { return i < gin.size() ? gin[i] : nullptr; }
 
