@@ -280,11 +280,16 @@ StepLog Trainer::step() {
         feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, prognostic);
       }
       std::vector<Tensor> outs = exec_->forward({{input_name_, x}});
-      pred = outs[0];
       std::vector<Tensor> gout(outs.size());
-      gout[0] = Tensor(DType::F32, pred.shape);
-      loss_sum += weighted_mse(pred, s.targets[k], loss_w_, &gout[0], 1.0 / cfg_.accum);
-      exec_->backward(gout);
+      gout[0] = Tensor(DType::F32, outs[0].shape);
+      loss_sum += weighted_mse(outs[0], s.targets[k], loss_w_, &gout[0], 1.0 / cfg_.accum);
+      // The backward needs none of the whole-grid tensors the loss read: the target goes, the
+      // prediction stays only as the next rollout step's input, and the loss gradient is the
+      // executor's (not copied). On every rank each is as large as the model's output.
+      s.targets[k] = Tensor();
+      pred = k + 1 < cfg_.forecast_len ? outs[0] : Tensor();
+      outs.clear();
+      exec_->backward(std::move(gout));
     }
     log.samples += (int)x.shape[0];
   }

@@ -174,6 +174,12 @@ void GradExecutor::reload_constants() {
 }
 
 void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
+  std::vector<Tensor> copies;
+  for (const Tensor& t : grad_outputs) copies.push_back(t.defined() ? t.clone() : Tensor());
+  backward(std::move(copies));
+}
+
+void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
   if (dev_) return backward_device(grad_outputs);
   WXE_CHECK(grad_outputs.size() == g_.outputs.size(), "backward: ", grad_outputs.size(), " output gradients for ",
             g_.outputs.size(), " outputs");
@@ -192,8 +198,13 @@ void GradExecutor::backward(const std::vector<Tensor>& grad_outputs) {
     const Value& v = g_.values[g_.outputs[k]];
     WXE_CHECK(go.shape == v.shape && go.dtype == DType::F32, "backward: gradient of output '", v.name, "' is ",
               shape_str(go.shape), ", expected float32 ", shape_str(v.shape));
-    add_grad(g_.outputs[k], go.clone());
+    // the backward accumulates into it: a tensor someone else still holds is copied
+    add_grad(g_.outputs[k], go.storage.use_count() == 1 ? std::move(grad_outputs[k]) : go.clone());
   }
+  // outputs no backward kernel reads: the caller has them (the trainer drops its copy)
+  if (!bw_reads_.empty())
+    for (int o : g_.outputs)
+      if (first_bw_use_[o] == (int)g_.nodes.size()) release(o, true);
   std::vector<const Tensor*> in, out, gout;
   std::vector<Tensor*> gin;
   for (size_t k = g_.nodes.size(); k-- > 0;) {

@@ -41,8 +41,11 @@ class GradExecutor {
   // Runs the graph; keeps what backward() needs. Returns the graph outputs.
   std::vector<Tensor> forward(const std::map<std::string, Tensor>& inputs);
   // grad_outputs[k] = dL/d(output k) of the last forward (undefined Tensor: zero). Adds the
-  // parameter gradients into grads(); releases the forward values.
+  // parameter gradients into grads(); releases the forward values. The first form copies the
+  // gradients; the second takes them (no copy of a tensor nothing else holds, e.g. the trainer's
+  // loss gradient, as large as the model's output).
   void backward(const std::vector<Tensor>& grad_outputs);
+  void backward(std::vector<Tensor>&& grad_outputs);
   void zero_grad();
   // One per trainable value, in the order given; zeros until a backward adds to them. On a
   // device they are in its memory (Backend::download to read them).
