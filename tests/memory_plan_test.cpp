@@ -222,5 +222,48 @@ TEST(FusedTraining, FinetuneLossesMatchTheExportedGraph) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * std::fabs(losses[0][i])) << "step " << i + 1;
 }
 
+// The trainer hands its loss gradient to the backward (backward(std::vector<Tensor>&&)): no copy
+// of a tensor as large as the model's output, where the const& form copies it; one still
+// shared is copied (the caller's tensor is not written). The output itself, which no backward
+// kernel reads, is released when the backward starts.
+TEST(MemoryPlan, BackwardTakesTheLossGradientWithoutACopy) {
+  register_cpu_kernels();
+  GraphBuilder b;
+  const Shape xs{1, 256, 1024};  // 1 MiB
+  int x = b.input("x", xs);
+  int w = b.constant("w", randn({1}, 2), true);
+  int y = b.node("Mul", {x, w});
+  b.g.outputs = {y};
+  bind_inputs(b.g, {{"x", {DType::F32, xs}}});
+  infer_shapes(b.g);
+  GradExecutor ex(b.g, trainable_parameters(b.g));
+  const Tensor xin = randn(xs, 1);
+  const size_t bytes = (size_t)numel(xs) * 4;
+  auto peak_of_backward = [&](bool take, Tensor* keep) {
+    std::vector<Tensor> out = ex.forward({{"x", xin}});
+    std::vector<Tensor> g{keep ? *keep : Tensor::from_f32(xs, std::vector<float>(numel(xs), 1.f))};
+    out.clear();
+    const size_t before = host_bytes_live();
+    reset_host_peak();
+    if (take)
+      ex.backward(std::move(g));
+    else
+      ex.backward(g);
+    return (double)host_bytes_peak() - (double)before;
+  };
+  const double copied = peak_of_backward(false, nullptr), taken = peak_of_backward(true, nullptr);
+  EXPECT_GE(copied - taken, 0.9 * bytes);
+  EXPECT_LT(taken, 0.1 * bytes);
+  // a gradient the caller still holds is copied, and left as it was
+  Tensor mine = Tensor::from_f32(xs, std::vector<float>(numel(xs), 2.f));
+  const double shared = peak_of_backward(true, &mine);
+  EXPECT_GE(shared, 0.9 * bytes);
+  EXPECT_EQ(mine.data<float>()[0], 2.f);
+  // dL/dw = sum(x * g): every path gives it
+  double want = 0;
+  for (int64_t i = 0; i < numel(xs); ++i) want += xin.data<float>()[i];
+  EXPECT_NEAR(ex.grads()[0].data<float>()[0], 4 * want, 1e-3 * std::fabs(want) + 1e-1);  // g = 1, 1, 2
+}
+
 }  // namespace
 }  // namespace wxe::test
