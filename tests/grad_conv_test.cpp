@@ -232,7 +232,9 @@ TEST(ConvBackward, Bf16NearReferenceLoops) {
       w.resize(x.size(), false);
       Grads some = backward(n16, x, y, &dy, w, KernelKind::Fast);
       for (size_t i = 0; i < 2; ++i)
-        if (w[i]) EXPECT_EQ(max_abs_diff(some.t[i], b16.t[i]), 0.0) << "gradient of input " << i << " alone";
+        if (w[i]) {
+          EXPECT_EQ(max_abs_diff(some.t[i], b16.t[i]), 0.0) << "gradient of input " << i << " alone";
+        }
     }
   }
 }
@@ -435,13 +437,17 @@ TEST(ConvBackward, WinogradBandsMatchReference) {
       const bool data = c.pads[1] == c.pads[3] && ((c.pads[0] == 1 && c.pads[2] == 1) || (whole && c.pads[0] == c.pads[2]));
       EXPECT_EQ(cpu::winograd_conv_backward_data(n, g, x[1].data<float>(), dy.data<float>(), dx.data<float>()), data);
       ASSERT_TRUE(cpu::winograd_conv_weight_grad(n, g, x[0].data<float>(), dy.data<float>(), dw.data<float>()));
-      if (data) EXPECT_LT(rel_l2(dx, ref.t[0]), 2e-6) << "backward-data";
+      if (data) {
+        EXPECT_LT(rel_l2(dx, ref.t[0]), 2e-6) << "backward-data";
+      }
       EXPECT_LT(rel_l2(dw, ref.t[1]), 2e-6) << "weight gradient";
       // the registered kernels take this path (backward-data the direct one where it refused)
       Grads fast = backward(n, x, y, &dy, {true, true, true}, KernelKind::Fast);
       EXPECT_TRUE(fast.dnnl);
       EXPECT_LT(rel_l2(fast.t[0], ref.t[0]), 2e-6);
-      if (data) EXPECT_EQ(max_abs_diff(fast.t[0], dx), 0.0);
+      if (data) {
+        EXPECT_EQ(max_abs_diff(fast.t[0], dx), 0.0);
+      }
       EXPECT_EQ(max_abs_diff(fast.t[1], dw), 0.0);
     }
   }

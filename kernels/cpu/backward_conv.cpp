@@ -253,8 +253,7 @@ Operand operand(const memory::desc& user, const memory::desc& prim, bool input) 
   o.prim = prim;
   o.copy = !(user == prim);
   if (o.copy)
-    o.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(eng(), user, eng(), prim))
-                      : dnnl::reorder(dnnl::reorder::primitive_desc(eng(), prim, eng(), user));
+    o.reorder = input ? reorder_of(user, prim) : reorder_of(prim, user);
   return o;
 }
 

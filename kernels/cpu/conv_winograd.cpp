@@ -66,6 +66,7 @@ struct BandPrims {
   memory::desc in, in2, out, wei;   // what it reads (in2: dy of the weights pass), writes, and its weights
   memory::desc in_user, in2_user, out_user;  // the caller's views of the band (strided, offset 0)
   dnnl::reorder in_r, in2_r, out_r;
+  dnnl::reorder wei_r;  // the weights (O, C, 3, 3) to `wei`, when their layouts differ (forward, backward-data)
   memory::desc pad;  // scratchpad
   size_t bytes = 0;  // scratchpad and staged operands
 };
@@ -74,10 +75,6 @@ struct BandPrims {
 memory::desc rows_md(int64_t N, int64_t C, int64_t rows, int64_t H, int64_t W, bool nhwc) {
   const Dims s = nhwc ? Dims{H * W * C, 1, W * C, C} : Dims{C * H * W, H * W, W, 1};
   return memory::desc({N, C, rows, W}, dt::f32, s);
-}
-
-dnnl::reorder make_reorder(const memory::desc& from, const memory::desc& to) {
-  return dnnl::reorder(dnnl::reorder::primitive_desc(eng(), from, eng(), to));
 }
 
 BandPrims make_band(const ConvGeom& g, Pass pass, const Band& B, bool bias, bool x_nhwc, bool y_nhwc) {
@@ -104,7 +101,7 @@ BandPrims make_band(const ConvGeom& g, Pass pass, const Band& B, bool bias, bool
       r.pad = fpd.scratchpad_desc();
       r.in_user = rows_md(N, C, in_rows, g.in[1], W, x_nhwc);
       r.out_user = rows_md(N, O, out_rows, g.out[1], OW, y_nhwc);
-      r.out_r = make_reorder(r.out, r.out_user);
+      r.out_r = reorder_of(r.out, r.out_user);
       impl = fpd.impl_info_str();
     } else if (pass == kData) {
       dnnl::convolution_backward_data::desc dd(alg, x_md, w_md, y_md, st, dil, pl, pr);
@@ -116,7 +113,7 @@ BandPrims make_band(const ConvGeom& g, Pass pass, const Band& B, bool bias, bool
       r.pad = dpd.scratchpad_desc();
       r.in_user = rows_md(N, O, out_rows, g.out[1], OW, false);
       r.out_user = rows_md(N, C, B.k1 - B.k0, g.in[1], W, false);
-      r.out_r = make_reorder(r.out.submemory_desc({N, C, B.k1 - B.k0, W}, {0, 0, B.k0 - B.a, 0}), r.out_user);
+      r.out_r = reorder_of(r.out.submemory_desc({N, C, B.k1 - B.k0, W}, {0, 0, B.k0 - B.a, 0}), r.out_user);
       impl = dpd.impl_info_str();
     } else {
       dnnl::convolution_backward_weights::desc wd(alg, x_md, w_md, y_md, st, dil, pl, pr);
@@ -128,13 +125,14 @@ BandPrims make_band(const ConvGeom& g, Pass pass, const Band& B, bool bias, bool
       r.pad = wpd.scratchpad_desc();
       r.in_user = rows_md(N, C, in_rows, g.in[1], W, false);
       r.in2_user = rows_md(N, O, out_rows, g.out[1], OW, false);
-      r.in2_r = make_reorder(r.in2_user, r.in2);
+      r.in2_r = reorder_of(r.in2_user, r.in2);
       r.out_user = plain_md({O, C, 3, 3});
-      r.out_r = make_reorder(r.out, r.out_user);
+      r.out_r = reorder_of(r.out, r.out_user);
       impl = wpd.impl_info_str();
     }
     if (impl.find("wino") == std::string::npos) return r;
-    r.in_r = make_reorder(r.in_user, r.in);
+    r.in_r = reorder_of(r.in_user, r.in);
+    if (pass != kWeights && !(r.wei == plain_md({O, C, 3, 3}))) r.wei_r = reorder_of(plain_md({O, C, 3, 3}), r.wei);
     r.bytes = r.pad.get_size() + r.in.get_size() + r.in2.get_size() + r.out.get_size();
     r.ok = true;
   } catch (const dnnl::error&) {
@@ -188,9 +186,9 @@ size_t most_bytes(const Plan& p) {
 // where the bands still need more than 1.5 x the budget (the weight gradient of 256 -> 512
 // channels on 16 x 24: 74 MB).
 Plan make_plan(const ConvGeom& g, Pass pass, bool bias, bool x_nhwc, bool y_nhwc) {
+  if (g_band_rows > 0) return plan_with(g, pass, g_band_rows, bias, x_nhwc, y_nhwc);
   const size_t budget = kBandBytes;
   int64_t rows = pass == kData ? g.in[1] : g.out[1];
-  if (g_band_rows > 0) return plan_with(g, pass, g_band_rows, bias, x_nhwc, y_nhwc);
   Plan p = plan_with(g, pass, rows, bias, x_nhwc, y_nhwc);
   while (p.ok && rows > 4 && most_bytes(p) > budget) {
     rows = std::max<int64_t>(4, (rows / 2 + 3) / 4 * 4);
@@ -229,21 +227,16 @@ memory staged(const Node& n, const dnnl::reorder& r, const memory::desc& user, c
   return m;
 }
 
-// The weights (O, C, 3, 3) in the primitive's layout, staged once per call for every band that
-// shares it (all do; a band with another layout stages again).
+// The weights (O, C, 3, 3) in the band primitives' layout, staged once per call for every band
+// that shares it (all do; a band with another layout stages again).
 struct StagedWeights {
   const float* w;
   memory::desc md;
   memory m;
-  memory get(const Node& n, const memory::desc& want, const ConvGeom& g) {
-    if (!m || !(md == want)) {
-      const memory::desc user = plain_md({g.C_out, g.C_in, 3, 3});
-      if (user == want) {
-        m = mem(want, w);
-      } else {
-        m = staged(n, make_reorder(user, want), user, w, want, kWei);
-      }
-      md = want;
+  memory get(const Node& n, const BandPrims& P, const ConvGeom& g) {
+    if (!m || !(md == P.wei)) {
+      m = P.wei_r ? staged(n, P.wei_r, plain_md({g.C_out, g.C_in, 3, 3}), w, P.wei, kWei) : mem(P.wei, w);
+      md = P.wei;
     }
     return m;
   }
@@ -252,6 +245,26 @@ struct StagedWeights {
 int64_t row_offset(const ConvGeom& g, int64_t row, bool in, bool nhwc) {
   const int64_t W = in ? g.in[2] : g.out[2], C = in ? g.C_in : g.C_out;
   return row * W * (nhwc ? C : 1);
+}
+
+// The forward and backward-data alike, band by band: rows of `from` (x; dy) staged into the
+// primitive's layout, the primitive with the weights and the scratchpad, its rows reordered out
+// to `to` (y; dx's exact rows).
+void run_bands(const Node& n, const ConvGeom& g, Pass pass, const Plan& p, const float* w, const float* from,
+               bool from_nhwc, const float* bias, float* to, bool to_nhwc) {
+  const bool fwd = pass == kForward;
+  StagedWeights sw{w, {}, {}};
+  for (size_t i = 0; i < p.bands.size(); ++i) {
+    const Band& B = p.bands[i];
+    const BandPrims& P = *p.prims[i];
+    memory in = staged(n, P.in_r, P.in_user, from + row_offset(g, fwd ? B.a : B.r0, fwd, from_nhwc), P.in, kIn);
+    memory out = scratch_mem(P.out, kOut);
+    Args args{{fwd ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, in}, {DNNL_ARG_WEIGHTS, sw.get(n, P, g)},
+              {fwd ? DNNL_ARG_DST : DNNL_ARG_DIFF_SRC, out}, {DNNL_ARG_SCRATCHPAD, scratch_mem(P.pad, kPad)}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, mem(plain_md({g.C_out}), bias));
+    execute(n, P.prim, args);
+    run_reorder(n, P.out_r, out, mem(P.out_user, to + row_offset(g, fwd ? B.r0 : B.k0, !fwd, to_nhwc)));
+  }
 }
 
 }  // namespace
@@ -274,18 +287,7 @@ bool winograd_conv_forward(const Node& n, const ConvGeom& g, const float* x, boo
   if (!winograd_applies(g)) return false;
   auto p = plan_for(g, kForward, bias != nullptr, x_nhwc, y_nhwc);
   if (!p->ok) return false;
-  StagedWeights sw{w, {}, {}};
-  for (size_t i = 0; i < p->bands.size(); ++i) {
-    const Band& B = p->bands[i];
-    const BandPrims& P = *p->prims[i];
-    memory xb = staged(n, P.in_r, P.in_user, x + row_offset(g, B.a, true, x_nhwc), P.in, kIn);
-    memory yb = scratch_mem(P.out, kOut);
-    Args args{{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, sw.get(n, P.wei, g)}, {DNNL_ARG_DST, yb},
-              {DNNL_ARG_SCRATCHPAD, scratch_mem(P.pad, kPad)}};
-    if (bias) args.emplace(DNNL_ARG_BIAS, mem(plain_md({g.C_out}), bias));
-    execute(n, P.prim, args);
-    run_reorder(n, P.out_r, yb, mem(P.out_user, y + row_offset(g, B.r0, false, y_nhwc)));
-  }
+  run_bands(n, g, kForward, *p, w, x, x_nhwc, bias, y, y_nhwc);
   return true;
 }
 
@@ -293,17 +295,7 @@ bool winograd_conv_backward_data(const Node& n, const ConvGeom& g, const float* 
   if (!winograd_applies(g)) return false;
   auto p = plan_for(g, kData, false, false, false);
   if (!p->ok) return false;
-  StagedWeights sw{w, {}, {}};
-  for (size_t i = 0; i < p->bands.size(); ++i) {
-    const Band& B = p->bands[i];
-    const BandPrims& P = *p->prims[i];
-    memory dyb = staged(n, P.in_r, P.in_user, dy + row_offset(g, B.r0, false, false), P.in, kIn);
-    memory dxb = scratch_mem(P.out, kOut);
-    execute(n, P.prim,
-            {{DNNL_ARG_DIFF_DST, dyb}, {DNNL_ARG_WEIGHTS, sw.get(n, P.wei, g)}, {DNNL_ARG_DIFF_SRC, dxb},
-             {DNNL_ARG_SCRATCHPAD, scratch_mem(P.pad, kPad)}});
-    run_reorder(n, P.out_r, dxb, mem(P.out_user, dx + row_offset(g, B.k0, true, false)));
-  }
+  run_bands(n, g, kData, *p, w, dy, false, nullptr, dx, false);
   return true;
 }
 

@@ -276,8 +276,8 @@ void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
     r.use_ref = r.mm.use_ref;
     if (bf16 && !r.use_ref) {
       try {
-        r.x_to_bf16 = dnnl::reorder(dnnl::reorder::primitive_desc(eng(), r.x_f32, eng(), r.x_bf16));
-        r.w_to_bf16 = dnnl::reorder(dnnl::reorder::primitive_desc(eng(), r.w_f32, eng(), r.w_bf16));
+        r.x_to_bf16 = reorder_of(r.x_f32, r.x_bf16);
+        r.w_to_bf16 = reorder_of(r.w_f32, r.w_bf16);
       } catch (const dnnl::error&) {
         r.use_ref = true;
       }
@@ -622,9 +622,6 @@ ConvPrim make_conv(const ConvGeom& g, bool has_bias, bool src_nhwc = false, bool
       r.dst = pd.dst_desc();
       r.impl = pd.impl_info_str();
     }
-    auto make_reorder = [](const memory::desc& from, const memory::desc& to) {
-      return dnnl::reorder(dnnl::reorder::primitive_desc(eng(), from, eng(), to));
-    };
     r.r_src = !(r.src == r.src_user);
     r.r_wei = !(r.wei == r.wei_user);
     r.r_dst = !(r.dst == r.dst_user);
@@ -632,9 +629,9 @@ ConvPrim make_conv(const ConvGeom& g, bool has_bias, bool src_nhwc = false, bool
       r.t_src = !src_nhwc && r.src == memory::desc(src, dt::f32, memory::format_tag::nhwc);
       r.t_dst = !dst_nhwc && r.dst == memory::desc(dst, dt::f32, memory::format_tag::nhwc);
     }
-    if (r.r_src) r.src_reorder = make_reorder(r.src_user, r.src);
-    if (r.r_wei) r.wei_reorder = make_reorder(r.wei_user, r.wei);
-    if (r.r_dst) r.dst_reorder = make_reorder(r.dst, r.dst_user);
+    if (r.r_src) r.src_reorder = reorder_of(r.src_user, r.src);
+    if (r.r_wei) r.wei_reorder = reorder_of(r.wei_user, r.wei);
+    if (r.r_dst) r.dst_reorder = reorder_of(r.dst, r.dst_user);
   } catch (const dnnl::error&) {
     if (bf16) return make_conv(g, has_bias, src_nhwc, dst_nhwc, false);  // no bfloat16 kernel for it: float32
     return ref_only<ConvPrim>();

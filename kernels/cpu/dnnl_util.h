@@ -115,6 +115,12 @@ inline memory::desc plain_md(const Dims& dims) {
   return memory::desc(dims, dt::f32, Dims(strides_of(Shape(dims.begin(), dims.end()))));
 }
 
+// The reorder primitive copying memory of layout `from` into layout `to` (throws dnnl::error
+// when oneDNN has none).
+inline dnnl::reorder reorder_of(const memory::desc& from, const memory::desc& to) {
+  return dnnl::reorder(dnnl::reorder::primitive_desc(eng(), from, eng(), to));
+}
+
 // Runs p and waits; a oneDNN error fails naming the node.
 void execute(const Node& n, const dnnl::primitive& p, const Args& args);
 
