@@ -72,7 +72,7 @@ from compare_peers import (  # noqa: E402
 )
 
 FIXTURES = os.environ.get("WXE_FIXTURES", "/work/shared/fixtures/credit")
-TESTDATA = os.path.join(REPO, "tests", "data")
+TESTDATA = os.environ.get("WXE_TESTDATA", os.path.join(REPO, "tests", "data"))
 PRODUCTION_DIR = os.environ.get("WXE_PRODUCTION", "/tmp/wxe_production")
 
 # name -> (onnx for wxe, input .npy, checkpoint or None, PyTorch uses spectral norm)
@@ -160,6 +160,8 @@ def child_torch(a):
 
     times, _ = _time_runs(step, a.runs)
     res = _summary(times)
+    if a.device == "cuda":  # every step's peak, warm-up included (its optimizer state persists)
+        res["device_peak_mb"] = torch.cuda.max_memory_allocated() / 1e6
     notes.append(f"spectral norm {'on' if sn else 'off'}")
     notes.append(f"{sum(p.numel() for p in params):,} params")
     notes.append(f"loss {losses[0]:.4g} -> {losses[-1]:.4g}")
@@ -248,6 +250,9 @@ def print_table(rows, a):
             if eng == "wxe" and "median_ms" in pt:
                 rt = f"{r['median_ms'] / pt['median_ms']:.2f}x"
                 rm = f"{r['peak_rss_mb'] / pt['peak_rss_mb']:.2f}x"
+                if r.get("device_peak_mb") and pt.get("device_peak_mb"):
+                    rm += f" (GPU memory {r['device_peak_mb']:.0f} / {pt['device_peak_mb']:.0f} MB = "
+                    rm += f"{r['device_peak_mb'] / pt['device_peak_mb']:.2f}x)"
             print(f"{model:<16} {threads:>3} {eng:<8} {r['median_ms']:>10.1f} {r['min_ms']:>10.1f} "
                   f"{r['max_ms']:>10.1f} {r['peak_rss_mb']:>12.1f} {rt:>11} {rm:>10}")
     for (model, threads), res in rows:
@@ -281,7 +286,8 @@ def main(argv=None):
     p.add_argument("--torch-sn", action="store_true",
                    help="PyTorch side of wxformer_v2026 with spectral norm (default off, like the baked graph)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cuda: wxe bench --train --device cuda against PyTorch on the GPU (fp32, TF32 off)")
+                   help="cuda: wxe bench --train --device cuda against PyTorch on the GPU (fp32, TF32 off); "
+                        "the GPU memory at the peak: wxe's device_peak_mb, torch.cuda.max_memory_allocated()")
     p.add_argument("--checkpoint", action="store_true",
                    help="activation checkpointing on both sides: wxe --activation-checkpoint blocks, PyTorch "
                         "torch.utils.checkpoint around each attention and feed-forward module (as CREDIT)")
@@ -319,6 +325,8 @@ def main(argv=None):
                 name = list(res)[-1]
                 r = res[name]
                 msg = r["error"] if "error" in r else f"median {r['median_ms']:.1f} ms, peak RSS {r['peak_rss_mb']:.0f} MB"
+                if r.get("device_peak_mb"):
+                    msg += f", GPU memory at the peak {r['device_peak_mb']:.0f} MB"
                 print(f"{model} threads {t} {name}: {msg}", file=sys.stderr)
             rows.append(((model, t), res))
     print(f"training step (forward + loss + backward + clip + AdamW), batch 1, runs {a.runs} (+1 warm-up), "

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Export CREDIT's production-grid CrossFormer (640 x 1280, 124 M parameters) for benchmarks.
+"""Export CREDIT's production-grid CrossFormer (640 x 1280, 124 M parameters) for benchmarks
+(or, --model wxformer_v2026, the 1-degree benchmark WXFormer with random weights).
 
 The model of the CREDIT paper's 6-hour runs (arXiv 2024): credit.models.crossformer.CrossFormer
 on the 0.28-degree 640 x 1280 grid, dims 128, 256, 512, 1024, depth 2, 2, 8, 2, one input
@@ -36,29 +37,36 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
 
-from compare_peers import PRODUCTION  # noqa: E402  (the one definition of the config)
+from compare_peers import TORCH_MODELS  # noqa: E402  (the one definition of the configs)
+
+# --model: what compare_train.py reads (file name stems there)
+STEMS = {"crossformer_640": "crossformer_640", "wxformer_v2026": "wxformer_v2026_snbaked_opset17"}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("WXE_PRODUCTION", "/tmp/wxe_production"))
+    p.add_argument("--model", choices=sorted(STEMS), default="crossformer_640",
+                   help="wxformer_v2026: the 1-degree WXFormer with random weights (for a machine "
+                   "without shared/fixtures; compare_train.py reads it with WXE_FIXTURES=OUT)")
     a = p.parse_args(argv)
+
+    import importlib
 
     import numpy as np
     import torch
-    from credit.models.crossformer import CrossFormer
 
+    modname, cfg = TORCH_MODELS[a.model]
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
-    model = CrossFormer(**PRODUCTION, use_spectral_norm=False).eval()
+    model = importlib.import_module(modname).CrossFormer(**cfg, use_spectral_norm=False).eval()
     n = sum(p.numel() for p in model.parameters())
-    print(f"crossformer_640: {n:,} parameters", flush=True)
-    c_in = PRODUCTION["channels"] * PRODUCTION["levels"] + PRODUCTION["surface_channels"] + \
-        PRODUCTION["input_only_channels"]
+    print(f"{a.model}: {n:,} parameters", flush=True)
+    c_in = cfg["channels"] * cfg["levels"] + cfg["surface_channels"] + cfg["input_only_channels"]
     torch.manual_seed(1)
-    x = torch.randn(1, c_in, PRODUCTION["frames"], PRODUCTION["image_height"], PRODUCTION["image_width"])
-    np.save(os.path.join(a.out, "crossformer_640_x.npy"), x.numpy())
-    path = os.path.join(a.out, "crossformer_640.onnx")
+    x = torch.randn(1, c_in, cfg["frames"], cfg["image_height"], cfg["image_width"])
+    np.save(os.path.join(a.out, a.model + "_x.npy"), x.numpy())
+    path = os.path.join(a.out, STEMS[a.model] + ".onnx")
     t0 = time.perf_counter()
     with torch.no_grad():
         torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"], opset_version=17,

@@ -15,6 +15,7 @@
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
 #include "load/model.h"
+#include "tests/host_backend.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
 
@@ -43,8 +44,28 @@ struct Step {
 
 enum class Plan { KeepAll, FreeUnread, Checkpoint };
 
+// A backend on host memory with a kernel for each op of the graph but two: Softmax's forward and
+// Erf's backward run on the host (the device path's host fallback), so values move both ways.
+const char* plan_backend(const Graph& g) {
+  static HostMemoryBackend* b = [] {
+    register_cpu_kernels();
+    auto owned = std::make_unique<HostMemoryBackend>("hostplan");
+    HostMemoryBackend* raw = owned.get();
+    register_backend(std::move(owned));
+    return raw;
+  }();
+  for (const auto& [op, count] : op_counts(g)) {
+    if (b->kernel(op) || is_view_op(op)) continue;
+    if (op != "Softmax") b->register_kernel(op, kernel_for(op, KernelKind::Fast));
+    if (op != "Erf" && backward_kernel(op)) b->register_backward(op, backward_kernel(op));
+  }
+  return "hostplan";
+}
+
 // With `fused`, the training graph's norms and GELU fused as the trainer does (fuse_for_training).
-Step run_step(const std::string& model, Plan plan, bool fused = false) {
+// With `device`, on plan_backend()'s device path (the held figure then also has the outputs'
+// host copies and is read on the second run, after the constants' one upload).
+Step run_step(const std::string& model, Plan plan, bool fused = false, bool device = false) {
   const Tensor x = read_npy(data_path(model == "wxformer_tiny" ? "models/wxformer_tiny/x.npy" : "tests/data/" + model + "_x.npy"));
   Graph g = training_graph_of(model, x);
   if (fused) {
@@ -56,6 +77,7 @@ Step run_step(const std::string& model, Plan plan, bool fused = false) {
   }
   ExecOptions opt;
   opt.keep_forward = plan == Plan::KeepAll;
+  if (device) opt.device = plan_backend(g);
   if (plan == Plan::Checkpoint) {
     opt.segments = checkpoint_segments(g);
     int n = 0;
@@ -70,7 +92,11 @@ Step run_step(const std::string& model, Plan plan, bool fused = false) {
     const size_t held = host_bytes_live() - live;
     s.outputs = out;
     s.kept = ex.kept_bytes();
-    if (rep == 0) s.held = held, s.kept0 = s.kept;
+    if (rep == (device ? 1 : 0)) {
+      s.held = held, s.kept0 = s.kept;
+      if (device)
+        for (const Tensor& t : out) s.held -= t.nbytes();
+    }
     ex.backward({s.outputs[0]});  // dL/dy = y: the gradient of sum(y^2) / 2
   }
   for (const Tensor& t : ex.grads()) s.grads.push_back(t.clone());
@@ -114,6 +140,31 @@ TEST(MemoryPlan, CheckpointedBlocksGiveTheSameGradients) {
     std::printf("%s: kept with checkpointing %.1f MB (without %.1f MB, all %.1f MB)\n", model.c_str(), ck.kept / 1e6,
                 plan.kept / 1e6, all.kept / 1e6);
     EXPECT_LT(ck.kept, plan.kept * 0.8) << model;
+  }
+}
+
+// On a device (here a backend on host memory, with a host fallback both ways) the same plan and
+// the same recompute: the CPU's bits when it keeps everything, less kept, and what the executor
+// says it keeps is what it holds.
+TEST(MemoryPlan, TheDevicePathFreesAndRecomputesAsTheCpu) {
+  for (const std::string model : {"crossformer_tiny", "wxformer_tiny"}) {
+    for (bool fused : {false, true}) {
+      SCOPED_TRACE(model + (fused ? " fused" : ""));
+      const Step all = run_step(model, Plan::KeepAll, fused), dall = run_step(model, Plan::KeepAll, fused, true);
+      const Step plan = run_step(model, Plan::FreeUnread, fused, true), ck = run_step(model, Plan::Checkpoint, fused, true);
+      for (const Step* s : {&dall, &plan, &ck}) {
+        ASSERT_EQ(all.grads.size(), s->grads.size());
+        for (size_t i = 0; i < all.outputs.size(); ++i)
+          EXPECT_EQ(std::memcmp(all.outputs[i].raw(), s->outputs[i].raw(), all.outputs[i].nbytes()), 0);
+        for (size_t i = 0; i < all.grads.size(); ++i)
+          EXPECT_EQ(std::memcmp(all.grads[i].raw(), s->grads[i].raw(), all.grads[i].nbytes()), 0) << all.names[i];
+        EXPECT_EQ(s->held, s->kept0);
+      }
+      std::printf("%s%s on a device: kept %.1f MB, with checkpointing %.1f MB (all %.1f MB)\n", model.c_str(),
+                  fused ? " fused" : "", plan.kept / 1e6, ck.kept / 1e6, dall.kept / 1e6);
+      EXPECT_LT(plan.kept, dall.kept * 0.9);
+      EXPECT_LT(ck.kept, plan.kept * 0.8);
+    }
   }
 }
 

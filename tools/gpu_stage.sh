@@ -47,7 +47,7 @@ if [ "${STAGE_LIBS:-1}" != 0 ]; then
 fi
 # the data the GPU tests read (paths as in the repository; a model that is absent is skipped)
 cd "$repo"
-tar -cJf "$dst/data.tar.xz" $data
+tar -cf - $data | xz -9 -T1 > "$dst/data.tar.xz"  # -9: its window takes the duplicate models once
 # the tests find their data under the source dir compiled into them (WXE_SOURCE_DIR)
 srcdir=$repo
 cat > "$dst/run.sh" <<EOF

@@ -46,17 +46,20 @@ std::string fmt_time(double s) {
 
 // The memory of a training step on each rank, gathered to rank 0 under a mesh: parameters,
 // gradients and AdamW state; the activations at the step's peak, split into the values kept
-// for the backward and the transient ones (what the step's peak of host tensors held beyond
-// what persists after it); the host tensors' peak and the process's peak RSS (which adds the
-// program, the libraries' scratch and the allocator's slack). For the step after a
-// reset_host_peak(); on a device the activations are in its memory and only the persistent
-// figures and RSS mean anything.
+// for the backward and the transient ones (what the step's peak of tensors held beyond what
+// persists after it); the host tensors' peak and the process's peak RSS (which adds the
+// program, the libraries' scratch and the allocator's slack). On a device (`dev`) the
+// activations are in its memory: they come from its counters, whose peak is added to the line.
+// For the step after reset_peaks().
 // Returns this rank's figures in bytes, in the order of the line.
-std::vector<float> report_memory(const Trainer& t, Mesh* mesh, const char* prefix) {
+std::vector<float> report_memory(const Trainer& t, Mesh* mesh, const char* prefix, Backend* dev) {
   const double param = t.trainable_count() * 4.0, kept = (double)t.executor().kept_bytes();
-  const double peak = (double)host_bytes_peak(), act = peak - (double)host_bytes_live();
+  const double peak = (double)host_bytes_peak();
+  const double dpeak = dev ? (double)dev->bytes_peak() : 0.0;
+  const double act = dev ? dpeak - (double)dev->bytes_in_use() : peak - (double)host_bytes_live();
   const std::vector<float> mine = {(float)param, (float)param, (float)t.optimizer_bytes(), (float)kept,
-                                   (float)std::max(0.0, act - kept), (float)peak, (float)(peak_rss_mb() * 1e6)};
+                                   (float)std::max(0.0, act - kept), (float)peak, (float)(peak_rss_mb() * 1e6),
+                                   (float)dpeak};
   const int world = mesh ? mesh->world : 1, k = (int)mine.size();
   Tensor every = Tensor::from_f32({1, k}, mine);
   if (world > 1) {
@@ -66,12 +69,20 @@ std::vector<float> report_memory(const Trainer& t, Mesh* mesh, const char* prefi
   }
   for (int r = 0; r < world; ++r) {
     const float* e = every.data<float>() + r * k;
+    char on_dev[96] = "";
+    if (dev) std::snprintf(on_dev, sizeof on_dev, "; %s memory at the peak %.1f MB", dev->name(), e[7] / 1e6);
     note("%srank %d: parameters %.1f MB, gradients %.1f MB, AdamW state %.1f MB, activations at the peak %.1f MB "
-         "(kept for the backward %.1f, transient %.1f); host tensors at the peak %.1f MB, peak RSS %.0f MB\n",
-         prefix, r, e[0] / 1e6, e[1] / 1e6, e[2] / 1e6, (e[3] + e[4]) / 1e6, e[3] / 1e6, e[4] / 1e6, e[5] / 1e6,
-         e[6] / 1e6);
+         "(kept for the backward %.1f, transient %.1f)%s; host tensors at the peak %.1f MB, peak RSS %.0f MB\n",
+         prefix, r, e[0] / 1e6, e[1] / 1e6, e[2] / 1e6, (e[3] + e[4]) / 1e6, e[3] / 1e6, e[4] / 1e6, on_dev,
+         e[5] / 1e6, e[6] / 1e6);
   }
   return mine;
+}
+
+// Starts the peaks report_memory() reads (host tensors, and the device's where there is one).
+void reset_peaks(Backend* dev) {
+  reset_host_peak();
+  if (dev) dev->reset_peak();
 }
 
 // With activation checkpointing (memory over time): blocks of 1 MiB and more are mapped, and
@@ -287,7 +298,8 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   double run_s = 0;
   std::string last_ckpt;
   if (first >= cfg.steps) note("wxe: already at step %lld of %lld\n", (long long)first, (long long)cfg.steps);
-  reset_host_peak();
+  Backend* dev = cfg.device == "cpu" ? nullptr : &backend_for(cfg.device);
+  reset_peaks(dev);
   while (t.steps_done() < cfg.steps) {
     StepLog s;
     try {
@@ -307,7 +319,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
     run_s += s.seconds;
     if (t.steps_done() == first + 1) {  // after the first step: what each rank holds
       if (tty && cfg.progress) std::fprintf(stderr, "\n");
-      report_memory(t, mesh, "wxe: memory: ");
+      report_memory(t, mesh, "wxe: memory: ", dev);
     }
     rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, ""});
     if (cfg.validate) {
@@ -379,7 +391,8 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   lean_heap(cfg);
   Trainer t(cfg, std::make_unique<FixedSource>(x, y));
   t.step();  // warm-up
-  reset_host_peak();
+  Backend* dev = device == "cpu" ? nullptr : &backend_for(device);
+  reset_peaks(dev);
   std::map<std::string, OpProfile> warm = t.executor().profile();
   std::vector<double> ms;
   for (int r = 0; r < runs; ++r) {
@@ -391,24 +404,31 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   std::sort(sorted.begin(), sorted.end());
   const size_t n = sorted.size();
   const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  int profiled = runs;
+  if (dev) {  // timing each op waits for each kernel: one more step, after the timed ones
+    t.set_profile(true);
+    warm = t.executor().profile();
+    t.step();
+    profiled = 1;
+  }
   std::vector<std::pair<double, std::string>> by_op;
-  for (auto& [op, p] : t.executor().profile()) by_op.push_back({(p.ms - warm[op].ms) / runs, op});
+  for (auto& [op, p] : t.executor().profile()) by_op.push_back({(p.ms - warm[op].ms) / profiled, op});
   std::sort(by_op.rbegin(), by_op.rend());
-  if (!by_op.empty()) std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");  // none on a device
+  if (!by_op.empty()) std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");
   for (size_t i = 0; i < by_op.size() && i < 20; ++i) std::printf("%-36s %10.2f\n", by_op[i].second.c_str(), by_op[i].first);
   if (device == "cpu") print_conv_profile(t.executor(), 3);
   std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
               "device %s; precision %s; %lld trainable parameters\n",
               runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(), precision.c_str(),
               (long long)t.trainable_count());
-  const std::vector<float> mem = report_memory(t, nullptr, "wxe: memory: ");
+  const std::vector<float> mem = report_memory(t, nullptr, "wxe: memory: ", dev);
   if (json)
     std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"runs\": %d, "
                 "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"params_mb\": %.1f, "
                 "\"grads_mb\": %.1f, \"adamw_mb\": %.1f, \"kept_mb\": %.1f, \"transient_mb\": %.1f, "
-                "\"tensors_peak_mb\": %.1f}\n",
+                "\"tensors_peak_mb\": %.1f, \"device_peak_mb\": %.1f}\n",
                 model.c_str(), device.c_str(), precision.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb(),
-                mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6, mem[4] / 1e6, mem[5] / 1e6);
+                mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6, mem[4] / 1e6, mem[5] / 1e6, mem[7] / 1e6);
   return 0;
 }
 

@@ -129,18 +129,14 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   opt.profile = cfg.device == "cpu";  // on a device, timing per op would wait for every kernel
   WXE_CHECK(cfg.activation_checkpoint == "none" || cfg.activation_checkpoint == "blocks",
             "--activation-checkpoint must be none or blocks, not '", cfg.activation_checkpoint, "'");
-  if (cfg.activation_checkpoint == "blocks") {
-    if (cfg.device != "cpu") {
-      note("wxe: --activation-checkpoint blocks runs on the cpu only for now; %s keeps every activation\n",
-           cfg.device.c_str());
-    } else {  // of the collectives only the gathers are recomputed (each rank reaches it at the same node)
-      opt.segments = checkpoint_segments(graph_, [](const Node& n) {
-        return n.op == "AllReduceTP" || n.op == "CopyToTP" || n.op == "ReduceScatterTP" || n.op == "ScatterTP";
-      });
-      int blocks = 0;
-      for (int s : opt.segments) blocks = std::max(blocks, s + 1);
-      note("wxe: activation checkpointing: %d blocks recomputed in the backward\n", blocks);
-    }
+  if (cfg.activation_checkpoint == "blocks") {  // of the collectives only the gathers are recomputed (each rank
+                                                 // reaches it at the same node)
+    opt.segments = checkpoint_segments(graph_, [](const Node& n) {
+      return n.op == "AllReduceTP" || n.op == "CopyToTP" || n.op == "ReduceScatterTP" || n.op == "ScatterTP";
+    });
+    int blocks = 0;
+    for (int s : opt.segments) blocks = std::max(blocks, s + 1);
+    note("wxe: activation checkpointing: %d blocks recomputed in the backward\n", blocks);
   }
   // sequence parallelism: the whole activation a gather makes for the column-parallel layers is
   // made again in the backward rather than kept

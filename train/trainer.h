@@ -55,7 +55,7 @@ struct FinetuneConfig {
   double grad_max_norm = 1.0;      // <= 0: no clipping
   bool ema = false;
   // "blocks": each attention and feed-forward block's inner activations are recomputed in the
-  // backward instead of kept (engine/passes/passes.h checkpoint_segments; CPU only for now);
+  // backward instead of kept (engine/passes/passes.h checkpoint_segments; on the CPU and devices);
   // "none": keep them. Gradients are bit-identical either way.
   std::string activation_checkpoint = "none";
   // The training graph's channel LayerNorms and GELUs fused as for inference (engine/passes/fuse.h
@@ -137,6 +137,7 @@ class Trainer {
   size_t optimizer_bytes() const;
   const Graph& graph() const { return graph_; }
   const GradExecutor& executor() const { return *exec_; }
+  void set_profile(bool on) { exec_->set_profile(on); }  // per-op timing (GradExecutor::profile)
   int64_t trainable_count() const;
   // What tensor parallelism did (zero without it) and which parameters are sharded how.
   const ShardStats& tp_stats() const { return tp_stats_; }

@@ -68,7 +68,7 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
         for (int i : g.nodes[k].inputs)
           if (i >= 0 && g.values[i].is_const()) dev_owned_[i] = true;
   }
-  if (!dev_ && !opt.keep_forward) {  // the memory plan (autograd.h): what the backward reads, and when
+  if (!opt.keep_forward) {  // the memory plan (autograd.h): what the backward reads, and when
     const size_t nv = g.values.size();
     bw_reads_.assign(nv, false);
     last_fwd_use_.assign(nv, -1);
@@ -261,32 +261,19 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
 // Activation checkpointing: segment s's nodes run again, in order, restoring its inner values
 // (its other outputs are still kept); what no backward reads is released again at its last use.
 void GradExecutor::recompute(int s) {
-  std::vector<const Tensor*> in;
-  std::vector<Tensor*> out;
-  std::vector<Tensor> scratch;
+  std::vector<Tensor> discard;
   for (int k = 0; k <= seg_last_[s]; ++k) {
     if (opt_.segments[k] != s) continue;
     const Node& n = g_.nodes[k];
     bool needed = false;
-    for (int o : n.outputs) needed = needed || (inner_of_[o] == s && !vals_[o].defined());
+    for (int o : n.outputs) needed = needed || (inner_of_[o] == s && !held(o));
     if (!needed) continue;
-    in.clear();
-    out.clear();
-    scratch.assign(n.outputs.size(), Tensor());
-    for (int v : n.inputs) in.push_back(v < 0 ? nullptr : &vals_[v]);
-    for (size_t j = 0; j < n.outputs.size(); ++j) {
-      const int o = n.outputs[j];
-      const Value& v = g_.values[o];
-      Tensor& dst = vals_[o].defined() ? scratch[j] : vals_[o];  // a kept output: same bits, discarded
-      dst = Tensor(v.dtype, v.shape);
-      out.push_back(&dst);
-    }
     auto t0 = std::chrono::steady_clock::now();
-    try {
-      kernels_[k](n, in, out);
-    } catch (const Error& e) {
-      throw Error(g_.source + ": recomputing node " + n.name + " (" + n.op + "): " + e.what());
-    }
+    discard.assign(n.outputs.size(), Tensor());
+    if (is_view_op(n.op))
+      alias_view(k);
+    else
+      run_forward_node(k, &discard);
     if (opt_.profile) {
       auto& p = profile_[n.op + " (recompute)"];
       p.ms += ms_since(t0);
@@ -312,10 +299,19 @@ void GradExecutor::release_read_by(size_t k) {
 // no forward node still to run, and no backward kernel reads it): its storage goes, its type and
 // shape stay (backward kernels read shapes).
 void GradExecutor::release(int v, bool in_backward) {
-  if ((!in_backward && bw_reads_[v]) || g_.values[v].is_const() || !vals_[v].defined()) return;
+  if ((!in_backward && bw_reads_[v]) || g_.values[v].is_const() || !held(v)) return;
   if (in_backward && std::find(g_.inputs.begin(), g_.inputs.end(), v) != g_.inputs.end()) return;  // the caller's
-  vals_[v] = vals_[v].shape_only();
+  drop(v);
 }
+
+// v's storage goes, on the host and on the device; its dtype and shape stay.
+void GradExecutor::drop(int v) {
+  const Tensor shape = (vals_[v].defined() ? vals_[v] : dvals_[v]).shape_only();
+  vals_[v] = shape;
+  if (dev_) dvals_[v] = shape;
+}
+
+bool GradExecutor::held(int v) const { return vals_[v].defined() || (dev_ && dvals_[v].defined()); }
 
 // ---------------------------------------------------------------- on a device
 
@@ -325,10 +321,12 @@ bool host_input(const BackendKernel* k, size_t i) { return i < 32 && (k->host_in
 
 }  // namespace
 
-// The value's device copy, made on first use (constants: once per construction/reload).
+// The value's device copy, made on first use (constants: once per construction/reload); a
+// value the memory plan released is its shape only, as on the host.
 Tensor& GradExecutor::dev_value(int v) {
   if (!dvals_[v].defined()) {
     const Value& val = g_.values[v];
+    if (!val.is_const() && !vals_[v].defined()) return dvals_[v];  // released
     if (val.is_const()) {
       dvals_[v] = dev_param(v);
     } else {
@@ -342,7 +340,7 @@ Tensor& GradExecutor::dev_value(int v) {
 // The value's host copy, made on first use (constants are the graph's own tensors).
 Tensor& GradExecutor::host_value(int v) {
   if (!vals_[v].defined()) {
-    WXE_ASSERT(dvals_[v].defined());
+    if (!dev_ || !dvals_[v].defined()) return vals_[v];  // released: its shape only
     vals_[v] = dev_->download(dvals_[v]);
   }
   return vals_[v];
@@ -368,12 +366,8 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
   for (size_t k = 0; k < g_.nodes.size(); ++k) {
     const Node& n = g_.nodes[k];
     auto t0 = std::chrono::steady_clock::now();
-    if (is_view_op(n.op)) {  // an alias of its input, wherever that is
-      const int x = n.inputs[0], o = n.outputs[0];
-      if (dev_ && dvals_[x].defined())
-        dvals_[o] = dvals_[x].reshaped(g_.values[o].shape);
-      else
-        vals_[o] = vals_[x].reshaped(g_.values[o].shape);
+    if (is_view_op(n.op)) {
+      alias_view(k);
     } else {
       run_forward_node(k);
       if (opt_.profile) {
@@ -391,7 +385,7 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
     const int s = seg_last_.empty() ? -1 : opt_.segments[k];
     if (s >= 0 && seg_last_[s] == (int)k) {  // the segment's forward is done: its inner values go
       for (int v : seg_inner_[s])
-        if (vals_[v].defined()) vals_[v] = vals_[v].shape_only();
+        if (held(v)) drop(v);
       seg_dropped_[s] = true;
     }
   }
@@ -401,10 +395,10 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
     for (int i : g_.inputs) seen.insert(vals_[i].storage.get());
     for (size_t v = 0; v < nv; ++v)  // values that share a constant's storage (a CopyToTP of a weight)
       if (g_.values[v].is_const() && vals_[v].defined()) seen.insert(vals_[v].storage.get());
-    for (size_t v = 0; v < nv; ++v) {
-      const Tensor& t = dev_ && dvals_[v].defined() ? dvals_[v] : vals_[v];
-      if (t.defined() && !g_.values[v].is_const() && seen.insert(t.storage.get()).second) kept_bytes_ += t.storage->nbytes;
-    }
+    for (size_t v = 0; v < nv; ++v)  // on a device, a value a host kernel made or read can be in both memories
+      for (const Tensor* t : {&vals_[v], dev_ ? &dvals_[v] : nullptr})
+        if (t && t->defined() && !g_.values[v].is_const() && seen.insert(t->storage.get()).second)
+          kept_bytes_ += t->storage->nbytes;
   }
   std::vector<Tensor> result;
   for (int o : g_.outputs) result.push_back(host_value(o));
@@ -412,8 +406,18 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
   return result;
 }
 
-// Node k's kernel on fresh outputs: the device's where it has one, else the host's.
-void GradExecutor::run_forward_node(size_t k) {
+// A view op's output: an alias of its input, wherever that is.
+void GradExecutor::alias_view(size_t k) {
+  const int x = g_.nodes[k].inputs[0], o = g_.nodes[k].outputs[0];
+  if (dev_ && dvals_[x].defined())
+    dvals_[o] = dvals_[x].reshaped(g_.values[o].shape);
+  else
+    vals_[o] = vals_[x].reshaped(g_.values[o].shape);
+}
+
+// Node k's kernel on fresh outputs: the device's where it has one, else the host's. Recomputing
+// (discard given): an output still held is made again into discard[j] (same bits) and dropped.
+void GradExecutor::run_forward_node(size_t k, std::vector<Tensor>* discard) {
   const Node& n = g_.nodes[k];
   const BackendKernel* dk = dev_ ? dk_[k] : nullptr;
   std::vector<const Tensor*> in;
@@ -422,21 +426,18 @@ void GradExecutor::run_forward_node(size_t k) {
     const int v = n.inputs[i];
     in.push_back(v < 0 ? nullptr : dk && !host_input(dk, i) ? &dev_value(v) : &host_value(v));
   }
-  for (int o : n.outputs) {
+  for (size_t j = 0; j < n.outputs.size(); ++j) {
+    const int o = n.outputs[j];
     const Value& v = g_.values[o];
-    if (dk) {
-      dvals_[o] = dev_->empty(v.dtype, v.shape);
-      out.push_back(&dvals_[o]);
-    } else {
-      vals_[o] = Tensor(v.dtype, v.shape);
-      out.push_back(&vals_[o]);
-    }
+    Tensor& dst = discard && held(o) ? (*discard)[j] : dk ? dvals_[o] : vals_[o];
+    dst = dk ? dev_->empty(v.dtype, v.shape) : Tensor(v.dtype, v.shape);
+    out.push_back(&dst);
   }
   try {
     (dk ? dk->forward : kernels_[k])(n, in, out);
     if (opt_.profile && dk) dev_->synchronize();
   } catch (const Error& e) {
-    throw Error(g_.source + ": node " + n.name + " (" + n.op + "): " + e.what());
+    throw Error(g_.source + (discard ? ": recomputing node " : ": node ") + n.name + " (" + n.op + "): " + e.what());
   }
 }
 
@@ -484,9 +485,13 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
               shape_str(go.shape), ", expected float32 ", shape_str(v.shape));
     add_grad(g_.outputs[k], go.clone(), false);
   }
+  if (!bw_reads_.empty())  // outputs no backward kernel reads: the caller has them
+    for (int o : g_.outputs)
+      if (first_bw_use_[o] == (int)g_.nodes.size()) release(o, true);
   std::vector<const Tensor*> in, out, gout;
   std::vector<Tensor*> gin;
   for (size_t k = g_.nodes.size(); k-- > 0;) {
+    if (!seg_last_.empty() && opt_.segments[k] >= 0 && seg_dropped_[opt_.segments[k]]) recompute(opt_.segments[k]);
     if (!backward_[k]) continue;
     const Node& n = g_.nodes[k];
     bool any_out = std::any_of(n.outputs.begin(), n.outputs.end(),
@@ -499,6 +504,7 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
       Tensor t = (d ? dg[o] : hg[o]).reshaped(g_.values[x].shape);
       dg[o] = hg[o] = Tensor();
       if (needs_grad_[x]) add_grad(x, std::move(t), d);
+      release_read_by(k);
       continue;
     }
     // A device backward kernel that refuses a case ("no <device> backward for ...") hands the
@@ -542,6 +548,7 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
       }
     }
     for (int o : n.outputs) hg[o] = dg[o] = Tensor();  // consumed
+    release_read_by(k);
     for (size_t i = 0; i < n.inputs.size(); ++i)
       if (gin[i]) add_grad(n.inputs[i], std::move(gi[i]), dk != nullptr);
     if (opt_.profile) {

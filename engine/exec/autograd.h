@@ -60,6 +60,8 @@ class GradExecutor {
   const Graph& graph() const { return g_; }
   // With opt.profile: milliseconds per op type, forward and backward.
   const std::map<std::string, OpProfile>& profile() const { return profile_; }
+  // Turns the per-op timing on or off (on a device it waits for each kernel).
+  void set_profile(bool on) { opt_.profile = on; }
   // On a device: "node (op, forward|backward)" for every kernel that runs on the host because
   // the backend has none, or whose device backward refused the case at run time ("no <device>
   // backward for ..."; from then on that node's backward runs on the host). Empty on the CPU.
@@ -78,7 +80,7 @@ class GradExecutor {
   std::vector<BackwardFn> backward_;
   std::vector<bool> needs_grad_;  // per value: a trainable parameter depends on it
   std::vector<Tensor> vals_;      // forward values; those the backward reads are kept for it
-  // The memory plan of a training step (CPU): per value, whether a backward kernel reads its
+  // The memory plan of a training step (CPU and device): per value, whether a backward kernel reads its
   // elements (BackwardReads); the last node reading it in the forward and the first whose
   // backward reads it. A value the backward does not read is dropped (a shape-only tensor)
   // after its last forward use; one it reads, after the first reader's backward.
@@ -91,7 +93,8 @@ class GradExecutor {
   std::vector<int> seg_last_;
   std::vector<bool> seg_dropped_;
   void recompute(int s);
-  void run_forward_node(size_t k);  // its kernel on fresh outputs (device or host)
+  void run_forward_node(size_t k, std::vector<Tensor>* discard = nullptr);  // on fresh outputs (device or host)
+  void alias_view(size_t k);  // a view op's output: its input's storage, reshaped
   size_t kept_bytes_ = 0;
   std::vector<Tensor> grads_;
   std::map<std::string, OpProfile> profile_;
@@ -110,6 +113,8 @@ class GradExecutor {
   Tensor& dev_param(int v);  // a constant's device copy, made on first use
   Tensor& host_value(int v);
   void release(int v, bool in_backward);  // the memory plan: v's storage dropped (autograd.h)
+  void drop(int v);                       // v's storage goes (host and device), its shape stays
+  bool held(int v) const;                 // v's elements are on the host or the device
   void release_read_by(size_t k);         // release() of the kept values node k's backward read last
   void backward_device(const std::vector<Tensor>& grad_outputs);
 };

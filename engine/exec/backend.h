@@ -56,6 +56,12 @@ class Backend {
   // keeps parameters, gradients and optimizer state on the device; nullptr: none (a device
   // without them cannot train).
   virtual const TrainKernels* train_kernels() const { return nullptr; }
+  // Device memory held by tensors and the kernels' scratch, in bytes: now, and the most held
+  // since reset_peak() (as PyTorch's torch.cuda.max_memory_allocated); 0 where the backend does
+  // not count (host memory is counted by engine/ir/tensor.h).
+  virtual size_t bytes_in_use() const { return 0; }
+  virtual size_t bytes_peak() const { return 0; }
+  virtual void reset_peak() {}
 
   // An uninitialized tensor in this device's memory.
   Tensor empty(DType dtype, const Shape& shape);

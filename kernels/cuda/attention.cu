@@ -29,14 +29,15 @@ int64_t staged_floats(int64_t T, int64_t dh, int threads) { return 2 * T * dh + 
 // Block (window bw, head h), one attention row per query token. Staged: keys, values, each
 // thread's query row and its accumulating output row in shared memory, the output row copied
 // out at the end; otherwise everything in global memory (heads too large for shared memory).
+// bias_hs: floats between two heads' position biases (0: one bias for every head).
 __global__ void attention_kernel(int64_t T, int64_t I, int64_t heads, float scale, const float* q, const float* k,
-                                 const float* v, const float* bias, float* o, bool staged) {
+                                 const float* v, const float* bias, int64_t bias_hs, float* o, bool staged) {
   extern __shared__ float sm[];
   const int64_t bw = blockIdx.x / heads, h = blockIdx.x % heads, dh = I / heads;
   const int64_t base = bw * T * I + h * dh;
   if (!staged) {
     for (int64_t i = threadIdx.x; i < T; i += blockDim.x)
-      attention_row(q + base + i * I, k + base, v + base, I, bias + (h * T + i) * T, T, dh, scale, o + base + i * I);
+      attention_row(q + base + i * I, k + base, v + base, I, bias + h * bias_hs + i * T, T, dh, scale, o + base + i * I);
     return;
   }
   float *ks = sm, *vs = sm + T * dh;
@@ -50,7 +51,7 @@ __global__ void attention_kernel(int64_t T, int64_t I, int64_t heads, float scal
   float* os = vs + T * dh + (blockDim.x + threadIdx.x) * (dh + 1);
   for (int64_t i = threadIdx.x; i < T; i += blockDim.x) {
     for (int64_t d = 0; d < dh; ++d) qs[d] = q[base + i * I + d];
-    attention_row(qs, ks, vs, dh, bias + (h * T + i) * T, T, dh, scale, os);
+    attention_row(qs, ks, vs, dh, bias + h * bias_hs + i * T, T, dh, scale, os);
     for (int64_t d = 0; d < dh; ++d) o[base + i * I + d] = os[d];
   }
 }
@@ -82,7 +83,7 @@ void launch_window_scatter(const cpu::WindowGeom& g, const float* rows, const fl
 }
 
 void launch_window_attention(const cpu::WindowGeom& g, float scale, const float* q, const float* k, const float* v,
-                             const float* bias, float* o) {
+                             const float* bias, int64_t bias_numel, float* o) {
   const int64_t blocks = g.B * g.nW * g.heads;
   if (blocks == 0 || g.T == 0) return;
   WXE_CHECK(blocks <= INT32_MAX, "WindowAttention: ", blocks, " window heads are too many for one launch");
@@ -92,7 +93,8 @@ void launch_window_attention(const cpu::WindowGeom& g, float scale, const float*
   if (staged && bytes > 48 * 1024)
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
   attention_kernel<<<(unsigned)blocks, threads, staged ? bytes : 0, ctx().stream>>>(g.T, g.I, g.heads, scale, q, k, v,
-                                                                                     bias, o, staged);
+                                                                                     bias, cpu::bias_head_stride(g, bias_numel), o,
+                                                                                     staged);
   CUDA_LAUNCHED();
 }
 

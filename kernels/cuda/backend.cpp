@@ -1,6 +1,7 @@
 // The CUDA backend: one GPU per process (the node-local rank's, modulo the GPUs visible), one
 // stream, memory from cudaMalloc, the kernel table of kernels/cuda, and its own graph
 // preparation.
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -51,6 +52,18 @@ Workspace& ws() {
   return w;
 }
 
+cudaMemPool_t pool() {
+  cudaMemPool_t p;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p, ctx().device));
+  return p;
+}
+
+size_t pool_bytes(cudaMemPoolAttr a) {
+  uint64_t v = 0;
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool(), a, &v));
+  return (size_t)v;
+}
+
 class CudaBackend : public TableBackend {
  public:
   const char* name() const override { return "cuda"; }
@@ -75,6 +88,16 @@ class CudaBackend : public TableBackend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(ctx().stream)); }
   const TrainKernels* train_kernels() const override { return &cuda::train_kernels(); }
+  // Stream-ordered allocations (tensors, Scratch) come from the device's default pool, which
+  // counts what is in use and its high-water mark; the grow-only workspace is added.
+  size_t bytes_in_use() const override { return pool_bytes(cudaMemPoolAttrUsedMemCurrent) + ws().cap; }
+  size_t bytes_peak() const override {
+    return std::max(pool_bytes(cudaMemPoolAttrUsedMemHigh), pool_bytes(cudaMemPoolAttrUsedMemCurrent)) + ws().cap;
+  }
+  void reset_peak() override {
+    uint64_t zero = 0;  // the pool restarts its mark from what is in use now
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool(), cudaMemPoolAttrUsedMemHigh, &zero));
+  }
   // The CPU fusions whose products have CUDA kernels: fewer launches, same numbers up to
   // float rounding. No layout passes (cuDNN runs NCHW).
   void prepare(Graph& g, Precision precision) override {

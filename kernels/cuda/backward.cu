@@ -213,8 +213,10 @@ __device__ inline double unary_grad(Un op, double x, double y) {
   return 0;
 }
 
+// y: nullptr where the output was not kept (ops whose derivative needs only x: Erf, Gelu; engine/ir/ops.h
+// BackwardReads)
 __global__ void unary_grad_kernel(Un op, int64_t n, const float* x, const float* y, const float* g, float* gx) {
-  GRID_LOOP(i, n) gx[i] = (float)(g[i] * unary_grad(op, x[i], y[i]));
+  GRID_LOOP(i, n) gx[i] = (float)(g[i] * unary_grad(op, x[i], y ? y[i] : 0.f));
 }
 
 void unary_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
@@ -224,7 +226,8 @@ void unary_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, c
   const int64_t total = in[0]->numel();
   if (total == 0) return;
   unary_grad_kernel<<<blocks_for(total), kThreads, 0, ctx().stream>>>(
-      un_of(n), total, in[0]->data<float>(), out[0]->data<float>(), gout[0]->data<float>(), gin[0]->data<float>());
+      un_of(n), total, in[0]->data<float>(), out[0]->defined() ? out[0]->data<float>() : nullptr,
+      gout[0]->data<float>(), gin[0]->data<float>());
   CUDA_LAUNCHED();
 }
 

@@ -121,10 +121,11 @@ void launch_zero(Tensor* t);
 
 // WindowAttention's pieces (attention.cu; index_math.h has their math): the windows' token
 // rows (B nW T, D) gathered from x (B, D, H, W); o (B nW T, I) = the attention of q, k, v
-// (same layout) per window and head; y[token pixels] = rows + bo (+ res), each optional.
+// (same layout) per window and head (bias_numel: heads * T * T, or T * T for one bias every
+// head); y[token pixels] = rows + bo (+ res), each optional.
 void launch_window_gather(const cpu::WindowGeom& g, const float* x, float* rows);
 void launch_window_attention(const cpu::WindowGeom& g, float scale, const float* q, const float* k, const float* v,
-                             const float* bias, float* o);
+                             const float* bias, int64_t bias_numel, float* o);
 void launch_window_scatter(const cpu::WindowGeom& g, const float* rows, const float* bo, const float* res, float* y);
 
 // The optimizer's kernels on device buffers (optim.cu), the backend's train_kernels().

@@ -75,8 +75,8 @@ void window_attention_op(const Node& n, const Ins& in, const Outs& out) {
   const bool fused = !in[2];  // Wq the fused (3I, D) projection
   const cpu::WindowGeom g = cpu::window_geometry(n, in[0]->shape, in[1]->shape, fused);
   const int64_t R = g.B * g.nW * g.T, D = g.D, I = g.I;
-  NCHECK(in[6]->numel() == g.heads * g.T * g.T, "a position bias shared by the heads (", shape_str(in[6]->shape),
-         ") runs on the cpu only");
+  NCHECK(in[6]->numel() == g.heads * g.T * g.T || in[6]->numel() == g.T * g.T, "the position bias ",
+         shape_str(in[6]->shape), " is neither (heads, T, T) nor (T, T) for ", g.heads, " heads of ", g.T, " tokens");
   if (R * D == 0) return;
   Scratch rows(R * D * sizeof(float)), q(R * I * sizeof(float)), k(R * I * sizeof(float)), v(R * I * sizeof(float));
   launch_window_gather(g, in[0]->data<float>(), rows.f());
@@ -85,7 +85,7 @@ void window_attention_op(const Node& n, const Ins& in, const Outs& out) {
     gemm_rowmajor(1, R, I, D, rows.f(), false, 0, fused ? in[1]->data<float>() + m * I * D : in[1 + m]->data<float>(),
                   true, 0, qkv[m], 0);
   Scratch o(R * I * sizeof(float));
-  launch_window_attention(g, n.f("scale", 1.f), q.f(), k.f(), v.f(), in[6]->data<float>(), o.f());
+  launch_window_attention(g, n.f("scale", 1.f), q.f(), k.f(), v.f(), in[6]->data<float>(), in[6]->numel(), o.f());
   gemm_rowmajor(1, R, D, I, o.f(), false, 0, in[4]->data<float>(), true, 0, rows.f(), 0);
   launch_window_scatter(g, rows.f(), in[5] ? in[5]->data<float>() : nullptr, in[7] ? in[7]->data<float>() : nullptr,
                         out[0]->data<float>());
