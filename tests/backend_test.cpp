@@ -248,9 +248,17 @@ std::string compare_grad_case(const GradCase& c, const std::string& device, doub
     if (wants(i)) dg[i] = b.empty(DType::F32, c.inputs[i].shape);
     dgp.push_back(wants(i) ? &dg[i] : nullptr);
   }
+  // as the training executor passes them: what the op's backward does not read (engine/ir/ops.h
+  // BackwardReads) as shape-only tensors, which the memory plan has freed by then
+  const BackwardReads reads = backward_reads(n.op);
+  std::vector<Tensor> freed_in(dinp.size()), freed_out(doutp.size());
+  std::vector<const Tensor*> bin = dinp, bout = doutp;
+  for (size_t i = 0; i < bin.size(); ++i)
+    if (bin[i] && !reads.input(i)) bin[i] = &(freed_in[i] = bin[i]->shape_only());
+  for (size_t o = 0; o < bout.size() && !reads.outputs; ++o) bout[o] = &(freed_out[o] = bout[o]->shape_only());
   try {
     k->forward(n, dinp, doutw);
-    k->backward(n, dinp, doutp, dgoutp, dgp);
+    k->backward(n, bin, bout, dgoutp, dgp);
     b.synchronize();
   } catch (const Error& e) {
     const std::string m = e.what();

@@ -60,8 +60,9 @@ struct FinetuneConfig {
   std::string activation_checkpoint = "none";
   // The training graph's channel LayerNorms and GELUs fused as for inference (engine/passes/fuse.h
   // fuse_for_training): less kept for the backward, fewer kernels. On the CPU and host-memory
-  // backends, not with `reference` (the oracle runs the graph as exported) nor on a GPU (no
-  // device backward for the fused ops yet). false: the exported graph (tests compare the two).
+  // backends; on a GPU the fusions its backend has backward kernels for (Backend::prepare_training:
+  // CUDA's all but the window attention); not with `reference` (the oracle runs the graph as
+  // exported). false: the exported graph (tests compare the two).
   bool fuse = true;
   // With tp > 1 on the CPU: the regions tensor parallelism leaves replicated (residual stream,
   // norms) hold bands of latitudes per rank (parallel/bands.h). false: whole.

@@ -108,6 +108,13 @@ class CudaBackend : public TableBackend {
     fuse_window_attention(g);
     if (precision == Precision::BF16) use_bf16(g);  // Linear: bf16 products; Conv: TF32 (linalg.cpp)
   }
+  // GELU, the channel LayerNorm and Linear+GELU have CUDA backward kernels (backward.cu,
+  // linalg.cpp); the window attention trains unfused (its backward is the CPU's only).
+  void prepare_training(Graph& g) override {
+    fuse_gelu(g);
+    fuse_channel_layernorm(g);
+    fuse_linear_gelu(g);
+  }
 };
 
 }  // namespace

@@ -111,7 +111,7 @@ __global__ void binary_grad_kernel(Bin op, int k, Walk w, const float* a, const 
   GRID_LOOP(i, w.count) {
     int64_t ia, ib;
     walk_offsets(w, i, &ia, &ib);
-    dst[i] = binary_grad(op, k, a[ia], b[ib], g[i]);
+    dst[i] = binary_grad(op, k, a ? a[ia] : 0.f, b ? b[ib] : 0.f, g[i]);  // Add, Sub: no operands
   }
 }
 
@@ -129,8 +129,9 @@ void binary_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, 
   const Tensor& e = *in[1];
   const bool int_exp = op == Bin::Pow && (e.dtype == DType::I64 || e.dtype == DType::I32);
   require_f32(n, int_exp ? Ins{in[0]} : in);
-  const float* A = in[0]->data<float>();
-  const float* B = int_exp ? nullptr : in[1]->data<float>();
+  // Add's and Sub's operands are not kept for the backward (engine/ir/ops.h BackwardReads)
+  const float* A = in[0]->defined() ? in[0]->data<float>() : nullptr;
+  const float* B = int_exp || !in[1]->defined() ? nullptr : in[1]->data<float>();
   Scratch bf(int_exp ? e.numel() * sizeof(float) : 0);
   if (int_exp) {
     if (e.dtype == DType::I64)
@@ -633,6 +634,74 @@ void group_norm_bw(const Node& n, const Ins& in, const Gouts& gout, const Gins& 
   norm_bw(n, p, N * G, params, in, gout, gin);
 }
 
+// ChannelLayerNorm (x (N, C, S...), statistics over C per position; scale g and bias b (C)), as
+// the CPU's backward (kernels/cpu/backward_fused.cpp): one thread per position computes its mean
+// and 1/std and gx = r (g gy - mean_c(g gy) - xhat mean_c(g gy xhat)); one block per channel sums
+// the scale's and the bias's gradients over the positions (fixed order: deterministic).
+__global__ void channel_ln_bw_kernel(const float* x, const float* gy, const float* scale, float* gx, float* stats,
+                                     int64_t N, int64_t C, int64_t S, float eps) {
+  GRID_LOOP(p, N * S) {
+    const int64_t off = (p / S) * C * S + p % S;
+    const float *xp = x + off, *gp = gy + off;
+    double s = 0, ss = 0, a = 0, b = 0;
+    for (int64_t c = 0; c < C; ++c) s += xp[c * S];
+    const double mean = s / (double)C;
+    for (int64_t c = 0; c < C; ++c) ss += (xp[c * S] - mean) * (xp[c * S] - mean);
+    const double r = 1.0 / sqrt(ss / (double)C + (double)eps);
+    if (stats) {
+      stats[2 * p] = (float)mean;
+      stats[2 * p + 1] = (float)r;
+    }
+    if (!gx) continue;
+    for (int64_t c = 0; c < C; ++c) {
+      const double gh = (double)gp[c * S] * scale[c];
+      a += gh;
+      b += gh * (xp[c * S] - mean) * r;
+    }
+    for (int64_t c = 0; c < C; ++c)
+      gx[off + c * S] = (float)(r * ((double)gp[c * S] * scale[c] - a / (double)C - (xp[c * S] - mean) * r * b / (double)C));
+  }
+}
+
+__global__ void channel_ln_affine_kernel(const float* x, const float* gy, const float* stats, float* gscale, float* gbias,
+                                         int64_t N, int64_t C, int64_t S) {
+  __shared__ double sh[32];
+  const int64_t c = blockIdx.x;
+  double a = 0, b = 0;
+  for (int64_t p = threadIdx.x; p < N * S; p += blockDim.x) {
+    const int64_t e = (p / S) * C * S + c * S + p % S;
+    a += (double)gy[e] * ((double)x[e] - stats[2 * p]) * stats[2 * p + 1];
+    b += gy[e];
+  }
+  a = block_sum(a, sh);
+  b = block_sum(b, sh);
+  if (threadIdx.x == 0) {
+    if (gscale) gscale[c] = (float)a;
+    if (gbias) gbias[c] = (float)b;
+  }
+}
+
+void channel_layernorm_bw(const Node& n, const Ins& in, const Ins&, const Gouts& gout, const Gins& gin) {
+  require_f32(n, {in[0], in[1]});
+  const Shape& s = in[0]->shape;
+  NCHECK(s.size() >= 2, "input must be at least 2-D");
+  const int64_t N = s[0], C = s[1], S = C ? numel(s) / std::max<int64_t>(N * C, 1) : 0;
+  Tensor* gs = gin.size() > 1 ? gin[1] : nullptr;
+  Tensor* gb = gin.size() > 2 ? gin[2] : nullptr;
+  if (!gout[0]) return zero_from(gin, 0);
+  if (N * C * S == 0) return zero_from(gin, 0);
+  const float *x = in[0]->data<float>(), *g = gout[0]->data<float>();
+  Scratch st(gs || gb ? N * S * 2 * sizeof(float) : 0);
+  channel_ln_bw_kernel<<<blocks_for(N * S), kThreads, 0, ctx().stream>>>(
+      x, g, in[1]->data<float>(), gin[0] ? gin[0]->data<float>() : nullptr, gs || gb ? st.f() : nullptr, N, C, S,
+      n.f("epsilon", 1e-5f));
+  CUDA_LAUNCHED();
+  if (!gs && !gb) return;
+  channel_ln_affine_kernel<<<(unsigned)C, kThreads, 0, ctx().stream>>>(x, g, st.f(), gs ? gs->data<float>() : nullptr,
+                                                                       gb ? gb->data<float>() : nullptr, N, C, S);
+  CUDA_LAUNCHED();
+}
+
 void instnorm_bw(const Node& n, const Ins& in, const Ins&, const Gouts& gout, const Gins& gin) {
   group_norm_bw(n, in, gout, gin, in[0]->shape.size() >= 2 ? in[0]->shape[1] : 1);
 }
@@ -667,6 +736,12 @@ void launch_sum_to(const Node& n, const float* full, const Shape& from, float* d
 
 void launch_zero(Tensor* t) { zero(t); }
 
+void launch_gelu_grad(const float* z, const float* g, float* gz, int64_t n) {
+  if (n == 0) return;
+  unary_grad_kernel<<<blocks_for(n), kThreads, 0, ctx().stream>>>(Un::Gelu, n, z, nullptr, g, gz);
+  CUDA_LAUNCHED();
+}
+
 void register_backward_kernels(TableBackend& b) {
   for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}) b.register_backward(op, binary_bw);
   for (const char* op : {"Erf", "Sigmoid", "Sqrt", "Relu", "Neg", "Exp", "Log", "Tanh", "Abs", "Reciprocal", "Gelu"})
@@ -686,6 +761,7 @@ void register_backward_kernels(TableBackend& b) {
   b.register_backward("InstanceNormalization", instnorm_bw);
   b.register_backward("GroupNormalization", groupnorm_bw);
   b.register_backward("LayerNormalization", layernorm_bw);
+  b.register_backward("ChannelLayerNorm", channel_layernorm_bw);
   (void)sum_bw;  // Sum has no cuda forward kernel yet
 }
 

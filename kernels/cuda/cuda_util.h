@@ -118,6 +118,8 @@ void launch_einsum_generic(const EinsumIndex& e, const std::vector<const float*>
 void launch_sum_to(const Node& n, const float* full, const Shape& from, float* dst, const Shape& to, float scale = 1.f);
 // Zeros a device tensor (nullptr: nothing).
 void launch_zero(Tensor* t);
+// gz = g * GELU'(z) (the exact, erf form), n elements; gz may be z.
+void launch_gelu_grad(const float* z, const float* g, float* gz, int64_t n);
 
 // WindowAttention's pieces (attention.cu; index_math.h has their math): the windows' token
 // rows (B nW T, D) gathered from x (B, D, H, W); o (B nW T, I) = the attention of q, k, v

@@ -481,11 +481,46 @@ void zero_all(const Gins& gin) {
 }
 Tensor* gin_at(const Gins& gin, size_t i) { return i < gin.size() ? gin[i] : nullptr; }
 
-// Linear: Y (P, N, Q) = W (N, K) X (P, K, Q) + b.
+// Column-major C (m x n, ldc m) = beta C + op(A) op(B) with a long reduction (length kk) and few
+// outputs (a weight gradient summed over every pixel), which one cuBLAS call runs on too few
+// blocks: the reduction in S chunks, one strided-batched product of partials, then their sum
+// as a product with a vector of ones. Fixed chunks and calls: deterministic. a_step, b_step:
+// floats between neighbouring reduction indices of A and B.
+void gemm_long_reduction(cublasOperation_t opA, cublasOperation_t opB, int64_t m, int64_t n, int64_t kk, const float* A,
+                         int64_t lda, int64_t a_step, const float* B, int64_t ldb, int64_t b_step, float* C, float beta) {
+  const float one = 1.f, zero = 0.f;
+  // chunks of at least 2048, at most 64 of them, their partials at most 16 MB
+  const int64_t S = std::min(std::clamp<int64_t>(kk / 2048, 1, 64), std::max<int64_t>(1, ((int64_t)1 << 22) / (m * n)));
+  if (S == 1) {
+    CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, opA, opB, (int)m, (int)n, (int)kk, &one, A, CUDA_R_32F, (int)lda, B,
+                                  CUDA_R_32F, (int)ldb, &beta, C, CUDA_R_32F, (int)m, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  const int64_t c = (kk + S - 1) / S, full = kk / c, rem = kk - full * c, parts = full + (rem > 0);
+  Scratch part(parts * m * n * sizeof(float)), ones(parts * sizeof(float));
+  CUBLAS_CHECK(cublas().gemm_strided_batched_ex(ctx().blas, opA, opB, (int)m, (int)n, (int)c, &one, A, CUDA_R_32F,
+                                                (int)lda, c * a_step, B, CUDA_R_32F, (int)ldb, c * b_step, &zero,
+                                                part.f(), CUDA_R_32F, (int)m, m * n, (int)full, CUBLAS_COMPUTE_32F,
+                                                CUBLAS_GEMM_DEFAULT));
+  if (rem)
+    CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, opA, opB, (int)m, (int)n, (int)rem, &one, A + full * c * a_step,
+                                  CUDA_R_32F, (int)lda, B + full * c * b_step, CUDA_R_32F, (int)ldb, &zero,
+                                  part.f() + full * m * n, CUDA_R_32F, (int)m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  train_kernels().fill(ones.f(), parts, 1.f);
+  CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)(m * n), 1, (int)parts, &one, part.f(),
+                                CUDA_R_32F, (int)(m * n), ones.f(), CUDA_R_32F, (int)parts, &beta, C, CUDA_R_32F,
+                                (int)(m * n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Linear: Y (P, N, Q) = W (N, K) X (P, K, Q) + b, with activation "gelu" Y = GELU(Z) of that
+// Z, which the backward recomputes (as the CPU's: the pre-activation is not kept) to take
+// gZ = gY GELU'(Z) through the product.
 void linear_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
   if (!gout[0]) return zero_all(gin);
   require_f32(n, in);
-  NCHECK(n.s("activation", "").empty(), "no cuda backward for a fused activation (training graphs are unfused)");
+  const std::string act = n.s("activation", "");
+  NCHECK(act.empty() || act == "gelu", "no cuda backward for activation '", act, "'");
   const Tensor& x = *in[0];
   const Tensor& w = *in[1];
   const int64_t axis = norm_axis(n.i("axis", -1), x.rank(), n);
@@ -496,16 +531,28 @@ void linear_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, 
   const float* gy = gout[0]->data<float>();
   Tensor *gx = gin[0], *gw = gin_at(gin, 1), *gb = gin_at(gin, 2);
   if (P * Q == 0 || N == 0 || K == 0) return zero_all(gin);
+  Scratch gz(act.empty() ? 0 : P * N * Q * sizeof(float));
+  if (!act.empty()) {  // Z again, as the forward made it, then gZ in its place
+    if (Q == 1)
+      gemm_rowmajor(1, P, N, K, x.data<float>(), false, 0, w.data<float>(), true, 0, gz.f(), 0);
+    else
+      gemm_rowmajor(P, N, Q, K, w.data<float>(), false, 0, x.data<float>(), false, K * Q, gz.f(), N * Q);
+    const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
+    launch_bias_act(gz.f(), bias ? bias->data<float>() : nullptr, P, N, Q, false);
+    launch_gelu_grad(gz.f(), gy, gz.f(), P * N * Q);
+    gy = gz.f();
+  }
   if (Q == 1) {
     if (gx) gemm_rowmajor(1, P, K, N, gy, false, 0, w.data<float>(), false, 0, gx->data<float>(), 0);  // gY W
-    if (gw) gemm_rowmajor(1, N, K, P, gy, true, 0, x.data<float>(), false, 0, gw->data<float>(), 0);    // gY^T X
+    // gW (N, K) = gY^T X, summed over the P rows: column-major gW^T (K x N) = X^T (K x P) gY (P x N)
+    if (gw) gemm_long_reduction(CUBLAS_OP_N, CUBLAS_OP_T, K, N, P, x.data<float>(), K, K, gy, N, N, gw->data<float>(), 0.f);
   } else {
     if (gx)  // per p: gX_p (K, Q) = W^T gY_p
       gemm_rowmajor(P, K, Q, N, w.data<float>(), true, 0, gy, false, N * Q, gx->data<float>(), K * Q);
-    if (gw)  // sum over p of gY_p (N, Q) X_p^T
+    if (gw)  // sum over p of gY_p (N, Q) X_p^T: column-major gW^T (K x N) = X_p^T (K x Q) gY_p (Q x N)
       for (int64_t p = 0; p < P; ++p)
-        gemm_rowmajor(1, N, K, Q, gy + p * N * Q, false, 0, x.data<float>() + p * K * Q, true, 0, gw->data<float>(), 0,
-                      1.f, p == 0 ? 0.f : 1.f);
+        gemm_long_reduction(CUBLAS_OP_T, CUBLAS_OP_N, K, N, Q, x.data<float>() + p * K * Q, Q, 1, gy + p * N * Q, Q, 1,
+                            gw->data<float>(), p == 0 ? 0.f : 1.f);
   }
   if (gb) launch_sum_to(n, gy, {P, N, Q}, gb->data<float>(), {N, 1});
 }
