@@ -481,36 +481,47 @@ void zero_all(const Gins& gin) {
 }
 Tensor* gin_at(const Gins& gin, size_t i) { return i < gin.size() ? gin[i] : nullptr; }
 
-// Column-major C (m x n, ldc m) = beta C + op(A) op(B) with a long reduction (length kk) and few
-// outputs (a weight gradient summed over every pixel), which one cuBLAS call runs on too few
-// blocks: the reduction in S chunks, one strided-batched product of partials, then their sum
-// as a product with a vector of ones. Fixed chunks and calls: deterministic. a_step, b_step:
-// floats between neighbouring reduction indices of A and B.
-void gemm_long_reduction(cublasOperation_t opA, cublasOperation_t opB, int64_t m, int64_t n, int64_t kk, const float* A,
-                         int64_t lda, int64_t a_step, const float* B, int64_t ldb, int64_t b_step, float* C, float beta) {
+// Column-major C (m x n, ldc m) = beta C + the sum over b < nb of op(A + b sa) op(B + b sb), each
+// product over a reduction of kk: the products as strided-batched partials (in groups whose
+// partials take at most 16 MB), summed by a product with a vector of ones. One launch per group
+// instead of one per product; fixed groups and calls: deterministic.
+void gemm_sum(cublasOperation_t opA, cublasOperation_t opB, int64_t m, int64_t n, int64_t kk, const float* A,
+              int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb, int64_t nb, float* C, float beta) {
   const float one = 1.f, zero = 0.f;
-  // chunks of at least 2048, at most 64 of them, their partials at most 16 MB
-  const int64_t S = std::min(std::clamp<int64_t>(kk / 2048, 1, 64), std::max<int64_t>(1, ((int64_t)1 << 22) / (m * n)));
-  if (S == 1) {
-    CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, opA, opB, (int)m, (int)n, (int)kk, &one, A, CUDA_R_32F, (int)lda, B,
-                                  CUDA_R_32F, (int)ldb, &beta, C, CUDA_R_32F, (int)m, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+  const int64_t G = std::clamp<int64_t>(((int64_t)1 << 22) / std::max<int64_t>(m * n, 1), 1, nb);
+  if (G == 1) {  // one product at a time, accumulated in C
+    for (int64_t b = 0; b < nb; ++b) {
+      const float bt = b == 0 ? beta : 1.f;
+      CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, opA, opB, (int)m, (int)n, (int)kk, &one, A + b * sa, CUDA_R_32F,
+                                    (int)lda, B + b * sb, CUDA_R_32F, (int)ldb, &bt, C, CUDA_R_32F, (int)m,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
     return;
   }
-  const int64_t c = (kk + S - 1) / S, full = kk / c, rem = kk - full * c, parts = full + (rem > 0);
-  Scratch part(parts * m * n * sizeof(float)), ones(parts * sizeof(float));
-  CUBLAS_CHECK(cublas().gemm_strided_batched_ex(ctx().blas, opA, opB, (int)m, (int)n, (int)c, &one, A, CUDA_R_32F,
-                                                (int)lda, c * a_step, B, CUDA_R_32F, (int)ldb, c * b_step, &zero,
-                                                part.f(), CUDA_R_32F, (int)m, m * n, (int)full, CUBLAS_COMPUTE_32F,
-                                                CUBLAS_GEMM_DEFAULT));
-  if (rem)
-    CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, opA, opB, (int)m, (int)n, (int)rem, &one, A + full * c * a_step,
-                                  CUDA_R_32F, (int)lda, B + full * c * b_step, CUDA_R_32F, (int)ldb, &zero,
-                                  part.f() + full * m * n, CUDA_R_32F, (int)m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  train_kernels().fill(ones.f(), parts, 1.f);
-  CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)(m * n), 1, (int)parts, &one, part.f(),
-                                CUDA_R_32F, (int)(m * n), ones.f(), CUDA_R_32F, (int)parts, &beta, C, CUDA_R_32F,
-                                (int)(m * n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  Scratch part(G * m * n * sizeof(float)), ones(G * sizeof(float));
+  train_kernels().fill(ones.f(), G, 1.f);
+  for (int64_t b0 = 0; b0 < nb; b0 += G) {
+    const int64_t g = std::min(G, nb - b0);
+    const float bt = b0 == 0 ? beta : 1.f;
+    CUBLAS_CHECK(cublas().gemm_strided_batched_ex(ctx().blas, opA, opB, (int)m, (int)n, (int)kk, &one, A + b0 * sa,
+                                                  CUDA_R_32F, (int)lda, sa, B + b0 * sb, CUDA_R_32F, (int)ldb, sb, &zero,
+                                                  part.f(), CUDA_R_32F, (int)m, m * n, (int)g, CUBLAS_COMPUTE_32F,
+                                                  CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublas().gemm_ex(ctx().blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)(m * n), 1, (int)g, &one, part.f(),
+                                  CUDA_R_32F, (int)(m * n), ones.f(), CUDA_R_32F, (int)g, &bt, C, CUDA_R_32F,
+                                  (int)(m * n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+// Column-major C (m x n) = beta C + op(A) op(B) with a long reduction (length kk) and few outputs
+// (a weight gradient summed over every pixel), which one cuBLAS call runs on too few blocks: the
+// reduction in chunks of at least 2048 (at most 64), summed by gemm_sum. a_step, b_step: floats
+// between neighbouring reduction indices of A and B.
+void gemm_long_reduction(cublasOperation_t opA, cublasOperation_t opB, int64_t m, int64_t n, int64_t kk, const float* A,
+                         int64_t lda, int64_t a_step, const float* B, int64_t ldb, int64_t b_step, float* C, float beta) {
+  const int64_t S = std::clamp<int64_t>(kk / 2048, 1, 64), c = (kk + S - 1) / S, full = kk / c, rem = kk - full * c;
+  gemm_sum(opA, opB, m, n, c, A, lda, c * a_step, B, ldb, c * b_step, full, C, beta);
+  if (rem) gemm_sum(opA, opB, m, n, rem, A + full * c * a_step, lda, 0, B + full * c * b_step, ldb, 0, 1, C, 1.f);
 }
 
 // Linear: Y (P, N, Q) = W (N, K) X (P, K, Q) + b, with activation "gelu" Y = GELU(Z) of that
@@ -549,10 +560,12 @@ void linear_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, 
   } else {
     if (gx)  // per p: gX_p (K, Q) = W^T gY_p
       gemm_rowmajor(P, K, Q, N, w.data<float>(), true, 0, gy, false, N * Q, gx->data<float>(), K * Q);
-    if (gw)  // sum over p of gY_p (N, Q) X_p^T: column-major gW^T (K x N) = X_p^T (K x Q) gY_p (Q x N)
-      for (int64_t p = 0; p < P; ++p)
-        gemm_long_reduction(CUBLAS_OP_T, CUBLAS_OP_N, K, N, Q, x.data<float>() + p * K * Q, Q, 1, gy + p * N * Q, Q, 1,
-                            gw->data<float>(), p == 0 ? 0.f : 1.f);
+    // sum over p of gY_p (N, Q) X_p^T: column-major gW^T (K x N) = sum_p X_p^T (K x Q) gY_p (Q x N); one
+    // image: its pixels in chunks; many small ones (window tokens): batched over p
+    if (gw && P == 1)
+      gemm_long_reduction(CUBLAS_OP_T, CUBLAS_OP_N, K, N, Q, x.data<float>(), Q, 1, gy, Q, 1, gw->data<float>(), 0.f);
+    else if (gw)
+      gemm_sum(CUBLAS_OP_T, CUBLAS_OP_N, K, N, Q, x.data<float>(), Q, K * Q, gy, Q, N * Q, P, gw->data<float>(), 0.f);
   }
   if (gb) launch_sum_to(n, gy, {P, N, Q}, gb->data<float>(), {N, 1});
 }
