@@ -1,5 +1,6 @@
 #include "parallel/collective_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/exec/backend.h"
@@ -151,27 +152,46 @@ void band_copy(const Bands& b, float* full, float* band, int64_t r, int64_t part
   }
 }
 
+// The band collectives run over slices of the outer dimension, so that their staging buffers
+// hold at most about 4 MB per rank's part instead of the whole tensor twice (the gather of a
+// model's output was the training step's peak under --tp). Every rank takes the same slices.
+int64_t outer_step(const Bands& b, int64_t parts) {
+  return std::clamp<int64_t>(((int64_t)1 << 20) / std::max<int64_t>(b.rows * b.inner * parts, 1), 1,
+                             std::max<int64_t>(b.outer, 1));
+}
+
 // full = every rank's band, in rank order along the axis
 void gather_bands(const Node& n, const Tensor& band, Tensor& full) {
   Communicator& c = band_group(n);
   const Bands b = bands_of(n, full.shape);
-  const int64_t per = b.outer * b.rows * b.inner;
-  Tensor send(DType::F32, {per}), all(DType::F32, {per * c.size()});
-  std::memcpy(send.raw(), band.raw(), per * sizeof(float));
-  c.all_gather(send, all);
-  for (int r = 0; r < c.size(); ++r) band_copy(b, full.data<float>(), all.data<float>() + r * per, r, c.size(), false);
+  const int64_t run = b.rows * b.inner, P = c.size(), step = outer_step(b, P);
+  for (int64_t o0 = 0; o0 < b.outer; o0 += step) {
+    const int64_t k = std::min(step, b.outer - o0);
+    Tensor send(DType::F32, {k * run}), all(DType::F32, {k * run * P});
+    std::memcpy(send.raw(), band.data<float>() + o0 * run, k * run * sizeof(float));
+    c.all_gather(send, all);
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t o = 0; o < k; ++o)
+        std::memcpy(full.data<float>() + ((o0 + o) * P + r) * run, all.data<float>() + (r * k + o) * run,
+                    run * sizeof(float));
+  }
 }
 
 // band = this rank's band of the sum over ranks of `full`
 void reduce_scatter_bands(const Node& n, const Tensor& full, Tensor& band) {
   Communicator& c = band_group(n);
   const Bands b = bands_of(n, full.shape);
-  const int64_t per = b.outer * b.rows * b.inner;
-  Tensor blocks(DType::F32, {per * c.size()}), mine(DType::F32, {per});
-  for (int r = 0; r < c.size(); ++r)
-    band_copy(b, const_cast<float*>(full.data<float>()), blocks.data<float>() + r * per, r, c.size(), true);
-  c.reduce_scatter_sum(blocks, mine);
-  std::memcpy(band.raw(), mine.raw(), per * sizeof(float));
+  const int64_t run = b.rows * b.inner, P = c.size(), step = outer_step(b, P);
+  for (int64_t o0 = 0; o0 < b.outer; o0 += step) {
+    const int64_t k = std::min(step, b.outer - o0);
+    Tensor blocks(DType::F32, {k * run * P}), mine(DType::F32, {k * run});
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t o = 0; o < k; ++o)
+        std::memcpy(blocks.data<float>() + (r * k + o) * run, full.data<float>() + ((o0 + o) * P + r) * run,
+                    run * sizeof(float));
+    c.reduce_scatter_sum(blocks, mine);
+    std::memcpy(band.data<float>() + o0 * run, mine.raw(), k * run * sizeof(float));
+  }
 }
 
 void take_band(const Node& n, const Tensor& full, Tensor& band) {
