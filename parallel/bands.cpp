@@ -59,6 +59,33 @@ int band_through_layout(const Graph& g, const Node& n, const Shape& in, int a, c
 
 // The band pass over `tp` ranks (parallel/bands.h): sequence parallelism, or with `domain`
 // domain parallelism (collectives over the domain group).
+// Slice n of an (N, C, H, W) tensor that cuts only rows and columns (steps 1, constant
+// bounds): *crop = {first row, end row, first column, end column}.
+bool crop_of_slice(const Graph& g, const Node& n, std::vector<int64_t>* crop) {
+  const Shape& xs = g.values[n.inputs[0]].shape;
+  auto ints = [&](size_t i, std::vector<int64_t>* v) {
+    if (i >= n.inputs.size() || n.inputs[i] < 0) return true;
+    if (!g.values[n.inputs[i]].is_const()) return false;
+    *v = g.values[n.inputs[i]].constant->to_i64();
+    return true;
+  };
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (n.inputs.size() < 3 || !ints(1, &starts) || !ints(2, &ends) || !ints(3, &axes) || !ints(4, &steps)) return false;
+  if (axes.empty())
+    for (size_t k = 0; k < starts.size(); ++k) axes.push_back((int64_t)k);
+  if (starts.size() != ends.size() || axes.size() != starts.size() || (!steps.empty() && steps.size() != starts.size()))
+    return false;
+  *crop = {0, xs[kRows], 0, xs[kRows + 1]};
+  for (size_t k = 0; k < axes.size(); ++k) {
+    const int64_t a = axes[k] < 0 ? axes[k] + 4 : axes[k], dim = a >= 0 && a < 4 ? xs[a] : 0;
+    if ((!steps.empty() && steps[k] != 1) || (a != kRows && a != kRows + 1)) return false;
+    auto clamp = [&](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + dim : v, 0, dim); };
+    (*crop)[2 * (a - kRows)] = clamp(starts[k]);
+    (*crop)[2 * (a - kRows) + 1] = std::max(clamp(starts[k]), clamp(ends[k]));
+  }
+  return true;
+}
+
 BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
   BandStats st;
   if (tp <= 1) return st;
@@ -640,6 +667,19 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
       set_band(n.outputs[0], kRows);
       out.push_back(std::move(n));
       continue;
+    }
+    // a crop of the grid (CREDIT's, of its padded image) on a band of (N, C, H, W): the gather
+    // takes the crop's place and makes only the cropped tensor (never the whole padded one)
+    if (n.op == "Slice" && axis_of(n.inputs[0]) == kRows && g.values[n.inputs[0]].shape.size() == 4) {
+      std::vector<int64_t> crop;
+      if (crop_of_slice(g, n, &crop)) {
+        Node ag = collective("AllGatherTP", n.name + "/AllGatherTP", n.inputs[0], n.outputs[0], kRows);
+        ag.attrs["grad"] = attr_s("slice");
+        ag.attrs["crop"] = attr_ints(crop);
+        out.push_back(std::move(ag));
+        ++st.replicated_gathers;
+        continue;
+      }
     }
     // anything else reads whole tensors
     const int c = domain ? -1 : copy_after((int)k);

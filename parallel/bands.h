@@ -41,8 +41,12 @@
 //     statistics of each group are sums over the group (AllReduceTP with grad "sum"): the
 //     mean, then the variance about it.
 //   - Bands along different axes meeting at an elementwise op are brought back to the rows.
-// Still whole (gathered): anything not listed (a crop or Resize of the grid, a layout whose
-// windows cannot be shared evenly). Only axes tp divides are cut; the rest stay replicated.
+//   - A crop of the grid (a Slice of rows and columns of an (N, C, H, W) band: CREDIT's crop of
+//     its padded image) is the gather itself: AllGatherTP with attribute crop makes only the
+//     cropped tensor, the whole padded one never exists on a rank; its backward takes the
+//     rank's band of the gradient, zeros outside the crop.
+// Still whole (gathered): anything not listed (a Resize of the grid, a layout whose windows
+// cannot be shared evenly). Only axes tp divides are cut; the rest stay replicated.
 // The answer is tp 1's up to the order of float sums. Collectives: parallel/collective_ops.h.
 //
 // Domain parallelism. Domain rank d of D holds rows [d H/D, (d+1) H/D) of every activation
@@ -52,9 +56,9 @@
 // find their input whole). The rules above carry them through the encoder, the decoder and
 // the skip connections, all attention blocks as the unsharded ones above; and the tp
 // collectives (AllReduceTP, CopyToTP) act on bands row by row: dp x tp x domain. Boundary
-// padding (CREDIT's earth / mirror) and the final crop or Resize read the whole grid: the
-// input side runs on the whole input before the first convolution, the output side after the
-// last band is gathered. Every replicated parameter a band op reads gets a CopyToTP over the
+// padding (CREDIT's earth / mirror) and a final Resize read the whole grid: the input side
+// runs on the whole input before the first convolution, the output side after the last band is
+// gathered (a final crop is the gather, above). Every replicated parameter a band op reads gets a CopyToTP over the
 // domain group (training): its gradient is the sum of every band's. The loss is computed on
 // the gathered output, so its latitude weights and mean are the whole grid's. All collectives
 // the pass adds carry attribute group "domain". Domain 1: nothing.

@@ -160,20 +160,53 @@ int64_t outer_step(const Bands& b, int64_t parts) {
                              std::max<int64_t>(b.outer, 1));
 }
 
-// full = every rank's band, in rank order along the axis
-void gather_bands(const Node& n, const Tensor& band, Tensor& full) {
+// A gather's crop (AllGatherTP attribute crop = {first row, end row, first column, end column}
+// of the whole tensor's band axis and the axis after it, the last; parallel/bands.cpp fuses a
+// crop of the grid so): the whole tensor's rows and columns when absent.
+struct Crop {
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+};
+Crop crop_of(const Node& n, const Bands& b, int64_t parts) {
+  const std::vector<int64_t> c = n.ints("crop", {0, b.rows * parts, 0, b.inner});
+  WXE_CHECK(c.size() == 4 && 0 <= c[0] && c[0] <= c[1] && c[1] <= b.rows * parts && 0 <= c[2] && c[2] <= c[3] &&
+                c[3] <= b.inner,
+            "node ", n.name, " (", n.op, "): crop out of the tensor's ", b.rows * parts, " rows and ", b.inner,
+            " columns");
+  return {c[0], c[1], c[2], c[3]};
+}
+
+// The whole tensor's bands from one rank's band.
+Bands bands_of_band(const Node& n, const Shape& band) {
+  const int64_t a = n.i("axis", 2);
+  WXE_CHECK(a >= 0 && a < (int64_t)band.size(), "node ", n.name, " (", n.op, "): axis ", a, " of ", shape_str(band));
+  Bands b;
+  for (int64_t d = 0; d < a; ++d) b.outer *= band[d];
+  for (size_t d = a + 1; d < band.size(); ++d) b.inner *= band[d];
+  b.rows = band[a];
+  return b;
+}
+
+// out = every rank's band, in rank order along the axis (cropped, with attribute crop)
+void gather_bands(const Node& n, const Tensor& band, Tensor& out) {
   Communicator& c = band_group(n);
-  const Bands b = bands_of(n, full.shape);
+  const Bands b = bands_of_band(n, band.shape);
   const int64_t run = b.rows * b.inner, P = c.size(), step = outer_step(b, P);
+  const Crop k = crop_of(n, b, P);
+  const int64_t orows = k.r1 - k.r0, ocols = k.c1 - k.c0;
+  WXE_CHECK(out.numel() == b.outer * orows * ocols, "node ", n.name, ": output of ", out.numel(), " elements");
   for (int64_t o0 = 0; o0 < b.outer; o0 += step) {
-    const int64_t k = std::min(step, b.outer - o0);
-    Tensor send(DType::F32, {k * run}), all(DType::F32, {k * run * P});
-    std::memcpy(send.raw(), band.data<float>() + o0 * run, k * run * sizeof(float));
+    const int64_t m = std::min(step, b.outer - o0);
+    Tensor send(DType::F32, {m * run}), all(DType::F32, {m * run * P});
+    std::memcpy(send.raw(), band.data<float>() + o0 * run, m * run * sizeof(float));
     c.all_gather(send, all);
     for (int64_t r = 0; r < P; ++r)
-      for (int64_t o = 0; o < k; ++o)
-        std::memcpy(full.data<float>() + ((o0 + o) * P + r) * run, all.data<float>() + (r * k + o) * run,
-                    run * sizeof(float));
+      for (int64_t o = 0; o < m; ++o)
+        for (int64_t i = 0; i < b.rows; ++i) {
+          const int64_t row = r * b.rows + i;
+          if (row < k.r0 || row >= k.r1) continue;
+          std::memcpy(out.data<float>() + ((o0 + o) * orows + row - k.r0) * ocols,
+                      all.data<float>() + (r * m + o) * run + i * b.inner + k.c0, ocols * sizeof(float));
+        }
   }
 }
 
@@ -194,10 +227,21 @@ void reduce_scatter_bands(const Node& n, const Tensor& full, Tensor& band) {
   }
 }
 
+// band = this rank's band of the whole tensor whose crop (attribute crop) `full` is: zeros
+// outside it
 void take_band(const Node& n, const Tensor& full, Tensor& band) {
   Communicator& c = band_group(n);
-  band_copy(bands_of(n, full.shape), const_cast<float*>(full.data<float>()), band.data<float>(), c.rank(), c.size(),
-            true);
+  const Bands b = bands_of_band(n, band.shape);
+  const Crop k = crop_of(n, b, c.size());
+  const int64_t orows = k.r1 - k.r0, ocols = k.c1 - k.c0;
+  for (int64_t o = 0; o < b.outer; ++o)
+    for (int64_t i = 0; i < b.rows; ++i) {
+      float* x = band.data<float>() + (o * b.rows + i) * b.inner;
+      const int64_t row = c.rank() * b.rows + i;
+      if (row < k.r0 || row >= k.r1 || ocols < b.inner) std::memset(x, 0, b.inner * sizeof(float));
+      if (row >= k.r0 && row < k.r1)
+        std::memcpy(x + k.c0, full.data<float>() + (o * orows + row - k.r0) * ocols, ocols * sizeof(float));
+    }
 }
 
 std::vector<TypeShape> band_shape(const Node& n, const std::vector<const Value*>& in, bool gather) {
@@ -208,6 +252,14 @@ std::vector<TypeShape> band_shape(const Node& n, const std::vector<const Value*>
   WXE_CHECK(parts > 0 && a >= 0 && a < (int64_t)s.size() && (gather || s[a] % parts == 0), "node ", n.name, " (",
             n.op, "): axis ", a, " of ", shape_str(s), " cannot be split into ", parts, " bands");
   s[a] = gather ? s[a] * parts : s[a] / parts + n.i("top", 0) + n.i("bottom", 0);  // ScatterTP: with a halo
+  if (gather && n.has("crop")) {  // the crop of the whole tensor's rows and (the last axis) columns
+    const std::vector<int64_t> c = n.ints("crop");
+    WXE_CHECK(c.size() == 4 && a + 2 == (int64_t)s.size() && 0 <= c[0] && c[0] <= c[1] && c[1] <= s[a] && 0 <= c[2] &&
+                  c[2] <= c[3] && c[3] <= s[a + 1],
+              "node ", n.name, " (", n.op, "): crop out of ", shape_str(s));
+    s[a] = c[1] - c[0];
+    s[a + 1] = c[3] - c[2];
+  }
   return {{DType::F32, s}};
 }
 
@@ -237,6 +289,7 @@ void all_gather_tp_backward(const Node& n, const std::vector<const Tensor*>&, co
     std::memset(gin[0]->raw(), 0, gin[0]->nbytes());
     return;
   }
+  WXE_CHECK(!sum || !n.has("crop"), "node ", n.name, ": a cropped gather's gradient is not summed");
   if (sum) reduce_scatter_bands(n, *gout[0], *gin[0]);
   else take_band(n, *gout[0], *gin[0]);
 }

@@ -31,6 +31,7 @@ struct DomainRun {
   int entry_halos = 0;                  // ScatterTP nodes that take halo rows with the band
   int fused_attention = 0;              // inference: WindowAttention nodes of the fast path
   int calls = 0;                        // collectives this rank took part in
+  int cropped_gathers = 0;              // AllGatherTP nodes that make only a crop of the whole
   size_t kept = 0;                      // training: bytes the forward kept for the backward
 };
 
@@ -46,6 +47,7 @@ void count_collectives(const Graph& g, DomainRun& s) {
     ++s.ops[n.op];
     if (!any) ++s.constant[n.op];
     if (n.op == "ScatterTP" && n.i("top", 0) + n.i("bottom", 0) > 0) ++s.entry_halos;
+    if (n.op == "AllGatherTP" && n.has("crop")) ++s.cropped_gathers;
   }
 }
 
@@ -250,6 +252,18 @@ TEST(DomainParallel, WxformerMirrorInferenceDomain2) {
 }
 TEST(DomainParallel, WxformerMirrorInferenceDomain4) {
   expect_infer_matches_one("wxformer_mirror.onnx", "wxformer_mirror_x.npy", 4, 2 + 1, 2 + 12, 6, 2);
+}
+
+// The crop of the padded grid after a WXFormer's decoder (its last convolution on bands): the
+// gather makes only the cropped output, on every rank, in inference and training (the other
+// tests check the numbers).
+TEST(DomainParallel, TheGridsCropIsGatheredCropped) {
+  const Tensor x = read_npy(data_path("tests/data/wxformer_mirror_x.npy"));
+  for (const DomainRun& r : infer_on("wxformer_mirror.onnx", x, 2)) EXPECT_EQ(r.cropped_gathers, 1);
+  Graph g = import_onnx(data_path("tests/data/wxformer_mirror.onnx"));
+  prepare_graph(g, {{g.values[g.inputs[0]].name, {x.dtype, x.shape}}});
+  for (const DomainRun& r : train_on("wxformer_mirror.onnx", x, randn(g.values[g.outputs[0]].shape, 3), 2))
+    EXPECT_EQ(r.cropped_gathers, 1);
 }
 
 TEST(DomainParallel, CrossformerTrainingDomain2) {
