@@ -58,10 +58,10 @@
 // collectives (AllReduceTP, CopyToTP) act on bands row by row: dp x tp x domain. Boundary
 // padding (CREDIT's earth / mirror) and a final Resize read the whole grid: the input side
 // runs on the whole input before the first convolution, the output side after the last band is
-// gathered (a final crop is the gather, above). Every replicated parameter a band op reads gets a CopyToTP over the
-// domain group (training): its gradient is the sum of every band's. The loss is computed on
-// the gathered output, so its latitude weights and mean are the whole grid's. All collectives
-// the pass adds carry attribute group "domain". Domain 1: nothing.
+// gathered (a final crop is the gather, above). Every replicated parameter a band op reads
+// gets a CopyToTP over the domain group (training): its gradient is the sum of every band's.
+// The loss is computed on the gathered output, so its latitude weights and mean are the whole
+// grid's. All collectives the pass adds carry attribute group "domain". Domain 1: nothing.
 #pragma once
 #include <map>
 #include <string>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stages a CUDA build for a GPU machine (tools/gpu_train_check.sh runs the training checks there) that has the CUDA/cuDNN runtime but none of the build
-# dependencies: build/wxe and build/wxe_tests (debug info stripped, xz), the shared libraries
+# Stages a CUDA build for a GPU machine that has the CUDA/cuDNN runtime but none of the build
+# dependencies (tools/gpu_train_check.sh runs the training checks there): build/wxe and build/wxe_tests (debug info stripped, xz), the shared libraries
 # they need that are not system or CUDA libraries (xz tarball), the models the GPU tests read,
 # and run.sh, which runs them there.
 #   tools/gpu_stage.sh DIR            (DIR: e.g. /work/main/.dev)
