@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stages a CUDA build for a GPU machine that has the CUDA/cuDNN runtime but none of the build
-# dependencies (tools/gpu_train_check.sh runs the training checks there): build/wxe and build/wxe_tests (debug info stripped, xz), the shared libraries
+# dependencies: build/wxe and build/wxe_tests (debug info stripped, xz), the shared libraries
 # they need that are not system or CUDA libraries (xz tarball), the models the GPU tests read,
-# and run.sh, which runs them there.
+# and run.sh, which runs them there (tools/gpu_train_check.sh adds the training checks).
 #   tools/gpu_stage.sh DIR            (DIR: e.g. /work/main/.dev)
 # Environment: STAGE_DATA="repo-relative files" (default: every model the GPU tests read);
 # STAGE_LIBS=0 leaves the libraries out (run.sh then takes LIBS_TARBALL, an xz tarball of
