@@ -671,9 +671,18 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
     // a crop of the grid (CREDIT's, of its padded image) on a band of (N, C, H, W): the gather
     // takes the crop's place and makes only the cropped tensor (never the whole padded one)
     if (n.op == "Slice" && axis_of(n.inputs[0]) == kRows && g.values[n.inputs[0]].shape.size() == 4) {
-      std::vector<int64_t> crop;
+      std::vector<int64_t> crop, next;
       if (crop_of_slice(g, n, &crop)) {
-        Node ag = collective("AllGatherTP", n.name + "/AllGatherTP", n.inputs[0], n.outputs[0], kRows);
+        int o = n.outputs[0];
+        // a crop of rows, then one of columns (a Slice each, as exported): one gather
+        for (int m = sole(o); m >= 0 && g.nodes[m].op == "Slice" && g.nodes[m].inputs[0] == o &&
+                              crop_of_slice(g, g.nodes[m], &next);
+             m = sole(o)) {
+          crop = {crop[0] + next[0], crop[0] + next[1], crop[2] + next[2], crop[2] + next[3]};
+          done[m] = true;
+          o = g.nodes[m].outputs[0];
+        }
+        Node ag = collective("AllGatherTP", n.name + "/AllGatherTP", n.inputs[0], o, kRows);
         ag.attrs["grad"] = attr_s("slice");
         ag.attrs["crop"] = attr_ints(crop);
         out.push_back(std::move(ag));

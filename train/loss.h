@@ -22,7 +22,8 @@ std::vector<double> regular_latitudes(int64_t h);
 
 // Returns the loss (double accumulation, the same for any thread count). If grad is non-null,
 // writes dloss/dpred (float32, pred's shape; allocated when *grad is not already that) scaled
-// by `grad_scale`. pred and target are float32.
+// by `grad_scale`; *grad may be pred itself (each element is read before its gradient is
+// written). pred and target are float32.
 double weighted_mse(const Tensor& pred, const Tensor& target, const LossWeights& w, Tensor* grad = nullptr,
                     double grad_scale = 1.0);
 

@@ -275,15 +275,22 @@ StepLog Trainer::step() {
   double loss_sum = 0;
   for (int j = dp_rank_; j < cfg_.accum; j += dp_) {
     Sample s = data_->get(sample_index(step_ * cfg_.accum + j));
-    Tensor x = s.input, pred;
+    Tensor x = std::move(s.input), pred;
+    if (!s.forcing.empty()) s.forcing[0] = Tensor();  // x itself (the window slides in forcing[1..])
+    log.samples += (int)x.shape[0];
     for (int k = 0; k < cfg_.forecast_len; ++k) {
       if (k > 0) {  // step k's input slid into the window, its prognostic channels the prediction (detached)
         x = slide_window(x, s.forcing[k]);
         feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, prognostic);
       }
-      std::vector<Tensor> outs = exec_->forward({{input_name_, x}});
+      // the last step's input goes to the executor, which frees it after its last use
+      std::map<std::string, Tensor> in{{input_name_, k + 1 < cfg_.forecast_len ? x : std::move(x)}};
+      std::vector<Tensor> outs = exec_->forward(std::move(in));
       std::vector<Tensor> gout(outs.size());
-      gout[0] = Tensor(DType::F32, outs[0].shape);
+      // the loss gradient over the prediction where nothing needs it after the loss (the last
+      // rollout step, no backward kernel reading the output), else a tensor of its own
+      const bool over = k + 1 == cfg_.forecast_len && !exec_->backward_reads_output(0);
+      gout[0] = over ? outs[0] : Tensor(DType::F32, outs[0].shape);
       loss_sum += weighted_mse(outs[0], s.targets[k], loss_w_, &gout[0], 1.0 / cfg_.accum);
       // The backward needs none of the whole-grid tensors the loss read: the target goes, the
       // prediction stays only as the next rollout step's input, and the loss gradient is the
@@ -293,7 +300,6 @@ StepLog Trainer::step() {
       outs.clear();
       exec_->backward(std::move(gout));
     }
-    log.samples += (int)x.shape[0];
   }
   // ZeRO-1: the gradient summed over dp, each rank keeping its own block of every parameter
   Tensor gshard;

@@ -74,7 +74,8 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
     last_fwd_use_.assign(nv, -1);
     first_bw_use_.assign(nv, (int)g.nodes.size());
     for (int o : g.outputs) bw_reads_[o] = true;  // returned to the caller
-    for (int i : g.inputs) bw_reads_[i] = true;   // the caller's
+    // inputs: dropped after their last use as any value (the caller's own handle, if it kept
+    // one, keeps it; forward(std::map&&) hands one over)
     for (size_t k = 0; k < g.nodes.size(); ++k) {
       const Node& n = g.nodes[k];
       const BackwardReads r = backward_reads(n.op);
@@ -145,6 +146,10 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
   }
 }
 
+bool GradExecutor::backward_reads_output(size_t k) const {
+  return bw_reads_.empty() || first_bw_use_[g_.outputs.at(k)] < (int)g_.nodes.size();
+}
+
 void GradExecutor::zero_grad() {
   for (Tensor& t : grads_) {
     if (dev_)
@@ -184,6 +189,11 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
   WXE_CHECK(grad_outputs.size() == g_.outputs.size(), "backward: ", grad_outputs.size(), " output gradients for ",
             g_.outputs.size(), " outputs");
   WXE_CHECK(!vals_.empty(), "backward without a forward");
+  // outputs no backward kernel reads: the caller has them (the trainer drops its copy, or wrote
+  // the loss gradient over it); released first, so such a gradient is taken without a copy
+  if (!bw_reads_.empty())
+    for (int o : g_.outputs)
+      if (first_bw_use_[o] == (int)g_.nodes.size()) release(o, true);
   std::vector<Tensor> grad(g_.values.size());  // dL/dv, defined once something flowed into v
   auto add_grad = [&](int v, Tensor t) {
     if (!grad[v].defined()) {
@@ -201,10 +211,6 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     // the backward accumulates into it: a tensor someone else still holds is copied
     add_grad(g_.outputs[k], go.storage.use_count() == 1 ? std::move(grad_outputs[k]) : go.clone());
   }
-  // outputs no backward kernel reads: the caller has them (the trainer drops its copy)
-  if (!bw_reads_.empty())
-    for (int o : g_.outputs)
-      if (first_bw_use_[o] == (int)g_.nodes.size()) release(o, true);
   std::vector<const Tensor*> in, out, gout;
   std::vector<Tensor*> gin;
   for (size_t k = g_.nodes.size(); k-- > 0;) {
@@ -300,7 +306,6 @@ void GradExecutor::release_read_by(size_t k) {
 // shape stay (backward kernels read shapes).
 void GradExecutor::release(int v, bool in_backward) {
   if ((!in_backward && bw_reads_[v]) || g_.values[v].is_const() || !held(v)) return;
-  if (in_backward && std::find(g_.inputs.begin(), g_.inputs.end(), v) != g_.inputs.end()) return;  // the caller's
   drop(v);
 }
 
@@ -350,6 +355,10 @@ Tensor& GradExecutor::host_value(int v) {
 // backend has runs there (its inputs uploaded on first use), any other on the host (its
 // inputs downloaded); view ops alias their input wherever it is.
 std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& inputs) {
+  return forward(std::map<std::string, Tensor>(inputs));
+}
+
+std::vector<Tensor> GradExecutor::forward(std::map<std::string, Tensor>&& inputs) {
   set_threads(opt_.threads);
   check_inputs(g_, inputs);
   const size_t nv = g_.values.size();
@@ -362,7 +371,8 @@ std::vector<Tensor> GradExecutor::forward(const std::map<std::string, Tensor>& i
       else
         vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
     }
-  for (int id : g_.inputs) vals_[id] = inputs.at(g_.values[id].name);
+  for (int id : g_.inputs) vals_[id] = std::move(inputs.at(g_.values[id].name));
+  inputs.clear();
   for (size_t k = 0; k < g_.nodes.size(); ++k) {
     const Node& n = g_.nodes[k];
     auto t0 = std::chrono::steady_clock::now();

@@ -38,14 +38,20 @@ class GradExecutor {
   // `trainable`: value ids of the parameters that get gradients (float32 constants).
   // Fails, naming node and op, if a node between them and the outputs has no backward kernel.
   GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptions opt = {});
-  // Runs the graph; keeps what backward() needs. Returns the graph outputs.
+  // Runs the graph; keeps what backward() needs. Returns the graph outputs. The second form
+  // takes the inputs: one the caller no longer holds is freed after its last use in the forward
+  // (when no backward kernel reads it), not at the end of the step.
   std::vector<Tensor> forward(const std::map<std::string, Tensor>& inputs);
+  std::vector<Tensor> forward(std::map<std::string, Tensor>&& inputs);
   // grad_outputs[k] = dL/d(output k) of the last forward (undefined Tensor: zero). Adds the
   // parameter gradients into grads(); releases the forward values. The first form copies the
   // gradients; the second takes them (no copy of a tensor nothing else holds, e.g. the trainer's
   // loss gradient, as large as the model's output).
   void backward(const std::vector<Tensor>& grad_outputs);
   void backward(std::vector<Tensor>&& grad_outputs);
+  // Whether a backward kernel reads output k of the forward; when none does, the caller may
+  // write output k's gradient over the returned output (one whole tensor less at the peak).
+  bool backward_reads_output(size_t k) const;
   void zero_grad();
   // One per trainable value, in the order given; zeros until a backward adds to them. On a
   // device they are in its memory (Backend::download to read them).

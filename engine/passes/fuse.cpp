@@ -1044,6 +1044,7 @@ void optimize_for_cpu(Graph& g, Precision precision) {
 }
 
 void fuse_for_training(Graph& g) {
+  remove_identity_ops(g);  // CREDIT's interpolation to the grid's own size: no copy, no backward
   fold_pad_into_conv(g);
   fuse_gelu(g);
   fuse_channel_layernorm(g);

@@ -105,16 +105,17 @@ void use_bf16(Graph& g);
 // All of the above, in order (use_bf16 only for Precision::BF16).
 void optimize_for_cpu(Graph& g, Precision precision = Precision::F32);
 
-// The fusions a training graph takes (their ops have CPU backward kernels): fold_pad_into_conv
-// (the padded copy is then not kept for the weight gradient), fuse_gelu,
-// fuse_channel_layernorm, fuse_linear_gelu and fuse_window_attention_training. Their backward
-// reads x where the exported chains kept several intermediates for it (engine/ir/ops.h BackwardReads), and runs one
-// kernel instead of 5 or 9 (a Linear with activation "gelu" recomputes its pre-activation in
-// the backward rather than keeping it). A fused node keeps the name of the node whose output it
-// writes, so its module scope (checkpoint_segments) is the chain's; parameters keep their names
-// and storage (value ids change: compact_values). Run after tp sharding (the plan matches the
-// exported chains); the trainer runs it on host-memory backends only (no CUDA backward for
-// ChannelLayerNorm or a Linear's activation yet).
+// The fusions a training graph takes (their ops have CPU backward kernels): remove_identity_ops
+// (a Resize to the grid's own size copies nothing), fold_pad_into_conv (the padded copy is then
+// not kept for the weight gradient), fuse_gelu, fuse_channel_layernorm, fuse_linear_gelu and
+// fuse_window_attention_training. Their backward reads x where the exported chains kept
+// several intermediates for it (engine/ir/ops.h BackwardReads), and runs one kernel instead of
+// 5 or 9 (a Linear with activation "gelu" recomputes its pre-activation in the backward rather
+// than keeping it). A fused node keeps the name of the node whose output it writes, so its
+// module scope (checkpoint_segments) is the chain's; parameters keep their names and storage
+// (value ids change: compact_values). Run after tp sharding (the plan matches the exported
+// chains); the trainer runs it on host-memory backends (a GPU backend picks its own:
+// Backend::prepare_training).
 void fuse_for_training(Graph& g);
 
 }  // namespace wxe

@@ -111,6 +111,7 @@ class CudaBackend : public TableBackend {
   // GELU, the channel LayerNorm and Linear+GELU have CUDA backward kernels (backward.cu,
   // linalg.cpp); the window attention trains unfused (its backward is the CPU's only).
   void prepare_training(Graph& g) override {
+    remove_identity_ops(g);
     fuse_gelu(g);
     fuse_channel_layernorm(g);
     fuse_linear_gelu(g);
