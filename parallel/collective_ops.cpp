@@ -140,18 +140,6 @@ Bands bands_of(const Node& n, const Shape& full) {
   return b;
 }
 
-// Copies band r of `full` into `band` (to_band) or back (!to_band); `band` may be a block of a
-// larger buffer (band_at: element offset).
-void band_copy(const Bands& b, float* full, float* band, int64_t r, int64_t parts, bool to_band) {
-  const int64_t run = b.rows * b.inner;
-  for (int64_t o = 0; o < b.outer; ++o) {
-    float* f = full + (o * parts + r) * run;
-    float* x = band + o * run;
-    if (to_band) std::memcpy(x, f, run * sizeof(float));
-    else std::memcpy(f, x, run * sizeof(float));
-  }
-}
-
 // The band collectives run over slices of the outer dimension, so that their staging buffers
 // hold at most about 4 MB per rank's part instead of the whole tensor twice (the gather of a
 // model's output was the training step's peak under --tp). Every rank takes the same slices.
@@ -179,11 +167,9 @@ Crop crop_of(const Node& n, const Bands& b, int64_t parts) {
 Bands bands_of_band(const Node& n, const Shape& band) {
   const int64_t a = n.i("axis", 2);
   WXE_CHECK(a >= 0 && a < (int64_t)band.size(), "node ", n.name, " (", n.op, "): axis ", a, " of ", shape_str(band));
-  Bands b;
-  for (int64_t d = 0; d < a; ++d) b.outer *= band[d];
-  for (size_t d = a + 1; d < band.size(); ++d) b.inner *= band[d];
-  b.rows = band[a];
-  return b;
+  Shape whole = band;
+  whole[a] *= n.i("parts", 1);
+  return bands_of(n, whole);
 }
 
 // out = every rank's band, in rank order along the axis (cropped, with attribute crop)
@@ -194,9 +180,13 @@ void gather_bands(const Node& n, const Tensor& band, Tensor& out) {
   const Crop k = crop_of(n, b, P);
   const int64_t orows = k.r1 - k.r0, ocols = k.c1 - k.c0;
   WXE_CHECK(out.numel() == b.outer * orows * ocols, "node ", n.name, ": output of ", out.numel(), " elements");
+  Tensor send, all;  // staging, made again only for a shorter last slice
   for (int64_t o0 = 0; o0 < b.outer; o0 += step) {
     const int64_t m = std::min(step, b.outer - o0);
-    Tensor send(DType::F32, {m * run}), all(DType::F32, {m * run * P});
+    if (!send.defined() || send.numel() != m * run) {
+      send = Tensor(DType::F32, {m * run});
+      all = Tensor(DType::F32, {m * run * P});
+    }
     std::memcpy(send.raw(), band.data<float>() + o0 * run, m * run * sizeof(float));
     c.all_gather(send, all);
     for (int64_t r = 0; r < P; ++r)
@@ -215,9 +205,13 @@ void reduce_scatter_bands(const Node& n, const Tensor& full, Tensor& band) {
   Communicator& c = band_group(n);
   const Bands b = bands_of(n, full.shape);
   const int64_t run = b.rows * b.inner, P = c.size(), step = outer_step(b, P);
+  Tensor blocks, mine;  // staging, made again only for a shorter last slice
   for (int64_t o0 = 0; o0 < b.outer; o0 += step) {
     const int64_t k = std::min(step, b.outer - o0);
-    Tensor blocks(DType::F32, {k * run * P}), mine(DType::F32, {k * run});
+    if (!mine.defined() || mine.numel() != k * run) {
+      blocks = Tensor(DType::F32, {k * run * P});
+      mine = Tensor(DType::F32, {k * run});
+    }
     for (int64_t r = 0; r < P; ++r)
       for (int64_t o = 0; o < k; ++o)
         std::memcpy(blocks.data<float>() + (r * k + o) * run, full.data<float>() + ((o0 + o) * P + r) * run,

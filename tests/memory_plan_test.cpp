@@ -273,20 +273,25 @@ TEST(FusedTraining, FinetuneLossesMatchTheExportedGraph) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * std::fabs(losses[0][i])) << "step " << i + 1;
 }
 
+// y = op(x, w): x a 1 MiB input, w a trainable scalar.
+Graph one_op_graph(const char* op, const Shape& xs) {
+  GraphBuilder b;
+  int x = b.input("x", xs);
+  int w = b.constant("w", randn({1}, 2), true);
+  b.g.outputs = {b.node(op, {x, w})};
+  bind_inputs(b.g, {{"x", {DType::F32, xs}}});
+  infer_shapes(b.g);
+  return b.g;
+}
+
 // An input the caller hands over (forward(std::map&&)) is freed after its last use in the
 // forward when no backward kernel reads it (Add's does not), as the trainer hands over the
 // model's input; the const& form leaves the caller's tensor alone. The gradient is the same.
 TEST(MemoryPlan, AnInputHandedOverIsFreedAfterItsLastUse) {
   register_cpu_kernels();
-  GraphBuilder b;
   const Shape xs{1, 256, 1024};  // 1 MiB
-  int x = b.input("x", xs);
-  int w = b.constant("w", randn({1}, 2), true);
-  int y = b.node("Add", {x, w});
-  b.g.outputs = {y};
-  bind_inputs(b.g, {{"x", {DType::F32, xs}}});
-  infer_shapes(b.g);
-  GradExecutor ex(b.g, trainable_parameters(b.g));
+  const Graph g = one_op_graph("Add", xs);
+  GradExecutor ex(g, trainable_parameters(g));
   const size_t bytes = (size_t)numel(xs) * 4;
   for (bool hand_over : {false, true}) {
     SCOPED_TRACE(hand_over ? "handed over" : "const&");
@@ -316,15 +321,9 @@ TEST(MemoryPlan, AnInputHandedOverIsFreedAfterItsLastUse) {
 // kernel reads, is released when the backward starts.
 TEST(MemoryPlan, BackwardTakesTheLossGradientWithoutACopy) {
   register_cpu_kernels();
-  GraphBuilder b;
   const Shape xs{1, 256, 1024};  // 1 MiB
-  int x = b.input("x", xs);
-  int w = b.constant("w", randn({1}, 2), true);
-  int y = b.node("Mul", {x, w});
-  b.g.outputs = {y};
-  bind_inputs(b.g, {{"x", {DType::F32, xs}}});
-  infer_shapes(b.g);
-  GradExecutor ex(b.g, trainable_parameters(b.g));
+  const Graph g = one_op_graph("Mul", xs);
+  GradExecutor ex(g, trainable_parameters(g));
   const Tensor xin = randn(xs, 1);
   const size_t bytes = (size_t)numel(xs) * 4;
   // keep: the caller's gradient, which it still holds (it then holds the output too, which the

@@ -251,10 +251,7 @@ namespace {
 void expect_gradients_match_pytorch(const std::string& model, const std::string& device = "cpu", bool fused = false) {
   const std::string dir = data_path("tests/data/train/");
   Graph g = training_graph(model + "_opset17.onnx", model + "_checkpoint.pt");
-  if (fused && device == "cpu")
-    fuse_for_training(g);
-  else if (fused)
-    backend_for(device).prepare_training(g);
+  if (fused) backend_for(device).prepare_training(g);
   std::vector<int> params = trainable_parameters(g);
   ExecOptions opt;
   opt.device = device;

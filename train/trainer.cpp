@@ -79,14 +79,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   // gradients summed over the domain group in the backward (CopyToTP), so every domain rank
   // ends the backward with the same gradients and takes the same optimizer step
   shard_domain(graph_, mesh_, true);
-  // host memory: ops a backend lacks fall back to the CPU kernels without copies
-  if (cfg.fuse && !cfg.reference) {
-    Backend& b = backend_for(cfg.device);
-    if (b.device() == DeviceKind::CPU)
-      fuse_for_training(graph_);
-    else
-      b.prepare_training(graph_);
-  }
+  if (cfg.fuse && !cfg.reference) backend_for(cfg.device).prepare_training(graph_);
   WXE_CHECK(cfg.precision == "fp32" || cfg.precision == "bf16", "--precision must be fp32 or bf16, not '",
             cfg.precision, "'");
   if (cfg.precision == "bf16") {

@@ -32,6 +32,10 @@ Tensor Backend::download(const Tensor& dev) {
   return t;
 }
 
+void Backend::prepare_training(Graph& g) {
+  if (device() == DeviceKind::CPU) fuse_for_training(g);
+}
+
 void Backend::copy_on_device(void* dst, const void* src, size_t nbytes) {
   std::vector<char> tmp(nbytes);
   copy_to_host(tmp.data(), src, nbytes);

@@ -50,9 +50,9 @@ class Backend {
   // float rounding.
   virtual void prepare(Graph& g, Precision precision) = 0;
   // The fusions of a training graph whose fused ops have forward and backward kernels here
-  // (engine/passes/fuse.h; the CPU's is fuse_for_training, run by the trainer for backends on
-  // host memory). Default: none, the graph as exported.
-  virtual void prepare_training(Graph&) {}
+  // (engine/passes/fuse.h). Default: on host memory fuse_for_training (any op a backend there
+  // lacks runs its CPU kernel without copies), elsewhere none, the graph as exported.
+  virtual void prepare_training(Graph& g);
   // The op's kernels, or nullptr / {} when this backend has none.
   virtual const BackendKernel* kernel(const std::string& op) const = 0;
   virtual std::vector<std::string> ops() const = 0;  // ops with a forward kernel

@@ -688,8 +688,7 @@ void channel_layernorm_bw(const Node& n, const Ins& in, const Ins&, const Gouts&
   const int64_t N = s[0], C = s[1], S = C ? numel(s) / std::max<int64_t>(N * C, 1) : 0;
   Tensor* gs = gin.size() > 1 ? gin[1] : nullptr;
   Tensor* gb = gin.size() > 2 ? gin[2] : nullptr;
-  if (!gout[0]) return zero_from(gin, 0);
-  if (N * C * S == 0) return zero_from(gin, 0);
+  if (!gout[0] || N * C * S == 0) return zero_from(gin, 0);
   const float *x = in[0]->data<float>(), *g = gout[0]->data<float>();
   Scratch st(gs || gb ? N * S * 2 * sizeof(float) : 0);
   channel_ln_bw_kernel<<<blocks_for(N * S), kThreads, 0, ctx().stream>>>(

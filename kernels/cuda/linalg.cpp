@@ -41,6 +41,17 @@ void gemm_rowmajor(int64_t batch, int64_t M, int64_t N, int64_t K, const float* 
 }
 
 // ---------------------------------------------------------------- Linear
+// y (P, N, Q) = W (N, K) x (P, K, Q) + b, then GELU when asked: the forward, and the backward's
+// recompute of its pre-activation.
+void linear_product(const float* x, const float* w, const float* bias, int64_t P, int64_t N, int64_t K, int64_t Q,
+                    float* y, bool gelu, bool bf16) {
+  if (Q == 1)  // Y (P, N) = X (P, K) W^T
+    gemm_rowmajor(1, P, N, K, x, false, 0, w, true, 0, y, 0, 1.f, 0.f, bf16);
+  else  // per p: Y_p (N, Q) = W (N, K) X_p (K, Q)
+    gemm_rowmajor(P, N, Q, K, w, false, 0, x, false, K * Q, y, N * Q, 1.f, 0.f, bf16);
+  launch_bias_act(y, bias, P, N, Q, gelu);
+}
+
 // Y (P, N, Q) = W (N, K) X (P, K, Q) + b, X viewed around `axis` (kernels/cpu/linalg.cpp).
 void linear_op(const Node& n, const Ins& in, const Outs& out) {
   require_f32(n, in);
@@ -56,14 +67,9 @@ void linear_op(const Node& n, const Ins& in, const Outs& out) {
   int64_t P = 1, Q = 1;
   for (int64_t d = 0; d < axis; ++d) P *= x.shape[d];
   for (int64_t d = axis + 1; d < x.rank(); ++d) Q *= x.shape[d];
-  float* y = out[0]->data<float>();
   if (P * N * Q == 0) return;
-  const bool bf16 = n.s("precision", "") == "bf16";
-  if (Q == 1)  // Y (P, N) = X (P, K) W^T
-    gemm_rowmajor(1, P, N, K, x.data<float>(), false, 0, w.data<float>(), true, 0, y, 0, 1.f, 0.f, bf16);
-  else  // per p: Y_p (N, Q) = W (N, K) X_p (K, Q)
-    gemm_rowmajor(P, N, Q, K, w.data<float>(), false, 0, x.data<float>(), false, K * Q, y, N * Q, 1.f, 0.f, bf16);
-  launch_bias_act(y, bias ? bias->data<float>() : nullptr, P, N, Q, act == "gelu");
+  linear_product(x.data<float>(), w.data<float>(), bias ? bias->data<float>() : nullptr, P, N, K, Q,
+                 out[0]->data<float>(), act == "gelu", n.s("precision", "") == "bf16");
 }
 
 // ---------------------------------------------------------------- WindowAttention
@@ -544,12 +550,9 @@ void linear_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, 
   if (P * Q == 0 || N == 0 || K == 0) return zero_all(gin);
   Scratch gz(act.empty() ? 0 : P * N * Q * sizeof(float));
   if (!act.empty()) {  // Z again, as the forward made it, then gZ in its place
-    if (Q == 1)
-      gemm_rowmajor(1, P, N, K, x.data<float>(), false, 0, w.data<float>(), true, 0, gz.f(), 0);
-    else
-      gemm_rowmajor(P, N, Q, K, w.data<float>(), false, 0, x.data<float>(), false, K * Q, gz.f(), N * Q);
     const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
-    launch_bias_act(gz.f(), bias ? bias->data<float>() : nullptr, P, N, Q, false);
+    linear_product(x.data<float>(), w.data<float>(), bias ? bias->data<float>() : nullptr, P, N, K, Q, gz.f(), false,
+                   n.s("precision", "") == "bf16");
     launch_gelu_grad(gz.f(), gy, gz.f(), P * N * Q);
     gy = gz.f();
   }
