@@ -94,6 +94,24 @@ TEST(Fuse, WideOrOddConvIsNotSplit) {
   EXPECT_EQ(ops_of(g), (Ops{"Conv"}));
 }
 
+// A conv that the CPU kernel runs by FFT (engine/math/fft_conv_plan.h: kernel 32 at stride 2) is
+// neither split into output phases nor made channels-last; the same at kernel 8 is both.
+TEST(Fuse, ConvByFftStaysAsItIs) {
+  for (int64_t k : {32, 8}) {
+    Builder b;
+    int x = b.input("x", {1, 8, 96, 96});
+    int w = b.constant("w", randn({4, 8, k, k}, 3));
+    int y = b.node("Conv", {x, w}, {{"strides", attr_ints({2, 2})}, {"pads", attr_ints({k / 2 - 1, k / 2 - 1, k / 2 - 1, k / 2 - 1})}});
+    Graph g = b.done(y, {1, 8, 96, 96});
+    split_conv_output_phases(g);
+    conv_channels_last(g);
+    if (k == 32)
+      EXPECT_EQ(ops_of(g), (Ops{"Conv"}));
+    else
+      EXPECT_EQ(ops_of(g), (Ops{"Transpose", "ConvChannelsLast", "Transpose", "DepthToSpace"}));
+  }
+}
+
 TEST(Fuse, SameSizeResizeAndOneInputConcatGo) {
   Builder b;
   int x = b.input("x", {1, 2, 5, 7});

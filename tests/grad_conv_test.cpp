@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/backward_conv.h"
+#include "kernels/cpu/conv_fft.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/conv_winograd.h"
 #include "tests/grad_check.h"
@@ -458,6 +459,78 @@ TEST(ConvBackward, WinogradBandsMatchReference) {
   EXPECT_FALSE(cpu::winograd_applies(cpu::conv_geometry(n, {1, 16, 16, 16}, {16, 16, 3, 3}, false)));
   Node s2 = make_node("Conv", 2, 1, {{"pads", attr_ints({1, 1, 1, 1})}, {"strides", attr_ints({2, 2})}});
   EXPECT_FALSE(cpu::winograd_applies(cpu::conv_geometry(s2, {1, 64, 128, 128}, {64, 64, 3, 3}, false)));
+}
+
+// Wide kernels at small strides by FFT (conv_fft.h): the forward (nchw and nhwc in and out, the
+// kernels' spectra made here and by the registered kernel) and the weight gradient against the
+// reference kernel and loops. Cases: CREDIT's stage-0 cross-embeddings (kernels 32 and 16,
+// stride 2, 80 channels cut to 5 here), the 640 x 1280 grid's (16 outputs, kernel 32, stride 4),
+// stride 1, an odd number of input and output channels (a transform with one real signal),
+// asymmetric pads, a kernel of 20 x 32 (not a multiple of the stride), batch 2,
+// outputs not a whole number of tiles. Then the plan's bounds.
+TEST(ConvBackward, FftPathMatchesReference) {
+  register_cpu_kernels();
+  auto nhwc_of = [](const Tensor& t) {
+    return run_node(make_node("Transpose", 1, 1, {{"perm", attr_ints({0, 2, 3, 1})}}), {&t})[0];
+  };
+  struct Case {
+    std::string label;
+    Shape x, w;
+    int64_t s;
+    std::vector<int64_t> pads;
+  };
+  const std::vector<Case> cases = {
+      {"k32 s2 pads 15 (CREDIT stage 0)", {1, 5, 72, 100}, {4, 5, 32, 32}, 2, {15, 15, 15, 15}},
+      {"k16 s2 pads 7, batch 2", {2, 5, 130, 140}, {4, 5, 16, 16}, 2, {7, 7, 7, 7}},
+      {"k32 s4 16 outputs (640 x 1280 grid)", {1, 3, 160, 192}, {16, 3, 32, 32}, 4, {14, 14, 14, 14}},
+      {"k24 stride 1, 3 in, 3 out", {1, 3, 70, 80}, {3, 3, 24, 24}, 1, {2, 0, 5, 3}},
+      {"k20x32 s2, 7 in, 5 out, end pads 0, 1", {1, 7, 80, 90}, {5, 7, 20, 32}, 2, {9, 15, 0, 1}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> x = conv_inputs(c.x, c.w, c.w[0], 90);
+    Node n = make_node("Conv", 3, 1, {{"pads", attr_ints(c.pads)}, {"strides", attr_ints({c.s, c.s})}});
+    const cpu::ConvGeom g = cpu::conv_geometry(n, c.x, c.w, false);
+    const FftConvPlan p = cpu::fft_conv_plan(g, false);
+    ASSERT_GT(p.F, 0);
+    EXPECT_EQ(cpu::fft_conv_plan(g, true).F > 0, true);
+    Tensor y = run_node(n, {&x[0], &x[1], &x[2]})[0];
+    std::vector<float> spectra(cpu::fft_conv_spectra_floats(g, p));
+    cpu::fft_conv_spectra(g, p, x[1].data<float>(), spectra.data());
+    const Tensor xl = nhwc_of(x[0]), yl_ref = nhwc_of(y);
+    for (bool in_nhwc : {false, true})
+      for (bool out_nhwc : {false, true}) {
+        Tensor yf(DType::F32, out_nhwc ? yl_ref.shape : y.shape);
+        cpu::fft_conv_forward(g, p, (in_nhwc ? xl : x[0]).data<float>(), in_nhwc, spectra.data(), x[2].data<float>(),
+                              yf.data<float>(), out_nhwc);
+        EXPECT_LT(rel_l2(yf, out_nhwc ? yl_ref : y), 2e-6) << "forward, nhwc in/out " << in_nhwc << out_nhwc;
+      }
+    Tensor yf = run_node(n, {&x[0], &x[1], &x[2]}, KernelKind::Fast)[0];
+    EXPECT_LT(rel_l2(yf, y), 2e-6) << "registered forward";
+    Tensor dy = randn(y.shape, 91);
+    Grads ref = backward(n, x, y, &dy, {true, true, true}, KernelKind::Reference);
+    Tensor dw(DType::F32, c.w);
+    std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), std::numeric_limits<float>::quiet_NaN());
+    cpu::fft_conv_weight_grad(g, p, x[0].data<float>(), dy.data<float>(), dw.data<float>());
+    EXPECT_LT(rel_l2(dw, ref.t[1]), 2e-6) << "weight gradient";
+    Grads fast = backward(n, x, y, &dy, {false, true, true}, KernelKind::Fast);
+    EXPECT_EQ(max_abs_diff(fast.t[1], dw), 0.0) << "registered weight gradient";
+    EXPECT_LT(rel_l2(fast.t[2], ref.t[2]), 1e-6) << "bias gradient";
+  }
+  // dilation, group, a transposed conv, unequal strides, narrow kernels, small outputs: direct
+  auto plan = [](Shape xs, Shape ws, Attrs a, bool transpose = false) {
+    return cpu::fft_conv_plan(cpu::conv_geometry(make_node(transpose ? "ConvTranspose" : "Conv", 2, 1, a), xs, ws,
+                                                 transpose),
+                              false)
+        .F;
+  };
+  EXPECT_GT(plan({1, 8, 80, 80}, {4, 8, 32, 32}, {{"strides", attr_ints({2, 2})}}), 0);
+  EXPECT_EQ(plan({1, 8, 80, 80}, {4, 8, 32, 32}, {{"strides", attr_ints({2, 1})}}), 0);
+  EXPECT_EQ(plan({1, 8, 80, 80}, {4, 8, 16, 16}, {{"dilations", attr_ints({2, 2})}}), 0);
+  EXPECT_EQ(plan({1, 8, 80, 80}, {4, 4, 32, 32}, {{"group", attr_i(2)}}), 0);
+  EXPECT_EQ(plan({1, 8, 80, 80}, {8, 4, 32, 32}, {}, true), 0);
+  EXPECT_EQ(plan({1, 64, 80, 80}, {64, 64, 3, 3}, {}), 0);
+  EXPECT_EQ(plan({1, 8, 34, 34}, {4, 8, 32, 32}, {}), 0);  // a 3 x 3 output
 }
 
 TEST(ConvBackward, OneDnnReferenceKernelIsPassedOver) {

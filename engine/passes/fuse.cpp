@@ -7,6 +7,7 @@
 
 #include "engine/ir/ops.h"
 #include "engine/math/conv_phases.h"
+#include "engine/math/fft_conv_plan.h"
 #include "engine/passes/passes.h"
 
 namespace wxe {
@@ -149,6 +150,27 @@ void fold_pad_into_conv(Graph& g) {
   if (changed) eliminate_dead_nodes(g);
 }
 
+namespace {
+
+// A Conv with constant weights that the CPU kernel runs by FFT (engine/math/fft_conv_plan.h):
+// the passes below leave it as it is.
+bool by_fft(const Graph& g, const Node& n) {
+  if (n.op != "Conv" || n.inputs.size() < 2 || n.inputs[0] < 0 || n.inputs[1] < 0) return false;
+  const Value& x = g.values[n.inputs[0]];
+  const Value& w = g.values[n.inputs[1]];
+  const Value& y = g.values[n.outputs[0]];
+  const std::vector<int64_t> st = n.ints("strides", {1, 1});
+  const std::string ap = n.s("auto_pad", "NOTSET");
+  if (x.shape.size() != 4 || w.shape.size() != 4 || y.shape.size() != 4 || x.dtype != DType::F32 || !w.is_const() ||
+      n.i("group", 1) != 1 || n.ints("dilations", {1, 1}) != std::vector<int64_t>{1, 1} || st.size() != 2 ||
+      st[0] != st[1] || (ap != "NOTSET" && !ap.empty()))
+    return false;
+  return plan_fft_conv(x.shape[0], w.shape[1], w.shape[0], y.shape[2], y.shape[3], w.shape[2], w.shape[3], st[0], true)
+             .F > 0;
+}
+
+}  // namespace
+
 void split_conv_output_phases(Graph& g) {
   std::vector<Node> out;
   bool changed = false;
@@ -176,6 +198,10 @@ void split_conv_output_phases(Graph& g) {
     }
     const int64_t OC = w.shape[0], IC = w.shape[1], KH = w.shape[2], KW = w.shape[3];
     const int64_t H = x.shape[2], W = x.shape[3], OH = y.shape[2], OW = y.shape[3];
+    if (by_fft(g, n)) {  // cheaper by FFT as it is
+      keep();
+      continue;
+    }
     const int64_t pe_h = phase_conv_end_pad(H, OH, KH, pads[0]), pe_w = phase_conv_end_pad(W, OW, KW, pads[1]);
     if (pe_h < 0 || pe_w < 0) {
       keep();
@@ -937,9 +963,10 @@ void fuse_window_attention_training(Graph& g) {
 }
 
 void conv_channels_last(Graph& g) {
-  // spatial convs the oneDNN path runs channels-last (kernels/cpu/dnnl.cpp, make_conv)
+  // spatial convs the oneDNN path runs channels-last (kernels/cpu/dnnl.cpp, make_conv); not those by
+  // FFT, whose transforms read planes
   auto eligible = [&](const Node& n) {
-    if (n.op != "Conv" || n.inputs.size() < 2 || n.inputs[0] < 0 || n.inputs[1] < 0) return false;
+    if (n.op != "Conv" || n.inputs.size() < 2 || n.inputs[0] < 0 || n.inputs[1] < 0 || by_fft(g, n)) return false;
     const Value& x = g.values[n.inputs[0]];
     const Value& w = g.values[n.inputs[1]];
     if (x.shape.size() != 4 || x.dtype != DType::F32 || x.is_const() || !w.is_const() || n.i("group", 1) != 1)

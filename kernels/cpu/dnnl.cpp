@@ -40,6 +40,7 @@
 
 #include "engine/ir/ops.h"
 #include "engine/math/conv_phases.h"
+#include "kernels/cpu/conv_fft.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/conv_winograd.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -181,8 +182,9 @@ struct PackedWeights {
 
 class WeightCache {
  public:
-  const void* get(const std::string& layout_key, const Tensor& w, const memory::desc& user,
-                  const memory::desc& packed, const dnnl::reorder& reorder) {
+  // The packed copy of w under layout_key, made by pack(destination) the first time: bytes long.
+  template <class Pack>
+  const void* get_made(const std::string& layout_key, const Tensor& w, size_t bytes, Pack pack) {
     const std::string key = str(layout_key, "@", (const void*)w.storage.get(), "+", w.offset);
     std::lock_guard<std::mutex> lk(mu_);
     auto it = map_.find(key);
@@ -190,12 +192,19 @@ class WeightCache {
     for (auto e = map_.begin(); e != map_.end();)
       e = e->second.source.use_count() == 1 ? map_.erase(e) : std::next(e);
     void* q = nullptr;
-    WXE_ASSERT(posix_memalign(&q, 64, std::max<size_t>(packed.get_size(), 64)) == 0);
+    WXE_ASSERT(posix_memalign(&q, 64, std::max<size_t>(bytes, 64)) == 0);
     PackedWeights pw{w.storage, std::shared_ptr<void>(q, [](void* p) { std::free(p); })};
-    memory from = mem(user, w.raw()), to = mem(packed, q);
-    reorder.execute(strm(), from, to);
-    strm().wait();
+    pack(q);
     return map_.emplace(key, std::move(pw)).first->second.data.get();
+  }
+  // w reordered from the layout user to packed.
+  const void* get(const std::string& layout_key, const Tensor& w, const memory::desc& user,
+                  const memory::desc& packed, const dnnl::reorder& reorder) {
+    return get_made(layout_key, w, packed.get_size(), [&](void* q) {
+      memory from = mem(user, w.raw()), to = mem(packed, q);
+      reorder.execute(strm(), from, to);
+      strm().wait();
+    });
   }
 
  private:
@@ -690,6 +699,28 @@ bool conv_by_output_phases(const Node& n, const ConvGeom& g, const Tensor& x, co
   return true;
 }
 
+// A wide kernel at a small stride by FFT (conv_fft.h), the kernels' spectra kept with the
+// packed weights when the node has constant weights; false when the plan says direct.
+bool conv_by_fft(const Node& n, const ConvGeom& g, const Tensor& x, bool x_nhwc, const Tensor& w, const Tensor* bias,
+                 Tensor& y, bool y_nhwc) {
+  const bool known = n.i("constant_weights", 0) != 0;
+  const FftConvPlan p = fft_conv_plan(g, known);
+  if (!p.F) return false;
+  const size_t bytes = sizeof(float) * fft_conv_spectra_floats(g, p);
+  const void* spectra;
+  if (known)
+    spectra = weight_cache.get_made(geom_key(g) + "fft", w, bytes,
+                                    [&](void* q) { fft_conv_spectra(g, p, w.data<float>(), (float*)q); });
+  else {
+    void* q = scratch_slot(kWei).get(bytes);
+    fft_conv_spectra(g, p, w.data<float>(), (float*)q);
+    spectra = q;
+  }
+  fft_conv_forward(g, p, x.data<float>(), x_nhwc, (const float*)spectra, bias ? bias->data<float>() : nullptr,
+                   y.data<float>(), y_nhwc);
+  return true;
+}
+
 // Conv, ConvTranspose, and ConvChannelsLast (channels_last: x is (N, H, W, C), and so is the
 // output with the attribute channels_last_output).
 void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
@@ -706,6 +737,7 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
   if (bias && bias->shape != Shape{g.C_out}) return reference(n, in, out);
   if (out[0]->numel() == 0 || in[0]->numel() == 0) return reference(n, in, out);
   const bool bf16 = n.s("precision", "") == "bf16";
+  if (!bf16 && conv_by_fft(n, g, *in[0], src_nhwc, *in[1], bias, *out[0], dst_nhwc)) return;
   if (!channels_last && !bf16 && conv_by_output_phases(n, g, *in[0], *in[1], bias, *out[0])) return;
   if (!bf16 && winograd_conv_forward(n, g, in[0]->data<float>(), src_nhwc, in[1]->data<float>(),
                                      bias ? bias->data<float>() : nullptr, out[0]->data<float>(), dst_nhwc))

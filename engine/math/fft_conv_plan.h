@@ -1,0 +1,64 @@
+// When a 2-D convolution is cheaper by FFT, and with which transform size: shared by the CPU
+// kernel (kernels/cpu/conv_fft.h) and the inference pass that would otherwise rewrite such a
+// conv (engine/passes/fuse.h split_conv_output_phases), so both take the same decision.
+//
+// The conv (group 1, dilation 1, stride s on both axes) is split into its s x s input phases:
+// a stride-1 correlation of C s^2 channels with kernels of ceil(K / s) taps. The output is cut
+// into tiles of T x T; each tile's input patch of F x F (F = T + ceil(K / s) - 1, a power of 2)
+// is transformed, multiplied by the kernels' spectra and summed over channels, and transformed
+// back. Pairs of real channels share one complex transform.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+namespace wxe {
+
+struct FftConvPlan {
+  int64_t F = 0;           // transform size (0: direct convolution is cheaper)
+  int64_t s = 1;           // stride
+  int64_t Ka = 0, Kb = 0;  // taps per phase kernel, rows and columns
+  int64_t Th = 0, Tw = 0;  // output tile
+  int64_t tiles_h = 0, tiles_w = 0;
+  double flops = 0, direct_flops = 0;
+};
+
+// N images of C channels to OC x OH x OW by an OC x C x KH x KW kernel at stride s. The FFT is
+// taken when it does at most a sixth of the direct arithmetic (its loops break even with
+// oneDNN's direct kernels at about a fifth, measured on CREDIT's cross-embeddings);
+// weights_known: the kernels' spectra come from a cache (constant weights), so they are not
+// counted.
+inline FftConvPlan plan_fft_conv(int64_t N, int64_t C, int64_t OC, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
+                                 int64_t s, bool weights_known) {
+  FftConvPlan best;
+  if (N < 1 || C < 1 || OC < 1 || OH < 1 || OW < 1 || KH < 1 || KW < 1 || s < 1 || s > 8) return best;
+  const int64_t Ka = (KH + s - 1) / s, Kb = (KW + s - 1) / s, Cp = C * s * s;
+  best.direct_flops = 2.0 * N * OH * OW * OC * C * KH * KW;
+  for (int64_t F = 16; F <= 64; F *= 2) {
+    const int64_t Th = F - Ka + 1, Tw = F - Kb + 1;
+    if (Th < F / 2 || Tw < F / 2) continue;  // most of each transform would be halo
+    const int64_t th = (OH + Th - 1) / Th, tw = (OW + Tw - 1) / Tw;
+    const double tiles = double(N) * th * tw;
+    const double fft2 = 5.0 * F * F * std::log2(double(F));  // one complex 2-D transform
+    const double spectrum = double(F / 2 + 1) * F;           // half of it, complex
+    double flops = tiles * ((Cp + 1) / 2 + (OC + 1) / 2) * fft2 + tiles * OC * Cp * spectrum * 8;
+    if (!weights_known) flops += double(OC) * ((Cp + 1) / 2) * fft2;
+    if (best.F == 0 || flops < best.flops) {
+      best.F = F;
+      best.flops = flops;
+      best.Th = Th;
+      best.Tw = Tw;
+      best.tiles_h = th;
+      best.tiles_w = tw;
+    }
+  }
+  if (best.F == 0 || best.direct_flops < 6 * best.flops) {
+    best.F = 0;
+    return best;
+  }
+  best.s = s;
+  best.Ka = Ka;
+  best.Kb = Kb;
+  return best;
+}
+
+}  // namespace wxe
