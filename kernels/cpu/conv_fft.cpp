@@ -54,50 +54,99 @@ struct Tables {
   }
 };
 
-// Along the rows' axis of F rows of F lanes: forward, natural order in, bit-reversed out.
+// Along the rows' axis of F rows of F lanes: forward, natural order in, bit-reversed out. Two
+// radix-2 stages at a time (rows r, r + q, r + 2q, r + 3q): half the passes over the array.
 void dif(const Tables& t, float* re, float* im) {
   const int64_t F = t.F;
-  for (int64_t len = F; len >= 2; len >>= 1) {
-    const int64_t half = len / 2, step = F / len;
+  int64_t len = F;
+  for (; len >= 4; len >>= 2) {
+    const int64_t q = len / 4, step = F / len;
     for (int64_t st = 0; st < F; st += len)
-      for (int64_t k = 0; k < half; ++k) {
-        const float wr = t.cr[k * step], wi = t.ci[k * step];
-        float* ar = re + (st + k) * F;
-        float* ai = im + (st + k) * F;
-        float* br = ar + half * F;
-        float* bi = ai + half * F;
+      for (int64_t k = 0; k < q; ++k) {
+        // stage len: (r0, r2) by w1, (r1, r3) by w1 (-i); stage len / 2: (r0, r1), (r2, r3) by w2
+        const float w1r = t.cr[k * step], w1i = t.ci[k * step], w2r = t.cr[2 * k * step], w2i = t.ci[2 * k * step];
+        float *r0 = re + (st + k) * F, *r1 = r0 + q * F, *r2 = r1 + q * F, *r3 = r2 + q * F;
+        float *i0 = im + (st + k) * F, *i1 = i0 + q * F, *i2 = i1 + q * F, *i3 = i2 + q * F;
 #pragma omp simd
         for (int64_t l = 0; l < F; ++l) {
-          const float xr = ar[l], xi = ai[l], yr = br[l], yi = bi[l];
-          ar[l] = xr + yr;
-          ai[l] = xi + yi;
-          const float dr = xr - yr, di = xi - yi;
-          br[l] = dr * wr - di * wi;
-          bi[l] = dr * wi + di * wr;
+          const float a0r = r0[l] + r2[l], a0i = i0[l] + i2[l], a1r = r1[l] + r3[l], a1i = i1[l] + i3[l];
+          const float d0r = r0[l] - r2[l], d0i = i0[l] - i2[l];
+          const float d1r = i1[l] - i3[l], d1i = r3[l] - r1[l];  // (x1 - x3) (-i)
+          const float b0r = d0r * w1r - d0i * w1i, b0i = d0r * w1i + d0i * w1r;
+          const float b1r = d1r * w1r - d1i * w1i, b1i = d1r * w1i + d1i * w1r;
+          r0[l] = a0r + a1r;
+          i0[l] = a0i + a1i;
+          const float e0r = a0r - a1r, e0i = a0i - a1i;
+          r1[l] = e0r * w2r - e0i * w2i;
+          i1[l] = e0r * w2i + e0i * w2r;
+          r2[l] = b0r + b1r;
+          i2[l] = b0i + b1i;
+          const float e1r = b0r - b1r, e1i = b0i - b1i;
+          r3[l] = e1r * w2r - e1i * w2i;
+          i3[l] = e1r * w2i + e1i * w2r;
         }
       }
   }
+  if (len == 2)  // an odd number of stages: the last one, twiddle 1
+    for (int64_t st = 0; st < F; st += 2) {
+      float *r0 = re + st * F, *r1 = r0 + F, *i0 = im + st * F, *i1 = i0 + F;
+#pragma omp simd
+      for (int64_t l = 0; l < F; ++l) {
+        const float xr = r0[l], xi = i0[l];
+        r0[l] = xr + r1[l];
+        i0[l] = xi + i1[l];
+        r1[l] = xr - r1[l];
+        i1[l] = xi - i1[l];
+      }
+    }
 }
 
-// The inverse (unscaled): bit-reversed in, natural out.
+// The inverse (unscaled): bit-reversed in, natural out; a first radix-2 stage when the number
+// of stages is odd, then two at a time.
 void dit_inverse(const Tables& t, float* re, float* im) {
   const int64_t F = t.F;
-  for (int64_t len = 2; len <= F; len <<= 1) {
-    const int64_t half = len / 2, step = F / len;
+  int64_t bits = 0;
+  while ((int64_t(1) << bits) < F) ++bits;
+  int64_t q = 1;
+  if (bits % 2) {
+    for (int64_t st = 0; st < F; st += 2) {
+      float *r0 = re + st * F, *r1 = r0 + F, *i0 = im + st * F, *i1 = i0 + F;
+#pragma omp simd
+      for (int64_t l = 0; l < F; ++l) {
+        const float xr = r0[l], xi = i0[l];
+        r0[l] = xr + r1[l];
+        i0[l] = xi + i1[l];
+        r1[l] = xr - r1[l];
+        i1[l] = xi - i1[l];
+      }
+    }
+    q = 2;
+  }
+  for (; 4 * q <= F; q *= 4) {
+    const int64_t len = 4 * q;
     for (int64_t st = 0; st < F; st += len)
-      for (int64_t k = 0; k < half; ++k) {
-        const float wr = t.cr[k * step], wi = -t.ci[k * step];
-        float* ar = re + (st + k) * F;
-        float* ai = im + (st + k) * F;
-        float* br = ar + half * F;
-        float* bi = ai + half * F;
+      for (int64_t k = 0; k < q; ++k) {
+        // stage 2q: (r0, r1), (r2, r3) by w2; stage 4q: (r0, r2) by w1, (r1, r3) by w1 (+i); w = conj
+        const float w2r = t.cr[k * F / (2 * q)], w2i = -t.ci[k * F / (2 * q)];
+        const float w1r = t.cr[k * F / len], w1i = -t.ci[k * F / len];
+        float *r0 = re + (st + k) * F, *r1 = r0 + q * F, *r2 = r1 + q * F, *r3 = r2 + q * F;
+        float *i0 = im + (st + k) * F, *i1 = i0 + q * F, *i2 = i1 + q * F, *i3 = i2 + q * F;
 #pragma omp simd
         for (int64_t l = 0; l < F; ++l) {
-          const float tr = br[l] * wr - bi[l] * wi, ti = br[l] * wi + bi[l] * wr;
-          br[l] = ar[l] - tr;
-          bi[l] = ai[l] - ti;
-          ar[l] += tr;
-          ai[l] += ti;
+          const float ur = r1[l] * w2r - i1[l] * w2i, ui = r1[l] * w2i + i1[l] * w2r;
+          const float a0r = r0[l] + ur, a0i = i0[l] + ui, a1r = r0[l] - ur, a1i = i0[l] - ui;
+          const float vr = r3[l] * w2r - i3[l] * w2i, vi = r3[l] * w2i + i3[l] * w2r;
+          const float a2r = r2[l] + vr, a2i = i2[l] + vi, a3r = r2[l] - vr, a3i = i2[l] - vi;
+          const float tr = a2r * w1r - a2i * w1i, ti = a2r * w1i + a2i * w1r;
+          const float sr = -(a3r * w1i + a3i * w1r), si = a3r * w1r - a3i * w1i;  // (+i) w1 a3
+          r0[l] = a0r + tr;
+          i0[l] = a0i + ti;
+          r2[l] = a0r - tr;
+          i2[l] = a0i - ti;
+          r1[l] = a1r + sr;
+          i1[l] = a1i + si;
+          r3[l] = a1r - sr;
+          i3[l] = a1i - si;
         }
       }
   }
@@ -259,10 +308,44 @@ Tile tile_of(const FftConvPlan& p, int64_t t) {
   return {t / per, r / p.tiles_w * p.Th, r % p.tiles_w * p.Tw};
 }
 
+// Stride 2, channels first: the pair (c, pa, 0), (c, pa, 1) reads each source row's 2F
+// consecutive columns from 2 j0 - pw, the even ones to re and the odd ones to im.
+void gather_pair_s2(const Tables& t, const Geo& d, const float* x, int64_t n, int64_t cp, int64_t i0, int64_t j0,
+                    float* re, float* im) {
+  const int64_t F = t.F, c = cp / 4, pa = cp / 2 % 2, w0 = 2 * j0 - d.pw;
+  const int64_t m0 = std::max<int64_t>(0, -w0), m1 = std::min<int64_t>(2 * F, d.W - w0);  // inside: m0 <= m < m1
+  const float* xc = x + (n * d.C + c) * d.H * d.W;
+  alignas(32) float row[2 * 64];
+  for (int64_t u = 0; u < F; ++u) {
+    const int64_t h = 2 * (i0 + u) + pa - d.ph;
+    float *o0 = re + u * F, *o1 = im + u * F;
+    if (h < 0 || h >= d.H || m1 <= m0) {
+      std::fill(o0, o0 + F, 0.f);
+      std::fill(o1, o1 + F, 0.f);
+      continue;
+    }
+    if (h + 8 < d.H)  // the row 4 patch rows on: the rows are 2 W apart, too far for the prefetcher
+      for (int64_t m = m0; m < m1; m += 16) __builtin_prefetch(xc + (h + 8) * d.W + w0 + m);
+    std::fill(row, row + m0, 0.f);
+    std::memcpy(row + m0, xc + h * d.W + w0 + m0, sizeof(float) * (m1 - m0));
+    std::fill(row + m1, row + 2 * F, 0.f);
+    for (int64_t v = 0; v < F; v += 4) {  // 8 columns to 4 even, 4 odd
+      const __m256 a = _mm256_load_ps(row + 2 * v);
+      const __m128 lo = _mm256_castps256_ps128(a), hi = _mm256_extractf128_ps(a, 1);
+      _mm_storeu_ps(o0 + v, _mm_shuffle_ps(lo, hi, 0x88));
+      _mm_storeu_ps(o1 + v, _mm_shuffle_ps(lo, hi, 0xDD));
+    }
+  }
+}
+
 // The transform of the input patch pair (cp, cp + 1) of a tile, separated into w.h1 / w.h2.
 void patch_spectra(const Tables& t, const Geo& d, const float* x, bool nhwc, const Tile& tl, int64_t cp, Work& w) {
-  gather_patch(t, d, x, nhwc, tl.n, cp, tl.i0, tl.j0, w.are());
-  gather_patch(t, d, x, nhwc, tl.n, cp + 1, tl.i0, tl.j0, w.aim());
+  if (d.s == 2 && !nhwc && cp + 1 < d.Cp && t.F <= 64) {
+    gather_pair_s2(t, d, x, tl.n, cp, tl.i0, tl.j0, w.are(), w.aim());
+  } else {
+    gather_patch(t, d, x, nhwc, tl.n, cp, tl.i0, tl.j0, w.are());
+    gather_patch(t, d, x, nhwc, tl.n, cp + 1, tl.i0, tl.j0, w.aim());
+  }
   fft2(t, w);
   unpack(t, w, false);
 }
