@@ -461,13 +461,13 @@ TEST(ConvBackward, WinogradBandsMatchReference) {
   EXPECT_FALSE(cpu::winograd_applies(cpu::conv_geometry(s2, {1, 64, 128, 128}, {64, 64, 3, 3}, false)));
 }
 
-// Wide kernels at small strides by FFT (conv_fft.h): the forward (nchw and nhwc in and out, the
-// kernels' spectra made here and by the registered kernel) and the weight gradient against the
-// reference kernel and loops. Cases: CREDIT's stage-0 cross-embeddings (kernels 32 and 16,
-// stride 2, 80 channels cut to 5 here), the 640 x 1280 grid's (16 outputs, kernel 32, stride 4),
-// stride 1, an odd number of input and output channels (a transform with one real signal),
-// asymmetric pads, a kernel of 20 x 32 (not a multiple of the stride), batch 2,
-// outputs not a whole number of tiles. Then the plan's bounds.
+// Wide kernels at small strides by FFT (conv_fft.h): the forward (nchw and nhwc in and out; the
+// kernels' spectra given, or made per call 64 phase channels at a time: two chunks at stride 4
+// below) and the weight gradient against the reference kernel and loops. Cases: CREDIT's stage-0
+// cross-embeddings (kernels 32 and 16, stride 2, 80 channels cut to 5 here), the 640 x 1280
+// grid's (16 outputs, kernel 32, stride 4), stride 1, an odd number of input and output channels
+// (a transform with one real signal), asymmetric pads, a kernel of 20 x 32 (not a multiple of
+// the stride), batch 2, outputs not a whole number of tiles. Then the plan's bounds.
 TEST(ConvBackward, FftPathMatchesReference) {
   register_cpu_kernels();
   auto nhwc_of = [](const Tensor& t) {
@@ -501,9 +501,12 @@ TEST(ConvBackward, FftPathMatchesReference) {
     for (bool in_nhwc : {false, true})
       for (bool out_nhwc : {false, true}) {
         Tensor yf(DType::F32, out_nhwc ? yl_ref.shape : y.shape);
-        cpu::fft_conv_forward(g, p, (in_nhwc ? xl : x[0]).data<float>(), in_nhwc, spectra.data(), x[2].data<float>(),
-                              yf.data<float>(), out_nhwc);
-        EXPECT_LT(rel_l2(yf, out_nhwc ? yl_ref : y), 2e-6) << "forward, nhwc in/out " << in_nhwc << out_nhwc;
+        for (const float* sp : std::vector<const float*>{spectra.data(), nullptr}) {
+          cpu::fft_conv_forward(g, p, (in_nhwc ? xl : x[0]).data<float>(), in_nhwc, x[1].data<float>(), sp,
+                                x[2].data<float>(), yf.data<float>(), out_nhwc);
+          EXPECT_LT(rel_l2(yf, out_nhwc ? yl_ref : y), 2e-6)
+              << "forward, nhwc in/out " << in_nhwc << out_nhwc << ", spectra " << (sp ? "given" : "made per chunk");
+        }
       }
     Tensor yf = run_node(n, {&x[0], &x[1], &x[2]}, KernelKind::Fast)[0];
     EXPECT_LT(rel_l2(yf, y), 2e-6) << "registered forward";
@@ -531,6 +534,13 @@ TEST(ConvBackward, FftPathMatchesReference) {
   EXPECT_EQ(plan({1, 8, 80, 80}, {8, 4, 32, 32}, {}, true), 0);
   EXPECT_EQ(plan({1, 64, 80, 80}, {64, 64, 3, 3}, {}), 0);
   EXPECT_EQ(plan({1, 8, 34, 34}, {4, 8, 32, 32}, {}), 0);  // a 3 x 3 output
+  // constant weights' spectra are kept up to kFftSpectraCacheBytes: v2026's first layer (21.6
+  // MB), not the 640 x 1280 grid's (74 -> 16 channels, kernel 32, stride 4)
+  EXPECT_TRUE(plan_fft_conv(1, 80, 4, 128, 192, 32, 32, 2, true).cached);
+  EXPECT_FALSE(plan_fft_conv(1, 80, 4, 128, 192, 32, 32, 2, false).cached);
+  const FftConvPlan big = plan_fft_conv(1, 74, 16, 160, 320, 32, 32, 4, true);
+  EXPECT_GT(big.F, 0);
+  EXPECT_FALSE(big.cached);
 }
 
 TEST(ConvBackward, OneDnnReferenceKernelIsPassedOver) {

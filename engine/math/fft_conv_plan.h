@@ -19,14 +19,19 @@ struct FftConvPlan {
   int64_t Ka = 0, Kb = 0;  // taps per phase kernel, rows and columns
   int64_t Th = 0, Tw = 0;  // output tile
   int64_t tiles_h = 0, tiles_w = 0;
+  bool cached = false;  // the kernels' spectra are kept between calls (constant weights)
   double flops = 0, direct_flops = 0;
 };
+
+// The most the kept spectra of one conv's kernels may take (the 640 x 1280 grid's first layer
+// would need 320 MB at F = 64): beyond, they are made per call, a chunk of channels at a time.
+constexpr double kFftSpectraCacheBytes = 64.0 * 1024 * 1024;
 
 // N images of C channels to OC x OH x OW by an OC x C x KH x KW kernel at stride s. The FFT is
 // taken when it does at most a sixth of the direct arithmetic (its loops break even with
 // oneDNN's direct kernels at about a fifth, measured on CREDIT's cross-embeddings);
-// weights_known: the kernels' spectra come from a cache (constant weights), so they are not
-// counted.
+// weights_known: constant weights, whose spectra are kept between calls (and not counted) when
+// they fit kFftSpectraCacheBytes.
 inline FftConvPlan plan_fft_conv(int64_t N, int64_t C, int64_t OC, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
                                  int64_t s, bool weights_known) {
   FftConvPlan best;
@@ -41,9 +46,11 @@ inline FftConvPlan plan_fft_conv(int64_t N, int64_t C, int64_t OC, int64_t OH, i
     const double fft2 = 5.0 * F * F * std::log2(double(F));  // one complex 2-D transform
     const double spectrum = double(F / 2 + 1) * F;           // half of it, complex
     double flops = tiles * ((Cp + 1) / 2 + (OC + 1) / 2) * fft2 + tiles * OC * Cp * spectrum * 8;
-    if (!weights_known) flops += double(OC) * ((Cp + 1) / 2) * fft2;
+    const bool cached = weights_known && 4.0 * OC * Cp * 2 * spectrum <= kFftSpectraCacheBytes;
+    if (!cached) flops += double(OC) * ((Cp + 1) / 2) * fft2;
     if (best.F == 0 || flops < best.flops) {
       best.F = F;
+      best.cached = cached;
       best.flops = flops;
       best.Th = Th;
       best.Tw = Tw;

@@ -350,6 +350,25 @@ void patch_spectra(const Tables& t, const Geo& d, const float* x, bool nhwc, con
   unpack(t, w, false);
 }
 
+// The conjugate half spectra of phase kernels (o, cp) and (o, cp + 1), to out and out + 2 HS
+// (the second only when cp + 1 < Cp).
+void kernel_spectra(const Tables& t, const Geo& d, const FftConvPlan& p, const float* w, int64_t o, int64_t cp,
+                    Work& wk, float* out) {
+  for (int k = 0; k < 2; ++k) {
+    float* z = k ? wk.aim() : wk.are();
+    std::fill(z, z + t.F * t.F, 0.f);
+    if (cp + k >= d.Cp) continue;
+    const int64_t c = (cp + k) / (d.s * d.s), pa = (cp + k) / d.s % d.s, pb = (cp + k) % d.s;
+    for (int64_t a = 0; a < p.Ka && d.s * a + pa < d.KH; ++a)
+      for (int64_t b = 0; b < p.Kb && d.s * b + pb < d.KW; ++b)
+        z[a * t.F + b] = w[((o * d.C + c) * d.KH + d.s * a + pa) * d.KW + d.s * b + pb];
+  }
+  fft2(t, wk);
+  unpack(t, wk, true);
+  std::memcpy(out, wk.h1(), sizeof(float) * 2 * wk.HS);
+  if (cp + 1 < d.Cp) std::memcpy(out + 2 * wk.HS, wk.h2(), sizeof(float) * 2 * wk.HS);
+}
+
 }  // namespace
 
 FftConvPlan fft_conv_plan(const ConvGeom& g, bool weights_known) {
@@ -373,29 +392,20 @@ void fft_conv_spectra(const ConvGeom& g, const FftConvPlan& p, const float* w, f
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < d.OC * pairs; ++task) {
       const int64_t o = task / pairs, cp = task % pairs * 2;
-      for (int k = 0; k < 2; ++k) {
-        float* z = k ? wk.aim() : wk.are();
-        std::fill(z, z + t.F * t.F, 0.f);
-        if (cp + k >= d.Cp) continue;
-        const int64_t c = (cp + k) / (d.s * d.s), pa = (cp + k) / d.s % d.s, pb = (cp + k) % d.s;
-        for (int64_t a = 0; a < p.Ka && d.s * a + pa < d.KH; ++a)
-          for (int64_t b = 0; b < p.Kb && d.s * b + pb < d.KW; ++b)
-            z[a * t.F + b] = w[((o * d.C + c) * d.KH + d.s * a + pa) * d.KW + d.s * b + pb];
-      }
-      fft2(t, wk);
-      unpack(t, wk, true);
-      std::memcpy(spectra + (o * d.Cp + cp) * 2 * HS, wk.h1(), sizeof(float) * 2 * HS);
-      if (cp + 1 < d.Cp) std::memcpy(spectra + (o * d.Cp + cp + 1) * 2 * HS, wk.h2(), sizeof(float) * 2 * HS);
+      kernel_spectra(t, d, p, w, o, cp, wk, spectra + (o * d.Cp + cp) * 2 * HS);
     }
   }
 }
 
-void fft_conv_forward(const ConvGeom& g, const FftConvPlan& p, const float* x, bool x_nhwc, const float* spectra,
-                      const float* bias, float* y, bool y_nhwc) {
+void fft_conv_forward(const ConvGeom& g, const FftConvPlan& p, const float* x, bool x_nhwc, const float* w,
+                      const float* spectra, const float* bias, float* y, bool y_nhwc) {
   const Geo d = geo_of(g, p);
   const Tables t(p.F);
   const int64_t HS = t.SR * t.F, tiles = d.N * p.tiles_h * p.tiles_w;
   const float scale = 1.f / float(4 * t.F * t.F);
+  // without spectra, those of 64 phase channels at a time, made here: a chunk is an even count
+  const int64_t chunk = spectra ? d.Cp + d.Cp % 2 : std::min<int64_t>(d.Cp + d.Cp % 2, 64);
+  std::vector<float> own(spectra ? 0 : size_t(d.OC * chunk * 2 * HS));
 #pragma omp parallel
   {
     // each thread takes a run of tiles and sums their spectra over channels, so that a channel
@@ -405,15 +415,34 @@ void fft_conv_forward(const ConvGeom& g, const FftConvPlan& p, const float* x, b
     Work wk(t);
     const int64_t OCe = d.OC + d.OC % 2;  // an even count: a lone last output pairs with zeros
     std::vector<float> acc(size_t(std::max<int64_t>(t1 - t0, 0) * OCe * 2 * HS), 0.f);
-    for (int64_t cp = 0; cp < d.Cp; cp += 2)
-      for (int64_t ti = t0; ti < t1; ++ti) {
-        patch_spectra(t, d, x, x_nhwc, tile_of(p, ti), cp, wk);
-        for (int64_t o = 0; o < d.OC; ++o) {
-          float* a = acc.data() + ((ti - t0) * OCe + o) * 2 * HS;
-          mul_acc(HS, wk.h1(), spectra + (o * d.Cp + cp) * 2 * HS, a);
-          if (cp + 1 < d.Cp) mul_acc(HS, wk.h2(), spectra + (o * d.Cp + cp + 1) * 2 * HS, a);
+    for (int64_t c0 = 0; c0 < d.Cp; c0 += chunk) {
+      const int64_t c1 = std::min(d.Cp, c0 + chunk);
+      const float* G = spectra;  // spectrum of (o, cp) at G + (o * gs + cp - c0) * 2 HS
+      int64_t gs = d.Cp;
+      if (!spectra) {
+#pragma omp barrier
+        const int64_t pairs = (c1 - c0 + 1) / 2;
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < d.OC * pairs; ++task) {
+          const int64_t o = task / pairs, cp = c0 + task % pairs * 2;
+          kernel_spectra(t, d, p, w, o, cp, wk, own.data() + (o * chunk + cp - c0) * 2 * HS);
         }
+        G = own.data();
+        gs = chunk;
+      } else {
+        G = spectra + c0 * 2 * HS;
       }
+      for (int64_t cp = c0; cp < c1; cp += 2)
+        for (int64_t ti = t0; ti < t1; ++ti) {
+          patch_spectra(t, d, x, x_nhwc, tile_of(p, ti), cp, wk);
+          for (int64_t o = 0; o < d.OC; ++o) {
+            float* a = acc.data() + ((ti - t0) * OCe + o) * 2 * HS;
+            const float* go = G + (o * gs + cp - c0) * 2 * HS;
+            mul_acc(HS, wk.h1(), go, a);
+            if (cp + 1 < d.Cp) mul_acc(HS, wk.h2(), go + 2 * HS, a);
+          }
+        }
+    }
     for (int64_t ti = t0; ti < t1; ++ti) {
       const Tile tl = tile_of(p, ti);
       for (int64_t o = 0; o < d.OC; o += 2) {

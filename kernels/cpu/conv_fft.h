@@ -20,10 +20,11 @@ FftConvPlan fft_conv_plan(const ConvGeom& g, bool weights_known);
 size_t fft_conv_spectra_floats(const ConvGeom& g, const FftConvPlan& p);
 void fft_conv_spectra(const ConvGeom& g, const FftConvPlan& p, const float* w, float* spectra);
 
-// y = conv(x) + bias (may be null), from the kernels' spectra; x is (N, C, H, W), or (N, H, W, C)
-// with x_nhwc; y likewise with y_nhwc.
-void fft_conv_forward(const ConvGeom& g, const FftConvPlan& p, const float* x, bool x_nhwc, const float* spectra,
-                      const float* bias, float* y, bool y_nhwc);
+// y = conv(x) + bias (may be null), with the kernels' spectra (made by fft_conv_spectra) or
+// without (spectra null: made here from w a chunk of channels at a time); x is (N, C, H, W), or
+// (N, H, W, C) with x_nhwc; y likewise with y_nhwc.
+void fft_conv_forward(const ConvGeom& g, const FftConvPlan& p, const float* x, bool x_nhwc, const float* w,
+                      const float* spectra, const float* bias, float* y, bool y_nhwc);
 
 // dw (C_out, C_in, KH, KW) from x (N, C, H, W) and dy (N, C_out, OH, OW).
 void fft_conv_weight_grad(const ConvGeom& g, const FftConvPlan& p, const float* x, const float* dy, float* dw);

@@ -700,24 +700,18 @@ bool conv_by_output_phases(const Node& n, const ConvGeom& g, const Tensor& x, co
 }
 
 // A wide kernel at a small stride by FFT (conv_fft.h), the kernels' spectra kept with the
-// packed weights when the node has constant weights; false when the plan says direct.
+// packed weights when the node has constant weights (and they fit); false when the plan says
+// direct.
 bool conv_by_fft(const Node& n, const ConvGeom& g, const Tensor& x, bool x_nhwc, const Tensor& w, const Tensor* bias,
                  Tensor& y, bool y_nhwc) {
-  const bool known = n.i("constant_weights", 0) != 0;
-  const FftConvPlan p = fft_conv_plan(g, known);
+  const FftConvPlan p = fft_conv_plan(g, n.i("constant_weights", 0) != 0);
   if (!p.F) return false;
-  const size_t bytes = sizeof(float) * fft_conv_spectra_floats(g, p);
-  const void* spectra;
-  if (known)
-    spectra = weight_cache.get_made(geom_key(g) + "fft", w, bytes,
+  const void* spectra = nullptr;
+  if (p.cached)
+    spectra = weight_cache.get_made(geom_key(g) + "fft", w, sizeof(float) * fft_conv_spectra_floats(g, p),
                                     [&](void* q) { fft_conv_spectra(g, p, w.data<float>(), (float*)q); });
-  else {
-    void* q = scratch_slot(kWei).get(bytes);
-    fft_conv_spectra(g, p, w.data<float>(), (float*)q);
-    spectra = q;
-  }
-  fft_conv_forward(g, p, x.data<float>(), x_nhwc, (const float*)spectra, bias ? bias->data<float>() : nullptr,
-                   y.data<float>(), y_nhwc);
+  fft_conv_forward(g, p, x.data<float>(), x_nhwc, w.data<float>(), (const float*)spectra,
+                   bias ? bias->data<float>() : nullptr, y.data<float>(), y_nhwc);
   return true;
 }
 
