@@ -142,6 +142,7 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
   std::map<int, int> copied;                           // value -> its CopyToTP output
   std::map<std::pair<int, int>, int> scattered;        // (value, axis) -> its ScatterTP output
   std::map<std::tuple<int, int64_t, int64_t>, int> scattered_with_halo;  // (value, top, bottom) -> its band
+  int first_band_input = -1;  // sequence parallelism: the whole input its bands start from
   std::map<std::pair<int, bool>, int> gathered;        // (band value, grad "sum") -> its AllGatherTP output
   auto copy_of = [&](int v, const std::string& reader) {
     auto it = copied.find(v);
@@ -411,25 +412,35 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
       }
     }
     int64_t top = 0, bottom = 0;
-    const bool starts_bands = domain && !n.inputs.empty() && n.inputs[0] >= 0 && !is_band(n.inputs[0]) &&
+    // domain parallelism starts bands at every convolution that finds its input whole; sequence
+    // parallelism at the first (the stage-0 cross-embedding: every convolution reading its input)
+    const bool starts_bands = !n.inputs.empty() && n.inputs[0] >= 0 && !is_band(n.inputs[0]) &&
                               g.values[n.inputs[0]].dtype == DType::F32 && !g.values[n.inputs[0]].is_const() &&
+                              (domain || first_band_input < 0 || first_band_input == n.inputs[0]) &&
                               conv_on_bands(n, top, bottom);
+    if (starts_bands && !domain) first_band_input = n.inputs[0];
     if (starts_bands) {
-      // the domain's bands start at a convolution: each rank takes its band of the whole input
-      // with the halo rows around it (no exchange: every rank has the whole input)
-      auto key = std::make_tuple(n.inputs[0], top, bottom);
+      // bands start at a convolution: each rank takes its band of the whole input with the halo
+      // rows around it (no exchange: every rank has the whole input). Sequence parallelism
+      // (training) takes the band alone, and each convolution its halo by HaloTP, which the
+      // backward makes again (add_recompute_segments): the band is kept once for the weight
+      // gradients, not a band with a halo for each kernel height (CREDIT's four cross-embeddings
+      // read the same input).
+      const bool halo_later = !domain && training;
+      auto key = std::make_tuple(n.inputs[0], halo_later ? 0 : top, halo_later ? 0 : bottom);
       auto it = scattered_with_halo.find(key);
       if (it == scattered_with_halo.end()) {
-        const int h = new_value(n.inputs[0], "_band_halo");
+        const int h = new_value(n.inputs[0], halo_later ? "_band" : "_band_halo");
         Node sc = collective("ScatterTP", n.name + "/ScatterTP", n.inputs[0], h, kRows);
-        sc.attrs["top"] = attr_i(top);
-        sc.attrs["bottom"] = attr_i(bottom);
+        sc.attrs["top"] = attr_i(std::get<1>(key));
+        sc.attrs["bottom"] = attr_i(std::get<2>(key));
         out.push_back(std::move(sc));
         ++st.scatters;
         it = scattered_with_halo.emplace(key, h).first;
+        if (halo_later) set_band(h, kRows);
       }
       n.inputs[0] = it->second;
-      top = bottom = 0;
+      if (!halo_later) top = bottom = 0;
     }
     if (!starts_bands && !std::any_of(n.inputs.begin(), n.inputs.end(), is_band)) {
       const int o = n.outputs.empty() ? -1 : n.outputs[0];
@@ -739,7 +750,7 @@ BandStats sequence_parallel(Graph& g, int tp) { return shard_bands(g, tp, false,
 
 BandStats domain_parallel(Graph& g, int domain, bool training) { return shard_bands(g, domain, true, training); }
 
-void add_gather_segments(const Graph& g, std::vector<int>& seg) {
+void add_recompute_segments(const Graph& g, std::vector<int>& seg) {
   if (seg.empty()) seg.assign(g.nodes.size(), -1);
   int next = 0;
   for (int s : seg) next = std::max(next, s + 1);
@@ -749,7 +760,8 @@ void add_gather_segments(const Graph& g, std::vector<int>& seg) {
       if (i >= 0) readers[i].push_back((int)k);
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     const Node& n = g.nodes[k];
-    if (n.op != "AllGatherTP" || n.s("grad", "sum") != "sum" || seg[k] >= 0) continue;
+    const bool gather = n.op == "AllGatherTP" && n.s("grad", "sum") == "sum";
+    if (!(gather || n.op == "HaloTP") || seg[k] >= 0) continue;
     std::vector<int> members = {(int)k}, values = {n.outputs[0]};
     bool ok = true;
     while (!values.empty() && ok) {

@@ -18,6 +18,10 @@
 //     replicated operand that broadcasts along the rows (a norm's gain, a bias) gets a CopyToTP
 //     (its gradient is the sum of the ranks' bands); a whole replicated activation meeting a band
 //     (the residual entering a stage) is cut to the rank's band by ScatterTP.
+//   - Bands also start at the first convolution (the stage-0 cross-embedding): the whole input
+//     is cut to the rank's band by ScatterTP, and each convolution reading it takes its halo by
+//     HaloTP, below, which the backward exchanges again (add_recompute_segments) rather than
+//     keeping a band with a halo for each kernel: the input is kept once, as a band.
 //   - A convolution reading a band (a stage's cross-embedding, the decoder's convs) runs on it:
 //     HaloTP brings the rows its kernel reaches in the bands above and below (zeros past the
 //     grid's edges: its zero padding), and its output is a band. Its weights get a CopyToTP.
@@ -92,10 +96,11 @@ BandStats sequence_parallel(Graph& g, int tp);
 BandStats domain_parallel(Graph& g, int domain, bool training);
 
 // Activation checkpointing's segments (ExecOptions::segments, engine/passes/passes.h
-// checkpoint_segments) plus, for each AllGatherTP with grad "sum" outside any segment, one
-// segment of the gather, the Reshape/Transpose nodes after it and the layers reading their
-// result: the backward gathers the band again rather than keeping the whole activation the
-// layers read. `segments` empty: none yet.
-void add_gather_segments(const Graph& g, std::vector<int>& segments);
+// checkpoint_segments) plus, for each AllGatherTP with grad "sum" and each HaloTP outside any
+// segment, one segment of the collective, the Reshape/Transpose nodes after it and the layers
+// reading their result: the backward gathers the band again (exchanges the halo rows again)
+// rather than keeping the whole activation (the band with its halo) the layers read; only the
+// collective and the layout run again, the layers' outputs are kept. `segments` empty: none yet.
+void add_recompute_segments(const Graph& g, std::vector<int>& segments);
 
 }  // namespace wxe

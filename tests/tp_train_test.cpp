@@ -116,7 +116,7 @@ std::vector<RankStep> train_step(const Graph& full, const Tensor& x, const Tenso
       if (ends_with(n.op, "TP") || n.op == "WindowAttention" || n.op == "Softmax") ++s.ops[n.op];
     }
     ExecOptions opt{0, KernelKind::Fast};
-    if (sp) add_gather_segments(g, opt.segments);
+    if (sp) add_recompute_segments(g, opt.segments);
     GradExecutor ex(g, trainable_parameters(g), opt);
     s.y = ex.forward({{"x", x}})[0];
     s.kept = ex.kept_bytes();
@@ -237,12 +237,13 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       EXPECT_EQ(s.sp.group_norms, 6);
       EXPECT_EQ(ops["AllReduceTP"], s.stats.all_reduces - s.sp.reduce_scatters + 2 * s.sp.group_norms);
       EXPECT_EQ(ops["ReduceScatterTP"], s.sp.reduce_scatters);
-      // stage 0's first block reads the whole input: a CopyToTP stays there; the later stages'
-      // cross-embedding convolutions run on bands (a halo for each kernel taller than its
-      // stride), and so do the decoder's first three up-sampling blocks (ConvTranspose with
-      // kernel = stride, then two 3x3 convolutions with a halo each, GroupNorms on bands)
-      EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks - 1);
-      EXPECT_EQ(s.sp.halos, 3 + 6);
+      // bands start at stage 0's cross-embedding (the input cut to bands, a halo for each of
+      // its four kernels), so every block reads a band; the later stages' cross-embedding
+      // convolutions run on bands (a halo for each kernel taller than its stride), and so do
+      // the decoder's first three up-sampling blocks (ConvTranspose with kernel = stride, then
+      // two 3x3 convolutions with a halo each, GroupNorms on bands)
+      EXPECT_EQ(s.sp.gathers, attention_blocks + ff_blocks);
+      EXPECT_EQ(s.sp.halos, 4 + 3 + 6);
       EXPECT_EQ(ops["HaloTP"], s.sp.halos);
 
       EXPECT_EQ(ops["AllGatherTP"], s.sp.gathers + s.sp.replicated_gathers);
@@ -250,11 +251,13 @@ void expect_tp_matches_one(const std::string& model, const std::string& input, i
       EXPECT_EQ(ops["CopyToTP"], s.stats.copies - s.sp.gathers + s.sp.copies);
       // forward and backward of each: a reduce-scatter and its gather; a gather for the layers,
       // again in the backward, and its reduce-scatter; a gather before replicated ops (the
-      // backward slices); a scatter's gather in the backward; a halo's exchange both ways;
-      // all-reduces as before, the GroupNorms' sums again in the backward
+      // backward slices); a scatter's gather in the backward; a halo's exchange both ways and
+      // again in the backward (add_recompute_segments); all-reduces as before, the GroupNorms'
+      // sums again in the backward. The input takes no gradient: its scatter and the four halos
+      // of stage 0's cross-embedding have no backward.
       EXPECT_EQ(s.all_reduces, ops["AllReduceTP"] + 2 * s.sp.group_norms + ops["CopyToTP"] + 4 * s.stats.spectral_norms +
                                    2 * s.sp.reduce_scatters + 3 * s.sp.gathers + s.sp.replicated_gathers +
-                                   s.sp.scatters + 2 * s.sp.halos);
+                                   s.sp.scatters - 1 + 3 * s.sp.halos - 4);
       EXPECT_LT(s.kept, whole[r].kept) << "sequence parallelism keeps as much as tp alone";
     }
     // u and v: whole on every rank, as the one process updated them

@@ -137,9 +137,9 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     for (int s : opt.segments) blocks = std::max(blocks, s + 1);
     note("wxe: activation checkpointing: %d blocks recomputed in the backward\n", blocks);
   }
-  // sequence parallelism: the whole activation a gather makes for the column-parallel layers is
-  // made again in the backward rather than kept
-  if (sp_stats_.gathers) add_gather_segments(graph_, opt.segments);
+  // sequence parallelism: the whole activation a gather makes for the column-parallel layers, and
+  // a convolution's band with its halo, are made again in the backward rather than kept
+  if (sp_stats_.gathers || sp_stats_.halos) add_recompute_segments(graph_, opt.segments);
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
   if (cfg.device != "cpu") dev_ = &backend_for(cfg.device);
   if (!exec_->host_nodes().empty()) {
