@@ -19,6 +19,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/transpose.h"
+
 namespace wxe::cpu {
 
 namespace {
@@ -54,6 +56,23 @@ struct Tables {
   }
 };
 
+// The radix-2 stage whose twiddles are all 1 (rows 2k and 2k + 1): the last of a forward
+// transform, the first of an inverse, when the number of stages is odd.
+void radix2_untwiddled(const Tables& t, float* re, float* im) {
+  const int64_t F = t.F;
+  for (int64_t st = 0; st < F; st += 2) {
+    float *r0 = re + st * F, *r1 = r0 + F, *i0 = im + st * F, *i1 = i0 + F;
+#pragma omp simd
+    for (int64_t l = 0; l < F; ++l) {
+      const float xr = r0[l], xi = i0[l];
+      r0[l] = xr + r1[l];
+      i0[l] = xi + i1[l];
+      r1[l] = xr - r1[l];
+      i1[l] = xi - i1[l];
+    }
+  }
+}
+
 // Along the rows' axis of F rows of F lanes: forward, natural order in, bit-reversed out. Two
 // radix-2 stages at a time (rows r, r + q, r + 2q, r + 3q): half the passes over the array.
 void dif(const Tables& t, float* re, float* im) {
@@ -87,18 +106,7 @@ void dif(const Tables& t, float* re, float* im) {
         }
       }
   }
-  if (len == 2)  // an odd number of stages: the last one, twiddle 1
-    for (int64_t st = 0; st < F; st += 2) {
-      float *r0 = re + st * F, *r1 = r0 + F, *i0 = im + st * F, *i1 = i0 + F;
-#pragma omp simd
-      for (int64_t l = 0; l < F; ++l) {
-        const float xr = r0[l], xi = i0[l];
-        r0[l] = xr + r1[l];
-        i0[l] = xi + i1[l];
-        r1[l] = xr - r1[l];
-        i1[l] = xi - i1[l];
-      }
-    }
+  if (len == 2) radix2_untwiddled(t, re, im);  // an odd number of stages: the last one
 }
 
 // The inverse (unscaled): bit-reversed in, natural out; a first radix-2 stage when the number
@@ -109,17 +117,7 @@ void dit_inverse(const Tables& t, float* re, float* im) {
   while ((int64_t(1) << bits) < F) ++bits;
   int64_t q = 1;
   if (bits % 2) {
-    for (int64_t st = 0; st < F; st += 2) {
-      float *r0 = re + st * F, *r1 = r0 + F, *i0 = im + st * F, *i1 = i0 + F;
-#pragma omp simd
-      for (int64_t l = 0; l < F; ++l) {
-        const float xr = r0[l], xi = i0[l];
-        r0[l] = xr + r1[l];
-        i0[l] = xi + i1[l];
-        r1[l] = xr - r1[l];
-        i1[l] = xi - i1[l];
-      }
-    }
+    radix2_untwiddled(t, re, im);
     q = 2;
   }
   for (; 4 * q <= F; q *= 4) {
@@ -152,27 +150,17 @@ void dit_inverse(const Tables& t, float* re, float* im) {
   }
 }
 
-// b[to[j]][i] = a[from[i]][j], F x F (F a multiple of 8), by 8 x 8 blocks in registers.
+// b[to[j]][i] = a[from[i]][j], F x F (F a multiple of 8), by 8 x 8 blocks.
 void transpose(int64_t F, const float* a, float* b, const int64_t* from, const int64_t* to) {
   for (int64_t i = 0; i < F; i += 8)
     for (int64_t j = 0; j < F; j += 8) {
-      __m256 r[8], t[8];
-      for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(a + from[i + k] * F + j);
-      for (int k = 0; k < 8; k += 2) {
-        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
-        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+      const float* src[8];
+      float* dst[8];
+      for (int k = 0; k < 8; ++k) {
+        src[k] = a + from[i + k] * F + j;
+        dst[k] = b + to[j + k] * F + i;
       }
-      for (int k = 0; k < 8; k += 4) {
-        r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
-        r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
-        r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
-        r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
-      }
-      for (int k = 0; k < 4; ++k) {
-        t[k] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x20);
-        t[k + 4] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x31);
-      }
-      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(b + to[j + k] * F + i, t[k]);
+      transpose8x8_rows(src, dst);
     }
 }
 

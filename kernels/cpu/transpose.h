@@ -6,6 +6,9 @@
 
 namespace wxe::cpu {
 
+// dst[i][j] = src[j][i] for an 8 x 8 block given by its rows (8 floats each, any alignment).
+void transpose8x8_rows(const float* const src[8], float* const dst[8]);
+
 // dst[n][c][r] = src[n][r][c] for N planes of (rows, cols) floats; parallel over tiles.
 void transpose_planes(const float* src, float* dst, int64_t N, int64_t rows, int64_t cols);
 
