@@ -166,7 +166,8 @@ std::string domain_summary(const BandStats& st, int domain, bool training) {
   for (auto& [op, n] : st.gathered_for) gathered += str(gathered.empty() ? "" : ", ", op, " x", n);
   return str("domain ", domain, ": latitude bands; ", st.halos, " convolutions exchange halo rows (",
              human_bytes((double)st.halo_bytes), " per forward into a middle band",
-             training ? ", as much again in the backward" : "", "), ", st.group_norms,
+             training ? ", as much again in the backward for their gradients and, on the cpu, to make them again "
+                        "rather than keep them" : "", "), ", st.group_norms,
              " GroupNorms sum their statistics over the domain group; gathered whole for: ",
              gathered.empty() ? "nothing" : gathered);
 }

@@ -421,12 +421,11 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
     if (starts_bands && !domain) first_band_input = n.inputs[0];
     if (starts_bands) {
       // bands start at a convolution: each rank takes its band of the whole input with the halo
-      // rows around it (no exchange: every rank has the whole input). Sequence parallelism
-      // (training) takes the band alone, and each convolution its halo by HaloTP, which the
-      // backward makes again (add_recompute_segments): the band is kept once for the weight
-      // gradients, not a band with a halo for each kernel height (CREDIT's four cross-embeddings
-      // read the same input).
-      const bool halo_later = !domain && training;
+      // rows around it (no exchange: every rank has the whole input). Training takes the band
+      // alone, and each convolution its halo by HaloTP, which the backward can make again
+      // (add_recompute_segments): the band is kept once for the weight gradients, not a band with
+      // a halo for each kernel height (CREDIT's four cross-embeddings read the same input).
+      const bool halo_later = training;
       auto key = std::make_tuple(n.inputs[0], halo_later ? 0 : top, halo_later ? 0 : bottom);
       auto it = scattered_with_halo.find(key);
       if (it == scattered_with_halo.end()) {

@@ -57,7 +57,8 @@
 // that can be split so. Bands start at the first convolution that can run on them (the
 // stage-0 cross-embedding: its input, whole on every rank, is cut by ScatterTP to the band
 // with the convolution's halo rows, no exchange; so are the inputs of later convolutions that
-// find their input whole). The rules above carry them through the encoder, the decoder and
+// find their input whole; in training, to the band alone, each convolution's halo by HaloTP,
+// as sequence parallelism does). The rules above carry them through the encoder, the decoder and
 // the skip connections, all attention blocks as the unsharded ones above; and the tp
 // collectives (AllReduceTP, CopyToTP) act on bands row by row: dp x tp x domain. Boundary
 // padding (CREDIT's earth / mirror) and a final Resize read the whole grid: the input side

@@ -78,7 +78,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   // domain ranks: whole parameters, bands of the activations; the replicated parameters' band
   // gradients summed over the domain group in the backward (CopyToTP), so every domain rank
   // ends the backward with the same gradients and takes the same optimizer step
-  shard_domain(graph_, mesh_, true);
+  const BandStats domain_stats = shard_domain(graph_, mesh_, true);
   if (cfg.fuse && !cfg.reference) backend_for(cfg.device).prepare_training(graph_);
   WXE_CHECK(cfg.precision == "fp32" || cfg.precision == "bf16", "--precision must be fp32 or bf16, not '",
             cfg.precision, "'");
@@ -138,8 +138,10 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     note("wxe: activation checkpointing: %d blocks recomputed in the backward\n", blocks);
   }
   // sequence parallelism: the whole activation a gather makes for the column-parallel layers, and
-  // a convolution's band with its halo, are made again in the backward rather than kept
-  if (sp_stats_.gathers || sp_stats_.halos) add_recompute_segments(graph_, opt.segments);
+  // a convolution's band with its halo (domain parallelism too, on the cpu), are made again in
+  // the backward rather than kept
+  if (sp_stats_.gathers || sp_stats_.halos || (domain_stats.halos && cfg.device == "cpu"))
+    add_recompute_segments(graph_, opt.segments);
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
   if (cfg.device != "cpu") dev_ = &backend_for(cfg.device);
   if (!exec_->host_nodes().empty()) {
