@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "engine/exec/autograd.h"
 #include "engine/io/npy.h"
@@ -355,4 +356,108 @@ TEST(MemoryPlan, BackwardTakesTheLossGradientWithoutACopy) {
 }
 
 }  // namespace
+}  // namespace wxe::test
+
+namespace wxe::test {
+namespace {
+
+// Whether two live tensors share bytes.
+bool overlap(const Tensor& a, const Tensor& b) {
+  const uint8_t *a0 = a.storage->data, *b0 = b.storage->data;
+  return a0 < b0 + b.storage->nbytes && b0 < a0 + a.storage->nbytes;
+}
+
+}  // namespace
+
+// The step's block (engine/ir/host_arena.h) on a made-up step: a kept tensor made before the
+// steps, transients of several sizes and lifetimes, one that outlives each step. The replayed
+// steps take the transients from the block (no two live ones sharing bytes: each is filled and
+// checked), the outliving one from malloc; a tensor held past its recorded lifetime keeps its
+// bytes (its successor at that place comes from malloc); a step of other sizes falls back and
+// the next one records again; another thread's tensors are not the step's.
+TEST(HostArena, ReplayedStepsShareOneBlockSafely) {
+  HostArena arena;
+  std::vector<Tensor> outlived;
+  Tensor held;  // kept past its step in the third step
+  int tag = 0;   // the step's number, in every value it writes
+  auto step = [&](int64_t scale, bool hold) {
+    ++tag;
+    HostArena::Step s(&arena);
+    std::vector<Tensor> live;
+    Tensor a(DType::F32, {1000 * scale}), b(DType::F32, {50000}), c(DType::F32, {300});
+    live = {a, b, c};
+    {
+      Tensor d(DType::F32, {70000});  // gone before e is made: may share bytes with it
+      live.push_back(d);
+      for (size_t i = 0; i < live.size(); ++i)
+        for (size_t j = 0; j < i; ++j) EXPECT_FALSE(overlap(live[i], live[j])) << i << " " << j;
+      live.pop_back();
+    }
+    Tensor e(DType::F32, {60000});
+    live.push_back(e);
+    for (size_t i = 0; i < live.size(); ++i) {  // each filled with its own number, then checked
+      float* p = live[i].data<float>();
+      std::fill(p, p + live[i].numel(), (float)(i + 10 * tag));
+    }
+    for (size_t i = 0; i < live.size(); ++i) {
+      const float* p = live[i].data<float>();
+      EXPECT_TRUE(std::all_of(p, p + live[i].numel(), [&](float v) { return v == (float)(i + 10 * tag); })) << i;
+    }
+    if (hold) held = b;
+    outlived.emplace_back(DType::F32, Shape{128});  // outlives the step
+  };
+  auto in_block = [&](const Tensor& t) { return t.storage->lease && arena_owns(*t.storage->lease); };
+  step(1, false);  // recorded
+  EXPECT_GT(arena.block_bytes(), 0u);
+  EXPECT_LE(arena.block_bytes(), (size_t)4 * (1000 + 50000 + 300 + 70000) + 4 * 64);
+  step(1, false);  // replayed
+  EXPECT_EQ(arena.served(), 5);  // a, b, c, d, e: not the outliving one
+  EXPECT_FALSE(in_block(outlived.back()));
+  step(1, true);   // b held past the step
+  EXPECT_TRUE(in_block(held));
+  step(1, false);  // b's bytes are still held: the b of this step comes from malloc
+  EXPECT_EQ(arena.served(), 4);
+  EXPECT_EQ(held.data<float>()[0], 31.f);  // as step 3 left it
+  held = Tensor();
+  step(2, false);  // another size: the rest of the step from malloc
+  EXPECT_EQ(arena.served(), 0);
+  step(2, false);  // recorded again
+  step(2, false);
+  EXPECT_EQ(arena.served(), 5);
+  {
+    HostArena::Step s(&arena);
+    Tensor other;
+    std::thread([&] { other = Tensor(DType::F32, {1000 * 2}); }).join();
+    EXPECT_FALSE(in_block(other));
+  }
+}
+
+// Through the trainer: the same losses and parameters bit for bit with the step's block and
+// without (FinetuneConfig::step_arena), and the later steps' tensors from the block.
+TEST(HostArena, TrainerStepsEqualTheRunWithout) {
+  const std::string data = make_series("arena_series", 4, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 23);
+  std::vector<std::vector<double>> losses;
+  std::vector<NamedTensors> params;
+  for (bool arena : {false, true}) {
+    FinetuneConfig c = tiny_config(data, tmp_path(std::string("arena_run_") + (arena ? "on" : "off")));
+    c.model = data_path("tests/data/crossformer_tiny_opset17.onnx");
+    c.forecast_len = 2;
+    c.step_arena = arena;
+    Trainer t(c, open_npy_dir(data, 2));
+    losses.push_back(run_steps(t, 3));
+    params.push_back(t.parameters());
+    if (arena) {
+      EXPECT_GT(t.arena().block_bytes(), 0u);
+      EXPECT_GT(t.arena().served(), 100);
+    } else {
+      EXPECT_EQ(t.arena().block_bytes(), 0u);
+    }
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (size_t i = 0; i < params[0].size(); ++i)
+    EXPECT_EQ(std::memcmp(params[0][i].second.raw(), params[1][i].second.raw(), params[0][i].second.nbytes()), 0)
+        << params[0][i].first;
+}
+
 }  // namespace wxe::test

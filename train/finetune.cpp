@@ -59,7 +59,7 @@ std::vector<float> report_memory(const Trainer& t, Mesh* mesh, const char* prefi
   const double act = dev ? dpeak - (double)dev->bytes_in_use() : peak - (double)host_bytes_live();
   const std::vector<float> mine = {(float)param, (float)param, (float)t.optimizer_bytes(), (float)kept,
                                    (float)std::max(0.0, act - kept), (float)peak, (float)(peak_rss_mb() * 1e6),
-                                   (float)dpeak};
+                                   (float)dpeak, (float)t.arena().block_bytes()};
   const int world = mesh ? mesh->world : 1, k = (int)mine.size();
   Tensor every = Tensor::from_f32({1, k}, mine);
   if (world > 1) {
@@ -71,10 +71,12 @@ std::vector<float> report_memory(const Trainer& t, Mesh* mesh, const char* prefi
     const float* e = every.data<float>() + r * k;
     char on_dev[96] = "";
     if (dev) std::snprintf(on_dev, sizeof on_dev, "; %s memory at the peak %.1f MB", dev->name(), e[7] / 1e6);
+    char block[64] = "";
+    if (e[8] > 0) std::snprintf(block, sizeof block, " (the step's block %.1f MB)", e[8] / 1e6);
     note("%srank %d: parameters %.1f MB, gradients %.1f MB, AdamW state %.1f MB, activations at the peak %.1f MB "
-         "(kept for the backward %.1f, transient %.1f)%s; host tensors at the peak %.1f MB, peak RSS %.0f MB\n",
+         "(kept for the backward %.1f, transient %.1f)%s; host tensors at the peak %.1f MB%s, peak RSS %.0f MB\n",
          prefix, r, e[0] / 1e6, e[1] / 1e6, e[2] / 1e6, (e[3] + e[4]) / 1e6, e[3] / 1e6, e[4] / 1e6, on_dev,
-         e[5] / 1e6, e[6] / 1e6);
+         e[5] / 1e6, block, e[6] / 1e6);
   }
   return mine;
 }
@@ -426,9 +428,10 @@ int run_train_bench(const std::string& model, const std::string& input, const st
     std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"runs\": %d, "
                 "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"params_mb\": %.1f, "
                 "\"grads_mb\": %.1f, \"adamw_mb\": %.1f, \"kept_mb\": %.1f, \"transient_mb\": %.1f, "
-                "\"tensors_peak_mb\": %.1f, \"device_peak_mb\": %.1f}\n",
+                "\"tensors_peak_mb\": %.1f, \"device_peak_mb\": %.1f, \"step_block_mb\": %.1f}\n",
                 model.c_str(), device.c_str(), precision.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb(),
-                mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6, mem[4] / 1e6, mem[5] / 1e6, mem[7] / 1e6);
+                mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6, mem[4] / 1e6, mem[5] / 1e6, mem[7] / 1e6,
+                mem[8] / 1e6);
   return 0;
 }
 

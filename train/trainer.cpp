@@ -259,6 +259,7 @@ Tensor Trainer::predict(const Tensor& x) {
 
 StepLog Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
+  HostArena::Step arena_step(cfg_.step_arena && !dev_ ? &arena_ : nullptr);
   StepLog log;
   log.lr = cfg_.schedule.lr_at(step_);
   const int64_t channels_in = graph_.values[graph_.inputs[0]].shape[1];

@@ -67,6 +67,9 @@ struct FinetuneConfig {
   // With tp > 1 on the CPU: the regions tensor parallelism leaves replicated (residual stream,
   // norms) hold bands of latitudes per rank (parallel/bands.h). false: whole.
   bool sequence_parallel = true;
+  // On the CPU: each step's host tensors from one block planned from the first step
+  // (engine/ir/host_arena.h). false: every tensor from malloc.
+  bool step_arena = true;
   // "bf16": Conv and Linear multiply in bfloat16 with float32 accumulation, forward and backward
   // (data and weight gradients; engine/passes/fuse.h use_bf16, kernels/cpu/dnnl.cpp and
   // backward_conv.cpp / backward_linalg.cpp); parameters, gradients, AdamW state and every other
@@ -130,6 +133,7 @@ class Trainer {
   // any mesh (one process too) resumes from. Collective under a mesh.
   std::string save_checkpoint();
   int64_t steps_done() const { return step_; }
+  const HostArena& arena() const { return arena_; }
   // Trained parameters by name (training names: SN layers legacy, others Linear layout), as
   // this rank holds them (tensor-parallel shards). On a device, the device's values are copied
   // into the graph first.
@@ -155,6 +159,7 @@ class Trainer {
   SequenceParallelStats sp_stats_;
   Graph graph_;
   std::unique_ptr<GradExecutor> exec_;
+  HostArena arena_;                  // the steps' host tensors (FinetuneConfig::step_arena)
   std::vector<int> trainable_;       // value ids
   uint64_t data_fp_ = 0;             // the data's fingerprint (size, first sample), compared over ranks
   std::vector<int> buffers_;         // spectral-norm u/v value ids (saved, not trained)

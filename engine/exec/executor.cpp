@@ -96,32 +96,18 @@ void Executor::plan_memory() {
   }
   std::vector<bool> fresh(nv, false);  // graph outputs and their roots: new storage every run
   for (int o : g.outputs) fresh[root[o]] = true;
-  std::vector<int> order;  // planned roots, largest first
+  std::vector<int> order;  // planned roots
   for (size_t v = 0; v < nv; ++v)
     if (root[v] == (int)v && def[v] >= 0 && !is_view_[def[v]] && !fresh[v]) order.push_back((int)v);
   auto bytes = [&](int v) {
     const size_t b = tensor_bytes(g.values[v].dtype, g.values[v].shape);
     return (b + 63) / 64 * 64;
   };
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return bytes(a) > bytes(b); });
+  std::vector<Lifetime> life;
+  for (int v : order) life.push_back({bytes(v), def[v], end[v]});
+  const std::vector<size_t> at = pack_lifetimes(life, &arena_bytes_);
   offset_.assign(nv, -1);
-  arena_bytes_ = 0;
-  std::vector<int> placed;
-  for (int v : order) {
-    // blocks of values alive at the same time, by offset; take the lowest gap that fits
-    std::vector<std::pair<size_t, size_t>> busy;
-    for (int p : placed)
-      if (!(end[p] < def[v] || end[v] < def[p])) busy.push_back({(size_t)offset_[p], (size_t)offset_[p] + bytes(p)});
-    std::sort(busy.begin(), busy.end());
-    size_t at = 0;
-    for (auto& [b0, b1] : busy) {
-      if (b0 >= at + bytes(v)) break;
-      at = std::max(at, b1);
-    }
-    offset_[v] = (int64_t)at;
-    arena_bytes_ = std::max(arena_bytes_, at + bytes(v));
-    placed.push_back(v);
-  }
+  for (size_t i = 0; i < order.size(); ++i) offset_[order[i]] = (int64_t)at[i];
   for (size_t v = 0; v < nv; ++v)
     if (root[v] != (int)v && offset_[root[v]] >= 0) offset_[v] = offset_[root[v]];
 }

@@ -92,9 +92,12 @@ void reset_host_peak() { g_host_peak.store(g_host_live.load()); }
 Storage::Storage(size_t n) : nbytes(n) {
   WXE_CHECK(n <= max_alloc_bytes(), "cannot allocate ", n, " bytes (more than the ", max_alloc_bytes(),
             " bytes of memory this machine has; corrupt or hostile shape?)");
-  size_t rounded = (n + 63) / 64 * 64;
-  data = static_cast<uint8_t*>(std::aligned_alloc(64, rounded ? rounded : 64));
-  if (!data) fail("out of memory allocating ", n, " bytes");
+  data = arena_take(n, &lease);
+  if (!data) {
+    size_t rounded = (n + 63) / 64 * 64;
+    data = static_cast<uint8_t*>(std::aligned_alloc(64, rounded ? rounded : 64));
+    if (!data) fail("out of memory allocating ", n, " bytes");
+  }
   const size_t live = g_host_live.fetch_add(n) + n;
   size_t peak = g_host_peak.load();
   while (live > peak && !g_host_peak.compare_exchange_weak(peak, live)) {
@@ -106,7 +109,8 @@ Storage::~Storage() {
   if (free_fn) {
     free_fn(data);
   } else {
-    std::free(data);
+    if (!lease || !arena_owns(*lease)) std::free(data);
+    lease.reset();
     g_host_live.fetch_sub(nbytes);
   }
 }

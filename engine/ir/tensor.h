@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/ir/error.h"
+#include "engine/ir/host_arena.h"
 
 namespace wxe {
 
@@ -51,7 +52,8 @@ struct Storage {
   uint8_t* data = nullptr;
   size_t nbytes = 0;
   DeviceKind device = DeviceKind::CPU;
-  FreeFn free_fn = nullptr;  // nullptr: host memory from aligned_alloc
+  FreeFn free_fn = nullptr;  // nullptr: host memory from aligned_alloc (or a step's block: lease)
+  ArenaLeasePtr lease;       // host memory made in a training step (engine/ir/host_arena.h)
 };
 
 struct Tensor {
