@@ -91,8 +91,9 @@ void reset_peaks(Backend* dev) {
 // unmapped when freed. A training step frees activations in an order glibc's heap cannot give
 // back (its free chunks stay resident, and by default it serves blocks up to 32 MiB from the
 // heap once one was freed), so what the memory plan frees would stay in the process
-// (wxformer_v2026: 1.34 GB peak RSS instead of 1.63 GB); the price is fresh, zeroed pages for
-// each such block (a step about 10 % slower on 1 thread).
+// (wxformer_v2026: 1.34 GB peak RSS instead of 1.63 GB). On the CPU the steps' tensors come
+// from the step's block (engine/ir/host_arena.h), which pages nothing in or out; this still
+// serves what is made outside the steps and on devices.
 void lean_heap(const FinetuneConfig& cfg) {
 #ifdef M_MMAP_THRESHOLD
   if (cfg.activation_checkpoint == "blocks") mallopt(M_MMAP_THRESHOLD, 1 << 20);
@@ -402,6 +403,10 @@ int run_train_bench(const std::string& model, const std::string& input, const st
     ms.push_back(s.seconds * 1e3);
     std::fprintf(stderr, "wxe: training step %d/%d: %.1f ms (loss %.4g)\n", r + 1, runs, ms.back(), s.loss);
   }
+  // the steps' memory, before the per-op and per-conv profiles below (which time convolutions
+  // again, on tensors of their own)
+  const double rss = peak_rss_mb();
+  const std::vector<float> mem = report_memory(t, nullptr, "wxe: memory: ", dev);
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const size_t n = sorted.size();
@@ -421,15 +426,14 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   if (device == "cpu") print_conv_profile(t.executor(), 3);
   std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
               "device %s; precision %s; %lld trainable parameters\n",
-              runs, sorted.front(), median, sorted.back(), peak_rss_mb(), threads, device.c_str(), precision.c_str(),
+              runs, sorted.front(), median, sorted.back(), rss, threads, device.c_str(), precision.c_str(),
               (long long)t.trainable_count());
-  const std::vector<float> mem = report_memory(t, nullptr, "wxe: memory: ", dev);
   if (json)
     std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"runs\": %d, "
                 "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"params_mb\": %.1f, "
                 "\"grads_mb\": %.1f, \"adamw_mb\": %.1f, \"kept_mb\": %.1f, \"transient_mb\": %.1f, "
                 "\"tensors_peak_mb\": %.1f, \"device_peak_mb\": %.1f, \"step_block_mb\": %.1f}\n",
-                model.c_str(), device.c_str(), precision.c_str(), threads, runs, median, sorted.front(), sorted.back(), peak_rss_mb(),
+                model.c_str(), device.c_str(), precision.c_str(), threads, runs, median, sorted.front(), sorted.back(), rss,
                 mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6, mem[4] / 1e6, mem[5] / 1e6, mem[7] / 1e6,
                 mem[8] / 1e6);
   return 0;
