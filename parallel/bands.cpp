@@ -425,21 +425,20 @@ BandStats shard_bands(Graph& g, int tp, bool domain, bool training) {
       // alone, and each convolution its halo by HaloTP, which the backward can make again
       // (add_recompute_segments): the band is kept once for the weight gradients, not a band with
       // a halo for each kernel height (CREDIT's four cross-embeddings read the same input).
-      const bool halo_later = training;
-      auto key = std::make_tuple(n.inputs[0], halo_later ? 0 : top, halo_later ? 0 : bottom);
+      auto key = std::make_tuple(n.inputs[0], training ? 0 : top, training ? 0 : bottom);
       auto it = scattered_with_halo.find(key);
       if (it == scattered_with_halo.end()) {
-        const int h = new_value(n.inputs[0], halo_later ? "_band" : "_band_halo");
+        const int h = new_value(n.inputs[0], training ? "_band" : "_band_halo");
         Node sc = collective("ScatterTP", n.name + "/ScatterTP", n.inputs[0], h, kRows);
         sc.attrs["top"] = attr_i(std::get<1>(key));
         sc.attrs["bottom"] = attr_i(std::get<2>(key));
         out.push_back(std::move(sc));
         ++st.scatters;
         it = scattered_with_halo.emplace(key, h).first;
-        if (halo_later) set_band(h, kRows);
+        if (training) set_band(h, kRows);
       }
       n.inputs[0] = it->second;
-      if (!halo_later) top = bottom = 0;
+      if (!training) top = bottom = 0;
     }
     if (!starts_bands && !std::any_of(n.inputs.begin(), n.inputs.end(), is_band)) {
       const int o = n.outputs.empty() ? -1 : n.outputs[0];

@@ -264,7 +264,7 @@ Geo geo_of(const ConvGeom& g, const FftConvPlan& p) {
 }
 
 // The F x F input patch of phase channel cp (c, row phase, column phase) at tile origin (i0, j0)
-// of image n, into re (im: the next channel of a pair, when cp2 >= 0).
+// of image n, into out (zeros past the input and for cp >= Cp, the lone last channel's partner).
 void gather_patch(const Tables& t, const Geo& d, const float* x, bool nhwc, int64_t n, int64_t cp, int64_t i0,
                   int64_t j0, float* out) {
   const int64_t F = t.F, s = d.s;

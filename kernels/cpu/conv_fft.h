@@ -1,9 +1,9 @@
 // Conv by FFT for kernels much wider than their stride (CREDIT's first-layer cross-embeddings:
 // kernel 32, stride 2, 80 -> 4 channels, 16 GFLOP direct on the 1-degree grid; kernel 32, stride
 // 4 on the 640 x 1280 grid). The plan (tiles, transform size, when it pays) is
-// engine/math/fft_conv_plan.h. The transforms are radix-2, vectorized across the rows or columns
-// of a tile; float32 throughout. The reference Conv kernel and backward loops are the oracle
-// (tests/grad_conv_test.cpp).
+// engine/math/fft_conv_plan.h. The transforms are radix 4 (and 2), vectorized across the columns
+// of a tile, with a transpose between the axes; float32 throughout. The reference Conv kernel and
+// backward loops are the oracle (tests/grad_conv_test.cpp).
 #pragma once
 #include <cstddef>
 
