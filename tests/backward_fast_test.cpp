@@ -167,8 +167,11 @@ TEST(BackwardFast, LinearBf16NearReference) {
     // dX alone, dW and db without dX: the same bits
     for (const std::vector<bool>& want : {std::vector<bool>{true, false, false}, std::vector<bool>{false, true, true}}) {
       const std::vector<Tensor> some = grads(n16, c.in, want, with_kind<cpu::linear_backward, KernelKind::Fast>);
-      for (size_t i = 0; i < 3; ++i)
-        if (want[i]) EXPECT_EQ(max_abs_diff(some[i], b16[i]), 0.0) << "gradient of input " << i << " alone";
+      for (size_t i = 0; i < 3; ++i) {
+        if (want[i]) {
+          EXPECT_EQ(max_abs_diff(some[i], b16[i]), 0.0) << "gradient of input " << i << " alone";
+        }
+      }
     }
   }
 }
