@@ -171,7 +171,7 @@ bool by_fft(const Graph& g, const Node& n) {
 
 }  // namespace
 
-void split_conv_output_phases(Graph& g) {
+void split_conv_output_phases(Graph& g, bool fft) {
   std::vector<Node> out;
   bool changed = false;
   for (Node& n : g.nodes) {
@@ -198,7 +198,7 @@ void split_conv_output_phases(Graph& g) {
     }
     const int64_t OC = w.shape[0], IC = w.shape[1], KH = w.shape[2], KW = w.shape[3];
     const int64_t H = x.shape[2], W = x.shape[3], OH = y.shape[2], OW = y.shape[3];
-    if (by_fft(g, n)) {  // cheaper by FFT as it is
+    if (fft && by_fft(g, n)) {  // cheaper by FFT as it is
       keep();
       continue;
     }
@@ -962,11 +962,12 @@ void fuse_window_attention_training(Graph& g) {
   eliminate_dead_nodes(g);
 }
 
-void conv_channels_last(Graph& g) {
+void conv_channels_last(Graph& g, bool fft) {
   // spatial convs the oneDNN path runs channels-last (kernels/cpu/dnnl.cpp, make_conv); not those by
   // FFT, whose transforms read planes
   auto eligible = [&](const Node& n) {
-    if (n.op != "Conv" || n.inputs.size() < 2 || n.inputs[0] < 0 || n.inputs[1] < 0 || by_fft(g, n)) return false;
+    if (n.op != "Conv" || n.inputs.size() < 2 || n.inputs[0] < 0 || n.inputs[1] < 0 || (fft && by_fft(g, n)))
+      return false;
     const Value& x = g.values[n.inputs[0]];
     const Value& w = g.values[n.inputs[1]];
     if (x.shape.size() != 4 || x.dtype != DType::F32 || x.is_const() || !w.is_const() || n.i("group", 1) != 1)
@@ -1057,14 +1058,15 @@ void use_bf16(Graph& g) {
 }
 
 void optimize_for_cpu(Graph& g, Precision precision) {
+  const bool fft = precision == Precision::F32;  // the bfloat16 convs run direct (kernels/cpu/dnnl.cpp)
   remove_identity_ops(g);
   fold_pad_into_conv(g);
-  split_conv_output_phases(g);
+  split_conv_output_phases(g, fft);
   fuse_gelu(g);
   fuse_channel_layernorm(g);
   fuse_linear_gelu(g);
   fuse_window_attention(g);
-  conv_channels_last(g);
+  conv_channels_last(g, fft);
   depth_to_space_channels_last(g);
   mark_constant_weights(g);
   if (precision == Precision::BF16) use_bf16(g);

@@ -26,8 +26,10 @@ void fold_pad_into_conv(Graph& g);
 // output size becomes a stride-4 Conv with 4x the output channels (one per output phase
 // (y % 2, x % 2); the kernel grows by 2 and is zero where the phase shifts it) followed by
 // DepthToSpace(CRD, 2). Same sums in the same order; oneDNN pads output channels to 16, so
-// the narrow conv wasted 3/4 of its work.
-void split_conv_output_phases(Graph& g);
+// the narrow conv wasted 3/4 of its work. With `fft`, not a conv the float32 CPU kernel runs by
+// FFT (engine/math/fft_conv_plan.h: cheaper as it is); Precision::BF16 splits those too (the
+// bfloat16 direct kernel is the faster there).
+void split_conv_output_phases(Graph& g, bool fft = true);
 
 // Ops that copy their input unchanged go (their readers read the input): Resize to the
 // input's own size (nearest or linear, any coordinate mode but tf_crop_and_resize) and
@@ -80,8 +82,9 @@ void fuse_window_attention_training(Graph& g);
 // cross-embedding layers read one input with 2 to 4 kernel sizes). Not 3x3 stride-1 convs:
 // their CPU kernel (Winograd, kernels/cpu/conv_winograd.h) reorders bands of rows into its own
 // blocked layout from NCHW as from NHWC, so Transposes around them would be pure cost
-// (wxformer_v2026's up-blocks: 0.3 to 5.5 ms each, and 32 MB less peak RSS).
-void conv_channels_last(Graph& g);
+// (wxformer_v2026's up-blocks: 0.3 to 5.5 ms each, and 32 MB less peak RSS). With `fft`, not
+// convs by FFT either (their transforms read planes).
+void conv_channels_last(Graph& g, bool fft = true);
 
 // Transpose(0, 3, 1, 2) -> DepthToSpace -> Transpose(0, 2, 3, 1), with nothing else reading
 // the intermediates (a pixel-shuffle between two channels-last convs), becomes one
