@@ -95,20 +95,21 @@ TEST(Fuse, WideOrOddConvIsNotSplit) {
 }
 
 // A conv that the CPU kernel runs by FFT (engine/math/fft_conv_plan.h: kernel 32 at stride 2) is
-// neither split into output phases nor made channels-last; the same at kernel 8 is both.
+// neither split into output phases nor made channels-last; the same at kernel 8 is both, and so
+// is the kernel-32 one for bfloat16 inference (fft false: its direct kernel is the faster).
 TEST(Fuse, ConvByFftStaysAsItIs) {
-  for (int64_t k : {32, 8}) {
+  for (auto [k, fft] : {std::pair<int64_t, bool>{32, true}, {8, true}, {32, false}}) {
     Builder b;
     int x = b.input("x", {1, 8, 96, 96});
     int w = b.constant("w", randn({4, 8, k, k}, 3));
     int y = b.node("Conv", {x, w}, {{"strides", attr_ints({2, 2})}, {"pads", attr_ints({k / 2 - 1, k / 2 - 1, k / 2 - 1, k / 2 - 1})}});
     Graph g = b.done(y, {1, 8, 96, 96});
-    split_conv_output_phases(g);
-    conv_channels_last(g);
-    if (k == 32)
+    split_conv_output_phases(g, fft);
+    conv_channels_last(g, fft);
+    if (k == 32 && fft)
       EXPECT_EQ(ops_of(g), (Ops{"Conv"}));
     else
-      EXPECT_EQ(ops_of(g), (Ops{"Transpose", "ConvChannelsLast", "Transpose", "DepthToSpace"}));
+      EXPECT_EQ(ops_of(g), (Ops{"Transpose", "ConvChannelsLast", "Transpose", "DepthToSpace"})) << k << " " << fft;
   }
 }
 
