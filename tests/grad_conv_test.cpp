@@ -534,6 +534,14 @@ TEST(ConvBackward, FftPathMatchesReference) {
   EXPECT_EQ(plan({1, 8, 80, 80}, {8, 4, 32, 32}, {}, true), 0);
   EXPECT_EQ(plan({1, 64, 80, 80}, {64, 64, 3, 3}, {}), 0);
   EXPECT_EQ(plan({1, 8, 34, 34}, {4, 8, 32, 32}, {}), 0);  // a 3 x 3 output
+  // the modelled time's choices on CREDIT's first layers: v2026's kernels 32 and 16 by FFT, its
+  // kernel 8 (8 outputs) direct (measured slower by FFT in a training step), the 640 x 1280
+  // grid's kernel 32 at stride 4 by FFT, its kernel 16 direct
+  EXPECT_GT(plan_fft_conv(1, 80, 4, 128, 192, 32, 32, 2, false).F, 0);
+  EXPECT_GT(plan_fft_conv(1, 80, 4, 128, 192, 16, 16, 2, false).F, 0);
+  EXPECT_EQ(plan_fft_conv(1, 80, 8, 128, 192, 8, 8, 2, false).F, 0);
+  EXPECT_GT(plan_fft_conv(1, 74, 16, 160, 320, 32, 32, 4, false).F, 0);
+  EXPECT_EQ(plan_fft_conv(1, 74, 16, 160, 320, 16, 16, 4, false).F, 0);
   // constant weights' spectra are kept up to kFftSpectraCacheBytes: v2026's first layer (21.6
   // MB), not the 640 x 1280 grid's (74 -> 16 channels, kernel 32, stride 4)
   EXPECT_TRUE(plan_fft_conv(1, 80, 4, 128, 192, 32, 32, 2, true).cached);

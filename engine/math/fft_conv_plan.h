@@ -27,17 +27,21 @@ struct FftConvPlan {
 // would need 320 MB at F = 64): beyond, they are made per call, a chunk of channels at a time.
 constexpr double kFftSpectraCacheBytes = 64.0 * 1024 * 1024;
 
-// N images of C channels to OC x OH x OW by an OC x C x KH x KW kernel at stride s. The FFT is
-// taken when it does at most a sixth of the direct arithmetic (its loops break even with
-// oneDNN's direct kernels at about a fifth, measured on CREDIT's cross-embeddings);
-// weights_known: constant weights, whose spectra are kept between calls (and not counted) when
-// they fit kFftSpectraCacheBytes.
+// N images of C channels to OC x OH x OW by an OC x C x KH x KW kernel at stride s. The choice is
+// by modelled time, not arithmetic alone: the transforms run at about 40 GFLOP/s on 2 cores, the
+// per-frequency products over channels at about 23 (they stream the accumulators; measured on
+// CREDIT's cross-embeddings, 4 and 16 outputs), oneDNN's direct kernels at about 150; the FFT
+// is taken when it is 1.25 x faster by that model (the kernel-8 cross-embedding, at 3.5 x less
+// arithmetic, is not: measured slower in a training step). weights_known: constant weights,
+// whose spectra are kept between calls (and not counted) when they fit kFftSpectraCacheBytes.
 inline FftConvPlan plan_fft_conv(int64_t N, int64_t C, int64_t OC, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
                                  int64_t s, bool weights_known) {
+  constexpr double kTransforms = 40e9, kProducts = 23e9, kDirect = 150e9;  // FLOP/s
   FftConvPlan best;
   if (N < 1 || C < 1 || OC < 1 || OH < 1 || OW < 1 || KH < 1 || KW < 1 || s < 1 || s > 8) return best;
   const int64_t Ka = (KH + s - 1) / s, Kb = (KW + s - 1) / s, Cp = C * s * s;
   best.direct_flops = 2.0 * N * OH * OW * OC * C * KH * KW;
+  double best_time = 0;
   for (int64_t F = 16; F <= 64; F *= 2) {
     const int64_t Th = F - Ka + 1, Tw = F - Kb + 1;
     if (Th < F / 2 || Tw < F / 2) continue;  // most of each transform would be halo
@@ -45,20 +49,23 @@ inline FftConvPlan plan_fft_conv(int64_t N, int64_t C, int64_t OC, int64_t OH, i
     const double tiles = double(N) * th * tw;
     const double fft2 = 5.0 * F * F * std::log2(double(F));  // one complex 2-D transform
     const double spectrum = double(F / 2 + 1) * F;           // half of it, complex
-    double flops = tiles * ((Cp + 1) / 2 + (OC + 1) / 2) * fft2 + tiles * OC * Cp * spectrum * 8;
+    double transforms = tiles * ((Cp + 1) / 2 + (OC + 1) / 2) * fft2;
+    const double products = tiles * OC * Cp * spectrum * 8;
     const bool cached = weights_known && 4.0 * OC * Cp * 2 * spectrum <= kFftSpectraCacheBytes;
-    if (!cached) flops += double(OC) * ((Cp + 1) / 2) * fft2;
-    if (best.F == 0 || flops < best.flops) {
+    if (!cached) transforms += double(OC) * ((Cp + 1) / 2) * fft2;
+    const double time = transforms / kTransforms + products / kProducts;
+    if (best.F == 0 || time < best_time) {
       best.F = F;
       best.cached = cached;
-      best.flops = flops;
+      best.flops = transforms + products;
+      best_time = time;
       best.Th = Th;
       best.Tw = Tw;
       best.tiles_h = th;
       best.tiles_w = tw;
     }
   }
-  if (best.F == 0 || best.direct_flops < 6 * best.flops) {
+  if (best.F == 0 || 1.25 * best_time > best.direct_flops / kDirect) {
     best.F = 0;
     return best;
   }
