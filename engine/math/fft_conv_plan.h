@@ -27,6 +27,9 @@ struct FftConvPlan {
 // would need 320 MB at F = 64): beyond, they are made per call, a chunk of channels at a time.
 constexpr double kFftSpectraCacheBytes = 64.0 * 1024 * 1024;
 
+// Floats of the kernels' conjugate half spectra: OC x Cp of them, (F / 2 + 1) x F complex each.
+inline double fft_spectra_floats(int64_t OC, int64_t Cp, int64_t F) { return double(OC) * Cp * 2 * (F / 2 + 1) * F; }
+
 // N images of C channels to OC x OH x OW by an OC x C x KH x KW kernel at stride s. The choice is
 // by modelled time, not arithmetic alone: the transforms run at about 40 GFLOP/s on 2 cores, the
 // per-frequency products over channels at about 23 (they stream the accumulators; measured on
@@ -51,7 +54,7 @@ inline FftConvPlan plan_fft_conv(int64_t N, int64_t C, int64_t OC, int64_t OH, i
     const double spectrum = double(F / 2 + 1) * F;           // half of it, complex
     double transforms = tiles * ((Cp + 1) / 2 + (OC + 1) / 2) * fft2;
     const double products = tiles * OC * Cp * spectrum * 8;
-    const bool cached = weights_known && 4.0 * OC * Cp * 2 * spectrum <= kFftSpectraCacheBytes;
+    const bool cached = weights_known && 4.0 * fft_spectra_floats(OC, Cp, F) <= kFftSpectraCacheBytes;
     if (!cached) transforms += double(OC) * ((Cp + 1) / 2) * fft2;
     const double time = transforms / kTransforms + products / kProducts;
     if (best.F == 0 || time < best_time) {

@@ -338,6 +338,16 @@ void patch_spectra(const Tables& t, const Geo& d, const float* x, bool nhwc, con
   unpack(t, w, false);
 }
 
+// The taps of phase kernel cp (input channel c, row phase pa, column phase pb) of output o:
+// fn(index in w (OC, C, KH, KW), index in an F x F tile) for each tap (a, b) inside the kernel.
+template <class Fn>
+void phase_taps(const Geo& d, const FftConvPlan& p, int64_t F, int64_t o, int64_t cp, Fn fn) {
+  const int64_t c = cp / (d.s * d.s), pa = cp / d.s % d.s, pb = cp % d.s;
+  for (int64_t a = 0; a < p.Ka && d.s * a + pa < d.KH; ++a)
+    for (int64_t b = 0; b < p.Kb && d.s * b + pb < d.KW; ++b)
+      fn(((o * d.C + c) * d.KH + d.s * a + pa) * d.KW + d.s * b + pb, a * F + b);
+}
+
 // The conjugate half spectra of phase kernels (o, cp) and (o, cp + 1), to out and out + 2 HS
 // (the second only when cp + 1 < Cp).
 void kernel_spectra(const Tables& t, const Geo& d, const FftConvPlan& p, const float* w, int64_t o, int64_t cp,
@@ -345,11 +355,7 @@ void kernel_spectra(const Tables& t, const Geo& d, const FftConvPlan& p, const f
   for (int k = 0; k < 2; ++k) {
     float* z = k ? wk.aim() : wk.are();
     std::fill(z, z + t.F * t.F, 0.f);
-    if (cp + k >= d.Cp) continue;
-    const int64_t c = (cp + k) / (d.s * d.s), pa = (cp + k) / d.s % d.s, pb = (cp + k) % d.s;
-    for (int64_t a = 0; a < p.Ka && d.s * a + pa < d.KH; ++a)
-      for (int64_t b = 0; b < p.Kb && d.s * b + pb < d.KW; ++b)
-        z[a * t.F + b] = w[((o * d.C + c) * d.KH + d.s * a + pa) * d.KW + d.s * b + pb];
+    if (cp + k < d.Cp) phase_taps(d, p, t.F, o, cp + k, [&](int64_t wi, int64_t zi) { z[zi] = w[wi]; });
   }
   fft2(t, wk);
   unpack(t, wk, true);
@@ -366,7 +372,7 @@ FftConvPlan fft_conv_plan(const ConvGeom& g, bool weights_known) {
 }
 
 size_t fft_conv_spectra_floats(const ConvGeom& g, const FftConvPlan& p) {
-  return size_t(g.C_out) * size_t(g.C_in * p.s * p.s) * 2 * size_t(p.F / 2 + 1) * size_t(p.F);
+  return (size_t)fft_spectra_floats(g.C_out, g.C_in * p.s * p.s, p.F);
 }
 
 // spectra[o][cp]: the conjugate half spectrum of phase kernel cp of output o (re, then im).
@@ -405,8 +411,9 @@ void fft_conv_forward(const ConvGeom& g, const FftConvPlan& p, const float* x, b
     std::vector<float> acc(size_t(std::max<int64_t>(t1 - t0, 0) * OCe * 2 * HS), 0.f);
     for (int64_t c0 = 0; c0 < d.Cp; c0 += chunk) {
       const int64_t c1 = std::min(d.Cp, c0 + chunk);
-      const float* G = spectra;  // spectrum of (o, cp) at G + (o * gs + cp - c0) * 2 HS
-      int64_t gs = d.Cp;
+      // the spectrum of (o, cp) at G + (o * gs + cp - c0) * 2 HS
+      const float* G = spectra ? spectra + c0 * 2 * HS : own.data();
+      const int64_t gs = spectra ? d.Cp : chunk;
       if (!spectra) {
 #pragma omp barrier
         const int64_t pairs = (c1 - c0 + 1) / 2;
@@ -415,10 +422,6 @@ void fft_conv_forward(const ConvGeom& g, const FftConvPlan& p, const float* x, b
           const int64_t o = task / pairs, cp = c0 + task % pairs * 2;
           kernel_spectra(t, d, p, w, o, cp, wk, own.data() + (o * chunk + cp - c0) * 2 * HS);
         }
-        G = own.data();
-        gs = chunk;
-      } else {
-        G = spectra + c0 * 2 * HS;
       }
       for (int64_t cp = c0; cp < c1; cp += 2)
         for (int64_t ti = t0; ti < t1; ++ti) {
@@ -499,10 +502,7 @@ void fft_conv_weight_grad(const ConvGeom& g, const FftConvPlan& p, const float* 
         ifft2(t, wk);
         for (int k = 0; k < 2 && cp + k < d.Cp; ++k) {
           const float* z = k ? wk.aim() : wk.are();
-          const int64_t c = (cp + k) / (d.s * d.s), pa = (cp + k) / d.s % d.s, pb = (cp + k) % d.s;
-          for (int64_t a = 0; a < p.Ka && d.s * a + pa < d.KH; ++a)
-            for (int64_t b = 0; b < p.Kb && d.s * b + pb < d.KW; ++b)
-              dw[((o * d.C + c) * d.KH + d.s * a + pa) * d.KW + d.s * b + pb] = z[a * t.F + b] * scale;
+          phase_taps(d, p, t.F, o, cp + k, [&](int64_t wi, int64_t zi) { dw[wi] = z[zi] * scale; });
         }
       }
     }
