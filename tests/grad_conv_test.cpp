@@ -385,7 +385,8 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
 // 16 channels, kernels 16 and 32, stride 4) took minutes per training step. The backward pair
 // passes such a layout over for one with a real kernel.
 // 3x3 stride-1 convs on oneDNN's Winograd kernel in bands of rows (conv_winograd.h): forward
-// (nchw and nhwc in and out), backward-data and the weight gradient against the reference
+// (nchw and nhwc in and out), backward-data (by the flipped forward with pads 1, by oneDNN's
+// Winograd backward-data with pads 0) and the weight gradient against the reference
 // kernel and loops, with whole-plane bands and with bands of 4, 8 and 12 rows (every band's
 // halo, the first and last bands' pads, a last band shorter than the others); pads of 0 and 1
 // on either side; then through the registered Conv kernels.
