@@ -749,34 +749,9 @@ BandStats sequence_parallel(Graph& g, int tp) { return shard_bands(g, tp, false,
 BandStats domain_parallel(Graph& g, int domain, bool training) { return shard_bands(g, domain, true, training); }
 
 void add_recompute_segments(const Graph& g, std::vector<int>& seg) {
-  if (seg.empty()) seg.assign(g.nodes.size(), -1);
-  int next = 0;
-  for (int s : seg) next = std::max(next, s + 1);
-  std::vector<std::vector<int>> readers(g.values.size());
-  for (size_t k = 0; k < g.nodes.size(); ++k)
-    for (int i : g.nodes[k].inputs)
-      if (i >= 0) readers[i].push_back((int)k);
-  for (size_t k = 0; k < g.nodes.size(); ++k) {
-    const Node& n = g.nodes[k];
-    const bool gather = n.op == "AllGatherTP" && n.s("grad", "sum") == "sum";
-    if (!(gather || n.op == "HaloTP") || seg[k] >= 0) continue;
-    std::vector<int> members = {(int)k}, values = {n.outputs[0]};
-    bool ok = true;
-    while (!values.empty() && ok) {
-      const int v = values.back();
-      values.pop_back();
-      for (int r : readers[v]) {
-        const Node& m = g.nodes[r];
-        if (seg[r] >= 0 || op_updates_inputs(m.op)) ok = false;
-        if (std::find(members.begin(), members.end(), r) != members.end()) continue;
-        members.push_back(r);
-        if (m.op == "Reshape" || m.op == "Transpose") values.push_back(m.outputs[0]);
-      }
-    }
-    if (!ok) continue;
-    for (int m : members) seg[m] = next;
-    ++next;
-  }
+  add_recompute_segments(g, seg, [](const Node& n) {
+    return (n.op == "AllGatherTP" && n.s("grad", "sum") == "sum") || n.op == "HaloTP";
+  });
 }
 
 }  // namespace wxe

@@ -96,12 +96,9 @@ BandStats sequence_parallel(Graph& g, int tp);
 // nothing for domain 1.
 BandStats domain_parallel(Graph& g, int domain, bool training);
 
-// Activation checkpointing's segments (ExecOptions::segments, engine/passes/passes.h
-// checkpoint_segments) plus, for each AllGatherTP with grad "sum" and each HaloTP outside any
-// segment, one segment of the collective, the Reshape/Transpose nodes after it and the layers
-// reading their result: the backward gathers the band again (exchanges the halo rows again)
-// rather than keeping the whole activation (the band with its halo) the layers read; only the
-// collective and the layout run again, the layers' outputs are kept. `segments` empty: none yet.
+// engine/passes/passes.h add_recompute_segments seeded with each AllGatherTP with grad "sum" and
+// each HaloTP: the backward gathers the band again (exchanges the halo rows again) rather than
+// keeping the whole activation (the band with its halo) the layers read.
 void add_recompute_segments(const Graph& g, std::vector<int>& segments);
 
 }  // namespace wxe

@@ -43,7 +43,9 @@ struct Step {
   size_t held = 0, kept0 = 0;  // host tensor bytes the first forward left allocated (engine/ir/tensor.h), kept
 };
 
-enum class Plan { KeepAll, FreeUnread, Checkpoint };
+// GeluRecompute: each Gelu's output made again in the backward (add_recompute_segments), as the
+// trainer runs the fused graph on the CPU.
+enum class Plan { KeepAll, FreeUnread, Checkpoint, GeluRecompute };
 
 // A backend on host memory with a kernel for each op of the graph but two: Softmax's forward and
 // Erf's backward run on the host (the device path's host fallback), so values move both ways.
@@ -84,6 +86,16 @@ Step run_step(const std::string& model, Plan plan, bool fused = false, bool devi
     int n = 0;
     for (int s : opt.segments) n = std::max(n, s + 1);
     EXPECT_GE(n, 8) << model << ": attention and feed-forward blocks";
+  }
+  if (plan == Plan::GeluRecompute) {
+    add_recompute_segments(g, opt.segments, [](const Node& n) { return n.op == "Gelu"; });
+    int gelus = 0;
+    for (size_t k = 0; k < g.nodes.size(); ++k)
+      if (g.nodes[k].op == "Gelu") {
+        ++gelus;
+        EXPECT_GE(opt.segments[k], 0) << model << ": " << g.nodes[k].name << " not made again";
+      }
+    EXPECT_GE(gelus, 2) << model;
   }
   GradExecutor ex(g, trainable_parameters(g), opt);
   Step s;
@@ -192,8 +204,7 @@ TEST(MemoryPlan, CheckpointedFinetuneEqualsTheRunWithout) {
         << params[0][i].first;
 }
 
-// The training graph with its channel LayerNorms and GELUs fused (fuse_for_training; the
-// Linear before a GELU takes it as its activation) against the graph as exported: the same
+// The training graph with its channel LayerNorms and GELUs fused (fuse_for_training) against the graph as exported: the same
 // outputs and parameter gradients up to float rounding (the fused kernels sum in another
 // order), and less kept for the backward. Gradients are compared per parameter in relative L2,
 // with a floor at the tensor's share of the global gradient norm (a bias that a norm cancels has
@@ -252,6 +263,26 @@ TEST(FusedTraining, MemoryPlanAndCheckpointingGiveTheSameBits) {
       EXPECT_EQ(std::memcmp(all.grads[i].raw(), ck.grads[i].raw(), all.grads[i].nbytes()), 0) << model << " " << all.names[i];
     }
     EXPECT_LT(ck.kept, plan.kept) << model;
+  }
+}
+
+// The fused graph's Gelus made again in the backward (the trainer's segments on the CPU): the bits
+// of keeping every forward value, and less kept than keeping each Gelu's output for the Linear
+// after it.
+TEST(FusedTraining, GeluRemadeInTheBackwardGivesTheSameBits) {
+  for (const std::string model : {"crossformer_tiny", "wxformer_tiny"}) {
+    SCOPED_TRACE(model);
+    const Step all = run_step(model, Plan::KeepAll, true), plan = run_step(model, Plan::FreeUnread, true),
+               remade = run_step(model, Plan::GeluRecompute, true);
+    ASSERT_EQ(all.grads.size(), remade.grads.size());
+    for (size_t i = 0; i < all.outputs.size(); ++i)
+      EXPECT_EQ(std::memcmp(all.outputs[i].raw(), remade.outputs[i].raw(), all.outputs[i].nbytes()), 0);
+    for (size_t i = 0; i < all.grads.size(); ++i)
+      EXPECT_EQ(std::memcmp(all.grads[i].raw(), remade.grads[i].raw(), all.grads[i].nbytes()), 0) << all.names[i];
+    EXPECT_EQ(remade.held, remade.kept0);
+    std::printf("%s: kept with the Gelus made again %.1f MB (kept %.1f MB)\n", model.c_str(), remade.kept / 1e6,
+                plan.kept / 1e6);
+    EXPECT_LT(remade.kept, plan.kept);
   }
 }
 

@@ -142,6 +142,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   // the backward rather than kept
   if (sp_stats_.gathers || sp_stats_.halos || (domain_stats.halos && cfg.device == "cpu"))
     add_recompute_segments(graph_, opt.segments);
+  if (cfg.device == "cpu") add_recompute_segments(graph_, opt.segments, [](const Node& n) { return n.op == "Gelu"; });
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
   if (cfg.device != "cpu") dev_ = &backend_for(cfg.device);
   if (!exec_->host_nodes().empty()) {

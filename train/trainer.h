@@ -59,7 +59,8 @@ struct FinetuneConfig {
   // "none": keep them. Gradients are bit-identical either way.
   std::string activation_checkpoint = "none";
   // The training graph's channel LayerNorms and GELUs fused as for inference (engine/passes/fuse.h
-  // fuse_for_training): less kept for the backward, fewer kernels. On the CPU and host-memory
+  // fuse_for_training; on the CPU each Gelu's output is made again in the backward, not kept):
+  // less kept for the backward, fewer kernels. On the CPU and host-memory
   // backends; on a GPU the fusions its backend has backward kernels for (Backend::prepare_training:
   // CUDA's all but the window attention); not with `reference` (the oracle runs the graph as
   // exported). false: the exported graph (tests compare the two).

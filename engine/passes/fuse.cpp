@@ -1077,7 +1077,6 @@ void fuse_for_training(Graph& g) {
   fold_pad_into_conv(g);
   fuse_gelu(g);
   fuse_channel_layernorm(g);
-  fuse_linear_gelu(g);
   fuse_window_attention_training(g);
 }
 

@@ -110,11 +110,13 @@ void optimize_for_cpu(Graph& g, Precision precision = Precision::F32);
 
 // The fusions a training graph takes (their ops have CPU backward kernels): remove_identity_ops
 // (a Resize to the grid's own size copies nothing), fold_pad_into_conv (the padded copy is then
-// not kept for the weight gradient), fuse_gelu, fuse_channel_layernorm, fuse_linear_gelu and
+// not kept for the weight gradient), fuse_gelu, fuse_channel_layernorm and
 // fuse_window_attention_training. Their backward reads x where the exported chains kept
 // several intermediates for it (engine/ir/ops.h BackwardReads), and runs one kernel instead of
-// 5 or 9 (a Linear with activation "gelu" recomputes its pre-activation in the backward rather
-// than keeping it). A fused node keeps the name of the node whose output it writes, so its
+// 5 or 9. The Linear before a Gelu stays apart from it: the Gelu's input is kept for its backward
+// and its output made again there (the trainer's add_recompute_segments on the CPU, passes.h),
+// which is cheaper than a Linear with activation "gelu" that recomputes its pre-activation by a
+// GEMM (wxformer_v2026's step: Linear and GELU 271 -> 237 ms, the same memory). A fused node keeps the name of the node whose output it writes, so its
 // module scope (checkpoint_segments) is the chain's; parameters keep their names and storage
 // (value ids change: compact_values). Run after tp sharding (the plan matches the exported
 // chains); the trainer runs it on host-memory backends (a GPU backend picks its own:

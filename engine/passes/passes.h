@@ -159,4 +159,13 @@ NamedTensors graph_parameters(const Graph& g);
 // belong to none.
 std::vector<int> checkpoint_segments(const Graph& g, const std::function<bool(const Node&)>& exclude = {});
 
+// Segments (as above) that make a value again in the backward instead of keeping it: for each
+// node `seed` picks outside any segment, one segment of it, the Reshape/Transpose nodes after it
+// and the nodes reading their result, so that its output is an inner value (dropped when the
+// forward leaves the segment). The backward runs only the nodes that make inner values again
+// (the seed and the layouts); the readers' outputs are kept as they would be. A seed whose
+// result reaches a node in another segment or one that updates its inputs gets none.
+// `segments` empty: none yet.
+void add_recompute_segments(const Graph& g, std::vector<int>& segments, const std::function<bool(const Node&)>& seed);
+
 }  // namespace wxe

@@ -141,6 +141,36 @@ std::vector<int> checkpoint_segments(const Graph& g, const std::function<bool(co
   return seg;
 }
 
+void add_recompute_segments(const Graph& g, std::vector<int>& seg, const std::function<bool(const Node&)>& seed) {
+  if (seg.empty()) seg.assign(g.nodes.size(), -1);
+  int next = 0;
+  for (int s : seg) next = std::max(next, s + 1);
+  std::vector<std::vector<int>> readers(g.values.size());
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    for (int i : g.nodes[k].inputs)
+      if (i >= 0) readers[i].push_back((int)k);
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = g.nodes[k];
+    if (seg[k] >= 0 || !seed(n)) continue;
+    std::vector<int> members = {(int)k}, values = {n.outputs[0]};
+    bool ok = true;
+    while (!values.empty() && ok) {
+      const int v = values.back();
+      values.pop_back();
+      for (int r : readers[v]) {
+        const Node& m = g.nodes[r];
+        if (seg[r] >= 0 || op_updates_inputs(m.op)) ok = false;
+        if (std::find(members.begin(), members.end(), r) != members.end()) continue;
+        members.push_back(r);
+        if (m.op == "Reshape" || m.op == "Transpose") values.push_back(m.outputs[0]);
+      }
+    }
+    if (!ok) continue;
+    for (int m : members) seg[m] = next;
+    ++next;
+  }
+}
+
 NamedTensors graph_parameters(const Graph& g) {
   NamedTensors r;
   std::vector<int> uses = g.use_counts();

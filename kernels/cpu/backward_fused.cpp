@@ -1,6 +1,6 @@
 // Backward kernels of the ops the fusion passes make (engine/passes/fuse.h), which the
 // training graph runs since fuse_for_training: ChannelLayerNorm here; Gelu is
-// backward_layers.cpp, Linear with activation "gelu" backward_linalg.cpp.
+// backward_layers.cpp, Linear with activation "gelu" (inference's fusion) backward_linalg.cpp.
 // See engine/ir/ops.h (BackwardFn) for the contract.
 #include <algorithm>
 #include <cmath>
