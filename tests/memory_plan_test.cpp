@@ -181,6 +181,51 @@ TEST(MemoryPlan, TheDevicePathFreesAndRecomputesAsTheCpu) {
   }
 }
 
+// Gradients passed through unchanged (engine/ir/ops.h gradient_passthrough: Add, Sub) share
+// storage; a sum into a shared gradient must not change the others. y = a + a, p = y * b,
+// z = y + b, w = z * p: the backward reaches z's Add before p's Mul, so y's and b's gradients
+// share z's when the Mul adds to both. w = y^2 b + y b^2: dw/da = 8ab + 2b^2, dw/db = 4a^2 + 4ab.
+TEST(MemoryPlan, PassedThroughGradientsAreNotSummedInPlace) {
+  register_cpu_kernels();
+  Graph g;
+  g.source = "passthrough";
+  const Tensor av = randn({64}, 3), bv = randn({64}, 4);
+  const int a = g.add_constant("a", av.clone(), true), b = g.add_constant("b", bv.clone(), true);
+  auto node = [&](const char* op, int x, int y, const char* out) {
+    Value v;
+    v.name = out;
+    v.dtype = DType::F32;
+    v.shape = {64};
+    v.shape_known = true;
+    Node n;
+    n.op = op;
+    n.name = out;
+    n.inputs = {x, y};
+    n.outputs = {g.add_value(v)};
+    g.nodes.push_back(n);
+    return n.outputs[0];
+  };
+  const int y = node("Add", a, a, "y"), p = node("Mul", y, b, "p"), z = node("Add", y, b, "z");
+  g.outputs = {node("Mul", z, p, "w")};
+  for (bool keep : {false, true}) {
+    ExecOptions opt;
+    opt.keep_forward = keep;
+    GradExecutor ex(g, trainable_parameters(g), opt);
+    std::vector<Tensor> out = ex.forward({});
+    Tensor ones(DType::F32, {64});
+    std::fill(ones.data<float>(), ones.data<float>() + 64, 1.f);
+    ex.backward({ones});
+    ASSERT_EQ(ex.trainable().size(), 2u);
+    const Tensor& ga = ex.grads()[ex.trainable()[0] == a ? 0 : 1];
+    const Tensor& gb = ex.grads()[ex.trainable()[0] == a ? 1 : 0];
+    for (int64_t i = 0; i < 64; ++i) {
+      const float ai = av.data<float>()[i], bi = bv.data<float>()[i];
+      EXPECT_NEAR(ga.data<float>()[i], 8 * ai * bi + 2 * bi * bi, 1e-5 * (1 + std::fabs(8 * ai * bi))) << i;
+      EXPECT_NEAR(gb.data<float>()[i], 4 * ai * ai + 4 * ai * bi, 1e-5 * (1 + std::fabs(4 * ai * ai))) << i;
+    }
+  }
+}
+
 // Through the trainer, as `finetune --activation-checkpoint blocks` runs: a 2-step rollout of the
 // spectral-norm model, three optimizer steps, the same losses and parameters bit for bit.
 TEST(MemoryPlan, CheckpointedFinetuneEqualsTheRunWithout) {

@@ -22,6 +22,22 @@ void accumulate(Tensor& dst, const Tensor& src) {
   for (int64_t i = 0; i < n; ++i) d[i] += s[i];
 }
 
+// A value's gradient += src, where gradients may share storage (gradient_passthrough,
+// engine/ir/ops.h): a shared sum is not written in place; the sum goes into src's storage when
+// src alone holds it, else into a new tensor, and dst takes it.
+void accumulate_grad(Tensor& dst, Tensor src) {
+  if (dst.storage.use_count() == 1) return accumulate(dst, src);
+  const bool reuse = src.storage.use_count() == 1;
+  Tensor sum = reuse ? src : Tensor(DType::F32, dst.shape);
+  const float* a = dst.data<float>();
+  const float* b = src.data<float>();
+  float* d = sum.data<float>();
+  const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
+  dst = std::move(sum);
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -199,7 +215,7 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     if (!grad[v].defined()) {
       grad[v] = std::move(t);
     } else {
-      accumulate(grad[v], t);
+      accumulate_grad(grad[v], std::move(t));
     }
   };
   for (size_t k = 0; k < g_.outputs.size(); ++k) {
@@ -233,11 +249,17 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     gout.clear();
     gin.clear();
     std::vector<Tensor> gi(n.inputs.size());
+    const uint32_t pass = grad[n.outputs[0]].defined() ? gradient_passthrough(n.op) : 0u;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       int v = n.inputs[i];
       in.push_back(v < 0 ? nullptr : &vals_[v]);
       bool want = v >= 0 && needs_grad_[v];
-      if (want) gi[i] = Tensor(DType::F32, g_.values[v].shape);
+      if (want && i < 32 && (pass >> i & 1u) && g_.values[v].shape == g_.values[n.outputs[0]].shape) {
+        gi[i] = grad[n.outputs[0]];  // the output's gradient itself (ops.h gradient_passthrough)
+        want = false;
+      } else if (want) {
+        gi[i] = Tensor(DType::F32, g_.values[v].shape);
+      }
       gin.push_back(want ? &gi[i] : nullptr);
     }
     for (int o : n.outputs) {
@@ -249,10 +271,10 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     } catch (const Error& e) {
       throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + e.what());
     }
-    for (int o : n.outputs) grad[o] = Tensor();  // consumed
+    for (int o : n.outputs) grad[o] = Tensor();  // consumed (a passed-through gradient lives on in gi)
     release_read_by(k);
     for (size_t i = 0; i < n.inputs.size(); ++i)
-      if (gin[i]) add_grad(n.inputs[i], std::move(gi[i]));
+      if (gi[i].defined()) add_grad(n.inputs[i], std::move(gi[i]));
     if (opt_.profile) {
       auto& p = profile_[n.op + " (backward)"];
       p.ms += ms_since(t0);

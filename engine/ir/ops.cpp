@@ -11,6 +11,7 @@ struct OpEntry {
   KernelFn fast = nullptr;
   BackwardFn backward = nullptr;
   BackwardReads reads;
+  uint32_t passthrough = 0;
 };
 std::map<std::string, OpEntry>& table() {
   static std::map<std::string, OpEntry> t;
@@ -33,6 +34,13 @@ void register_backward_reads(const std::string& op, BackwardReads reads) { table
 BackwardReads backward_reads(const std::string& op) {
   auto it = table().find(op);
   return it == table().end() ? BackwardReads{} : it->second.reads;
+}
+
+void register_gradient_passthrough(const std::string& op, uint32_t inputs) { table()[op].passthrough = inputs; }
+
+uint32_t gradient_passthrough(const std::string& op) {
+  auto it = table().find(op);
+  return it == table().end() ? 0u : it->second.passthrough;
 }
 
 BackwardFn backward_kernel(const std::string& op) {

@@ -55,6 +55,13 @@ struct BackwardReads {
 void register_backward_reads(const std::string& op, BackwardReads reads);
 BackwardReads backward_reads(const std::string& op);
 
+// Inputs (bit i: input i) whose gradient is output 0's gradient unchanged wherever the input has
+// the output's shape: Add's two, Sub's first, WindowAttention's residual. The training executor
+// (CPU) hands such an input the output's gradient itself, its storage shared, and the kernel gets
+// nullptr for it as for an input that needs no gradient: no copy, no buffer. None by default.
+void register_gradient_passthrough(const std::string& op, uint32_t inputs);
+uint32_t gradient_passthrough(const std::string& op);
+
 bool op_known(const std::string& op);
 ShapeFn shape_rule(const std::string& op);
 // Fast kernel if asked and present, otherwise the reference kernel.

@@ -404,6 +404,7 @@ void register_attention_backward() {
   register_backward("WindowAttention", window_attention_backward);
   // x, the projection weights and the position bias; not bo, the residual or y
   register_backward_reads("WindowAttention", {(1u << 0) | (1u << 1) | (1u << 2) | (1u << 3) | (1u << 4) | (1u << 6), false});
+  register_gradient_passthrough("WindowAttention", 1u << 7);  // the residual's gradient is gy itself
 }
 
 }  // namespace wxe::cpu

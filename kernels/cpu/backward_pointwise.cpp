@@ -868,6 +868,9 @@ void register_pointwise_backward() {
   // the operands, not the output (which is only the broadcast shape); Where: the condition
   for (const char* op : {"Mul", "Div", "Pow", "Max", "Min", "Erf"}) register_backward_reads(op, {~0u, false});
   register_backward_reads("Where", {1u, false});
+  // the output's gradient itself for Add's full-shape inputs and Sub's first (engine/ir/ops.h)
+  register_gradient_passthrough("Add", 3u);
+  register_gradient_passthrough("Sub", 1u);
   register_backward_reads("Sum", {0u, false});
   register_backward("Sum", checked<sum_bw>);
   register_backward("Where", checked<where_bw>);
