@@ -1,6 +1,8 @@
 // CPU fusion passes (engine/passes/fuse.h), each alone: a small graph in, the expected graph out, the
 // same numbers before and after (reference kernels).
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "engine/exec/executor.h"
 #include "engine/passes/fuse.h"
@@ -135,6 +137,76 @@ int gelu_chain(Builder& b, int x) {
   int a = b.node("Add", {e, b.scalar(1.f)});
   int m = b.node("Mul", {x, a});
   return b.node("Mul", {m, b.scalar(0.5f)});
+}
+
+// CREDIT's boundary padding as exported (a 5-D (B, C, T, lat, lon) input): the longitude rolled
+// by half (two Slices, a Concat), the pole rows flipped from the rolled field (Slices with step
+// -1), stacked above and below (Concat), a one-input Concat, the longitude wrapped (two Slices, a
+// Concat), the time dim squeezed; then a layer; then the crop (Slices on two axes). Each chain
+// becomes one PlaneGather with the same numbers; a chain whose intermediate is read elsewhere,
+// or that slices a leading dim, keeps those nodes.
+TEST(Fuse, PaddingAndCropChainsBecomePlaneGathers) {
+  auto ints = [](std::vector<int64_t> v) { return Tensor::from_i64(v); };
+  const Shape xs{2, 3, 1, 9, 16};
+  auto build = [&](bool share_roll, bool slice_channels) {
+    Builder b;
+    int x = b.input("x", xs);
+    auto k = [&](int64_t v) { return b.constant("k" + std::to_string(b.g.values.size()), ints({v})); };
+    auto slice = [&](int v, int64_t start, int64_t end, int64_t axis, int64_t step) {
+      return b.node("Slice", {v, k(start), k(end), k(axis), k(step)});
+    };
+    const int64_t big = std::numeric_limits<int64_t>::max();
+    int rolled = b.node("Concat", {slice(x, -8, big, 4, 1), slice(x, 0, -8, 4, 1)}, {{"axis", attr_i(4)}});
+    int top = slice(slice(rolled, 0, 3, 3, 1), -1, -big, 3, -1);
+    int bottom = slice(slice(rolled, -3, big, 3, 1), -1, -big, 3, -1);
+    int lat = b.node("Concat", {top, x, bottom}, {{"axis", attr_i(3)}});
+    int copy = b.node("Concat", {lat}, {{"axis", attr_i(0)}});
+    int wrapped = b.node("Concat", {slice(copy, -2, big, 4, 1), copy, slice(copy, 0, 2, 4, 1)}, {{"axis", attr_i(-1)}});
+    int sq = b.node("Squeeze", {wrapped, k(2)});
+    if (slice_channels) sq = slice(sq, 0, 2, 1, 1);
+    int layer = b.node("Relu", {sq});
+    int y = slice(slice(layer, 3, 12, 2, 1), 2, 18, 3, 1);
+    if (share_roll) y = b.node("Add", {y, b.node("ReduceMean", {rolled}, {{"keepdims", attr_i(0)}})});
+    return b.done(y, xs);
+  };
+  const Tensor x = randn(xs, 7);
+  {
+    Graph g = build(false, false);
+    const Tensor before = run_ref(g, x);
+    remove_identity_ops(g);
+    fuse_plane_gathers(g);
+    ASSERT_EQ(ops_of(g), (Ops{"PlaneGather", "Relu", "PlaneGather"}));
+    EXPECT_EQ(g.nodes[0].ints("lead"), (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(shape_str(g.values[g.nodes[0].outputs[0]].shape), shape_str({2, 3, 15, 20}));
+    const Tensor after = run_ref(g, x);
+    ASSERT_EQ(after.shape, before.shape);
+    EXPECT_EQ(max_abs_diff(after, before), 0.0);
+    // through the fast executor's own pipeline too (optimize_for_cpu takes this pass)
+    Executor fast(build(false, false));
+    EXPECT_EQ(max_abs_diff(fast.run({{"x", x}})[0], before), 0.0);
+  }
+  {  // the rolled field also read by another layer: it is a value of its own (one gather), and the
+     // chains after it read two sources (x and it): their pieces of one source are gathers
+    Graph g = build(true, false);
+    const Tensor before = run_ref(g, x);
+    remove_identity_ops(g);
+    fuse_plane_gathers(g);
+    const Ops ops = ops_of(g);
+    EXPECT_EQ(ops.front(), "PlaneGather");
+    EXPECT_EQ(g.values[g.nodes[0].outputs[0]].shape, xs);
+    EXPECT_GE(std::count(ops.begin(), ops.end(), std::string("PlaneGather")), 3);
+    EXPECT_EQ(max_abs_diff(run_ref(g, x), before), 0.0);
+  }
+  {  // a Slice of the channels (a leading dim) is not a plane's movement
+    Graph g = build(false, true);
+    const Tensor before = run_ref(g, x);
+    remove_identity_ops(g);
+    fuse_plane_gathers(g);
+    const Ops ops = ops_of(g);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), std::string("Slice")), 1);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), std::string("PlaneGather")), 2);
+    EXPECT_EQ(max_abs_diff(run_ref(g, x), before), 0.0);
+  }
 }
 
 TEST(Fuse, GeluChainBecomesGelu) {

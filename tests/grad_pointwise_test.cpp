@@ -230,6 +230,16 @@ GRAD_CASES("Slice") {
           grad_case("Slice three axes mixed steps", "Slice",
                     {x, ints({0, 4, 1}), ints({4, 0, 6}), ints({0, 1, 2}), ints({3, -3, 2})})};
 }
+// PlaneGather (engine/passes/fuse.h fuse_plane_gathers): a map with runs, a reversed row and
+// repeated elements (padding copies, whose gradients sum), over 2 x 3 planes, lead reshaped.
+GRAD_CASES("PlaneGather") {
+  Tensor map(DType::I32, {3, 5});
+  const int32_t m[15] = {3, 4, 5, 0, 1, 11, 10, 9, 8, 7, 0, 0, 6, 6, 2};  // a 3 x 4 plane
+  std::copy(m, m + 15, map.data<int32_t>());
+  GradCase c = grad_case("PlaneGather runs, reversal, repeats", "PlaneGather", {randn({2, 3, 3, 4}, 150), map},
+                         {{"lead", attr_ints({6})}});
+  return {c};
+}
 GRAD_CASES("Gather") {
   return {grad_case("Gather axis 0 repeated and negative indices", "Gather", {randn({4, 3}, 140), ints({0, 2, 0, -1})}),
           grad_case("Gather axis 1 2-D indices", "Gather", {randn({2, 5, 3}, 141), ints({2, 2}, {4, -5, 1, 4})},

@@ -238,6 +238,124 @@ void split_conv_output_phases(Graph& g, bool fft) {
   if (changed) compact_values(g);
 }
 
+namespace {
+
+// A node fuse_plane_gathers takes: float32 data movement on the last two dims, or a change of the
+// leading dims only (the last two dims and the element count the same).
+bool plane_movement(const Graph& g, const Node& n) {
+  if (n.inputs.empty() || n.inputs[0] < 0 || n.outputs.size() != 1) return false;
+  const Shape& xs = g.values[n.inputs[0]].shape;
+  const Shape& ys = g.values[n.outputs[0]].shape;
+  const int64_t r = (int64_t)xs.size();
+  if (g.values[n.outputs[0]].dtype != DType::F32 || r < 2 || ys.size() < 2) return false;
+  auto inner = [&](int64_t a) { return (a < 0 ? a + r : a) >= r - 2; };
+  if (n.op == "Slice") {  // constant starts, ends, axes (given) and steps
+    if (n.inputs.size() < 4 || n.inputs[3] < 0) return false;
+    for (size_t i = 1; i < n.inputs.size(); ++i)
+      if (n.inputs[i] >= 0 && !g.values[n.inputs[i]].is_const()) return false;
+    for (int64_t a : g.values[n.inputs[3]].constant->to_i64())
+      if (!inner(a)) return false;
+    return true;
+  }
+  if (n.op == "Concat") {
+    for (int v : n.inputs)
+      if (v < 0 || g.values[v].is_const()) return false;
+    return n.inputs.size() == 1 || inner(n.i("axis", 0));  // one input: a copy
+  }
+  if (n.op == "Squeeze" || n.op == "Unsqueeze" || n.op == "Reshape" || n.op == "Identity")
+    return xs[r - 2] == ys[ys.size() - 2] && xs[r - 1] == ys.back() && numel(xs) == numel(ys);
+  return false;
+}
+
+// The inputs of a plane_movement node that carry data (Slice's others are its constants).
+std::vector<int> movement_data(const Node& n) {
+  if (n.op == "Concat") return n.inputs;
+  return {n.inputs[0]};
+}
+
+// s with every dim before the last two set to 1: one plane.
+Shape one_plane(const Shape& s) {
+  Shape r(s.size(), 1);
+  r[s.size() - 2] = s[s.size() - 2];
+  r.back() = s.back();
+  return r;
+}
+
+}  // namespace
+
+void fuse_plane_gathers(Graph& g) {
+  Uses u(g);
+  std::vector<bool> taken(g.nodes.size(), false), drop(g.nodes.size(), false);
+  bool changed = false;
+  for (size_t k = g.nodes.size(); k-- > 0;) {
+    if (taken[k] || !plane_movement(g, g.nodes[k])) continue;
+    taken[k] = true;
+    // the chain ending at k: producers of data inputs whose every reader is in it already
+    std::vector<int> members = {(int)k};
+    auto member = [&](int p) { return std::find(members.begin(), members.end(), p) != members.end(); };
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (size_t m = 0; m < members.size(); ++m)
+        for (int v : movement_data(g.nodes[members[m]])) {
+          const int p = u.producer[v];
+          if (p < 0 || member(p) || taken[p] || u.is_output[v] || !plane_movement(g, g.nodes[p])) continue;
+          if (!std::all_of(u.readers[v].begin(), u.readers[v].end(), member)) continue;
+          members.push_back(p);
+          grew = true;
+        }
+    }
+    if (members.size() < 2) continue;
+    int src = -1;
+    bool one_source = true;
+    for (int m : members)
+      for (int v : movement_data(g.nodes[m]))
+        if (!member(u.producer[v])) {
+          one_source = one_source && (src < 0 || src == v) && !g.values[v].is_const();
+          src = v;
+        }
+    if (!one_source) continue;
+    // run the chain on one plane of element numbers
+    std::sort(members.begin(), members.end());
+    std::map<int, Tensor> val;
+    Tensor iota(DType::I32, one_plane(g.values[src].shape));
+    for (int64_t i = 0; i < iota.numel(); ++i) iota.data<int32_t>()[i] = (int32_t)i;
+    val[src] = iota;
+    for (int m : members) {
+      const Node& n = g.nodes[m];
+      const Shape os = one_plane(g.values[n.outputs[0]].shape);
+      if (n.op != "Slice" && n.op != "Concat") {
+        val[n.outputs[0]] = val.at(n.inputs[0]).reshaped(os);
+        continue;
+      }
+      std::vector<const Tensor*> in;
+      for (int v : n.inputs) in.push_back(v < 0 ? nullptr : val.count(v) ? &val.at(v) : g.values[v].constant.get());
+      Tensor out(DType::I32, os);
+      std::vector<Tensor*> outs = {&out};
+      kernel_for(n.op, KernelKind::Reference)(n, in, outs);
+      val[n.outputs[0]] = out;
+    }
+    for (int m : members) taken[m] = true;
+    Node& sink = g.nodes[k];
+    const Shape& ys = g.values[sink.outputs[0]].shape;
+    Tensor map = val.at(sink.outputs[0]).reshaped({ys[ys.size() - 2], ys.back()});
+    Node pg;
+    pg.op = "PlaneGather";
+    pg.name = sink.name;
+    pg.inputs = {src, g.add_constant(sink.name + "/plane_map", map)};
+    pg.outputs = sink.outputs;
+    pg.attrs["lead"] = attr_ints(std::vector<int64_t>(ys.begin(), ys.end() - 2));
+    for (int m : members) drop[m] = m != (int)k;
+    sink = pg;
+    changed = true;
+  }
+  if (!changed) return;
+  std::vector<Node> kept;
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
+  g.nodes = std::move(kept);
+  compact_values(g);
+}
+
 void remove_identity_ops(Graph& g) {
   bool changed = false;
   for (Node& n : g.nodes) {
@@ -1066,6 +1184,7 @@ void optimize_for_cpu(Graph& g, Precision precision) {
   fuse_channel_layernorm(g);
   fuse_linear_gelu(g);
   fuse_window_attention(g);
+  fuse_plane_gathers(g);  // after the attention patterns, which may hold such chains
   conv_channels_last(g, fft);
   depth_to_space_channels_last(g);
   mark_constant_weights(g);
@@ -1078,6 +1197,7 @@ void fuse_for_training(Graph& g) {
   fuse_gelu(g);
   fuse_channel_layernorm(g);
   fuse_window_attention_training(g);
+  fuse_plane_gathers(g);
 }
 
 }  // namespace wxe

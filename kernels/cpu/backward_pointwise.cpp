@@ -686,6 +686,24 @@ void concat_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& g
   }
 }
 
+// PlaneGather (data_ops.cpp): each plane's gradient scattered back through the map, summed where
+// the map repeats an index (padding copies), in map order.
+void plane_gather_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  const Shape& xs = in[0]->shape;
+  const int64_t plane = xs[xs.size() - 2] * xs[xs.size() - 1], q = in[1]->numel();
+  const int64_t planes = plane ? gin[0]->numel() / plane : 0;
+  const int32_t* map = in[1]->data<int32_t>();
+  const float* gy = gout[0]->data<float>();
+  float* gx = gin[0]->data<float>();
+#pragma omp parallel for schedule(static) if (planes * q > kParallelMin)
+  for (int64_t p = 0; p < planes; ++p) {
+    float* d = gx + p * plane;
+    const float* s = gy + p * q;
+    std::fill(d, d + plane, 0.f);
+    for (int64_t i = 0; i < q; ++i) d[map[i]] += s[i];
+  }
+}
+
 // DepthToSpace (a permutation): the gradient copied back row by row, the forward's loop
 // (fast.cpp) with its sides swapped: gx[n, ic(c, i, j), h, w] = gy[n, c, h b + i, w b + j],
 // CRD: ic = c b^2 + i b + j, DCR: ic = (i b + j) C_out + c.
@@ -841,6 +859,7 @@ const std::map<std::string, std::pair<BackwardFn, BackwardFn>>& fast_table() {
       {"Transpose", {checked<first_input_bw<true>>, checked<transpose_bw_fast>}},
       {"DepthToSpace", {checked<first_input_bw<true>>, checked<depth_to_space_bw_fast>}},
       {"Concat", {checked<concat_bw>, checked<concat_bw_fast>}},
+      {"PlaneGather", {checked<first_input_bw<false>>, checked<plane_gather_bw_fast>}},
       {"Slice", {checked<first_input_bw<true>>, checked<slice_bw_fast>}},
       {"Resize", {checked<resize_bw>, checked<resize_bw_fast>}},
   };
@@ -863,7 +882,8 @@ void register_pointwise_backward() {
   for (const char* op : {"Add", "Sub", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "CastLike",
                          "Transpose", "Concat"})
     register_backward_reads(op, {0u, false});
-  for (const char* op : {"Slice", "Split", "DepthToSpace", "Expand", "Tile", "Pad", "Gather", "GatherND", "Resize"})
+  for (const char* op : {"Slice", "Split", "DepthToSpace", "Expand", "Tile", "Pad", "Gather", "GatherND", "Resize",
+                         "PlaneGather"})
     register_backward_reads(op, {~1u, false});  // all but the data input 0
   // the operands, not the output (which is only the broadcast shape); Where: the condition
   for (const char* op : {"Mul", "Div", "Pow", "Max", "Min", "Erf"}) register_backward_reads(op, {~0u, false});

@@ -664,7 +664,52 @@ static void randn_like_kernel(const Node& n, const std::vector<const Tensor*>&, 
   for (int64_t e = 0; e < out[0]->numel(); ++e) y[e] = (float)dist(gen);
 }
 
+// PlaneGather(x, map; lead): out[p, i] = x[p, map[i]] over the planes p of x's last two dims,
+// made by fuse_plane_gathers (engine/passes/fuse.h) from chains of Slice and Concat on those
+// dims (CREDIT's pole and longitude padding, the crop after the last layer). map (H', W') int32
+// indexes a plane of x (row-major, H x W); out is lead + (H', W'), lead holding as many planes as
+// x's leading dims.
+static std::vector<TypeShape> plane_gather_shape(const Node& n, const std::vector<const Value*>& in) {
+  WXE_CHECK(in.size() == 2 && in[0] && in[1], "node ", n.name, " (PlaneGather): expects x and map");
+  const Value& x = *in[0];
+  const Value& m = *in[1];
+  WXE_CHECK(x.shape.size() >= 2 && m.shape.size() == 2 && m.dtype == DType::I32 && dtype_size(x.dtype) == 4,
+            "node ", n.name, " (PlaneGather): x ", shape_str(x.shape), " and map ", shape_str(m.shape),
+            " must be 4-byte (..., H, W) and int32 (H', W')");
+  Shape out = n.ints("lead");
+  const int64_t plane = x.shape[x.shape.size() - 2] * x.shape.back(), planes = plane ? numel(x.shape) / plane : 0;
+  WXE_CHECK(numel(out) == planes, "node ", n.name, " (PlaneGather): lead ", shape_str(out), " holds ", numel(out),
+            " planes, x ", planes);
+  if (m.is_const())
+    for (int32_t i : m.constant->to_i64()) WXE_CHECK(i >= 0 && i < plane, "node ", n.name, " (PlaneGather): index ", i, " outside the plane");
+  out.insert(out.end(), m.shape.begin(), m.shape.end());
+  return {{x.dtype, out}};
+}
+
+// The map as runs of consecutive elements (padding and crops copy whole row pieces): each plane
+// is a few memcpy per row.
+static void plane_gather_kernel(const Node&, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  const Tensor& x = *in[0];
+  const int64_t plane = x.shape[x.shape.size() - 2] * x.shape.back(), q = in[1]->numel();
+  const int64_t planes = plane ? x.numel() / plane : 0;
+  const int32_t* map = in[1]->data<int32_t>();
+  std::vector<int64_t> runs;  // (output start, input start, length)
+  for (int64_t i = 0; i < q;) {
+    int64_t j = i + 1;
+    while (j < q && map[j] == map[j - 1] + 1) ++j;
+    runs.insert(runs.end(), {i, (int64_t)map[i], j - i});
+    i = j;
+  }
+  const float* src = static_cast<const float*>(x.raw());
+  float* dst = static_cast<float*>(out[0]->raw());
+#pragma omp parallel for schedule(static) if (planes * q > 65536)
+  for (int64_t p = 0; p < planes; ++p)
+    for (size_t r = 0; r < runs.size(); r += 3)
+      std::memcpy(dst + p * q + runs[r], src + p * plane + runs[r + 1], (size_t)runs[r + 2] * sizeof(float));
+}
+
 void register_data_ops() {
+  register_op("PlaneGather", plane_gather_shape, plane_gather_kernel);
   register_op("RandomNormalLike", randn_like_shape, randn_like_kernel);
   register_op("Slice", slice_shape, slice_kernel);
   register_op("Gather", gather_shape, gather_kernel);
