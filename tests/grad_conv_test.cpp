@@ -221,8 +221,8 @@ TEST(ConvBackward, Bf16NearReferenceLoops) {
         EXPECT_LT(e16, 1e-2) << "gradient of input " << i;
         EXPECT_GT(e16, 1e-4) << "gradient of input " << i << ": bfloat16 did not run";
         EXPECT_GT(e16, 20 * e32) << "gradient of input " << i;
-      } else {
-        EXPECT_EQ(max_abs_diff(b16.t[i], f32.t[i]), 0.0) << "gradient of input " << i << " should be float32's";
+      } else {  // float32 (the float32 fast path may take another kernel: FFT for the small_oc case)
+        EXPECT_LT(e16, 1e-5) << "gradient of input " << i << " should be float32";
       }
       std::printf("Conv bf16 %s: gradient of input %zu rel_l2 %.2e (float32 fast path %.2e)\n", c.label.c_str(), i,
                   e16, e32);
@@ -535,12 +535,13 @@ TEST(ConvBackward, FftPathMatchesReference) {
   EXPECT_EQ(plan({1, 8, 80, 80}, {8, 4, 32, 32}, {}, true), 0);
   EXPECT_EQ(plan({1, 64, 80, 80}, {64, 64, 3, 3}, {}), 0);
   EXPECT_EQ(plan({1, 8, 34, 34}, {4, 8, 32, 32}, {}), 0);  // a 3 x 3 output
-  // the modelled time's choices on CREDIT's first layers: v2026's kernels 32 and 16 by FFT, its
-  // kernel 8 (8 outputs) direct (measured slower by FFT in a training step), the 640 x 1280
-  // grid's kernel 32 at stride 4 by FFT, its kernel 16 direct
+  // the modelled time's choices on CREDIT's first layers: v2026's kernels 32, 16 and 8 by FFT
+  // (kernel 8, 8 outputs: 16 vs 27 ms forward, 15 vs 23 ms weight gradient, 2 threads), its
+  // kernel 4 direct, the 640 x 1280 grid's kernel 32 at stride 4 by FFT, its kernel 16 direct
   EXPECT_GT(plan_fft_conv(1, 80, 4, 128, 192, 32, 32, 2, false).F, 0);
   EXPECT_GT(plan_fft_conv(1, 80, 4, 128, 192, 16, 16, 2, false).F, 0);
-  EXPECT_EQ(plan_fft_conv(1, 80, 8, 128, 192, 8, 8, 2, false).F, 0);
+  EXPECT_GT(plan_fft_conv(1, 80, 8, 128, 192, 8, 8, 2, false).F, 0);
+  EXPECT_EQ(plan_fft_conv(1, 80, 16, 128, 192, 4, 4, 2, false).F, 0);
   EXPECT_GT(plan_fft_conv(1, 74, 16, 160, 320, 32, 32, 4, false).F, 0);
   EXPECT_EQ(plan_fft_conv(1, 74, 16, 160, 320, 16, 16, 4, false).F, 0);
   // constant weights' spectra are kept up to kFftSpectraCacheBytes: v2026's first layer (21.6

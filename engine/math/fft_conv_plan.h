@@ -8,6 +8,7 @@
 // is transformed, multiplied by the kernels' spectra and summed over channels, and transformed
 // back. Pairs of real channels share one complex transform.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -33,10 +34,11 @@ inline double fft_spectra_floats(int64_t OC, int64_t Cp, int64_t F) { return dou
 // N images of C channels to OC x OH x OW by an OC x C x KH x KW kernel at stride s. The choice is
 // by modelled time, not arithmetic alone: the transforms run at about 40 GFLOP/s on 2 cores, the
 // per-frequency products over channels at about 23 (they stream the accumulators; measured on
-// CREDIT's cross-embeddings, 4 and 16 outputs), oneDNN's direct kernels at about 150; the FFT
-// is taken when it is 1.25 x faster by that model (the kernel-8 cross-embedding, at 3.5 x less
-// arithmetic, is not: measured slower in a training step). weights_known: constant weights,
-// whose spectra are kept between calls (and not counted) when they fit kFftSpectraCacheBytes.
+// CREDIT's cross-embeddings, 4 and 16 outputs), oneDNN's direct kernels at about 150 with 16
+// outputs or more and in proportion below (its kernels compute blocks of 16 output channels:
+// measured 73-75 GFLOP/s with 8); the FFT is taken when it is 1.25 x faster by that model.
+// weights_known: constant weights, whose spectra are kept between calls (and not counted) when
+// they fit kFftSpectraCacheBytes.
 inline FftConvPlan plan_fft_conv(int64_t N, int64_t C, int64_t OC, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
                                  int64_t s, bool weights_known) {
   constexpr double kTransforms = 40e9, kProducts = 23e9, kDirect = 150e9;  // FLOP/s
@@ -68,7 +70,8 @@ inline FftConvPlan plan_fft_conv(int64_t N, int64_t C, int64_t OC, int64_t OH, i
       best.tiles_w = tw;
     }
   }
-  if (best.F == 0 || 1.25 * best_time > best.direct_flops / kDirect) {
+  const double direct_rate = kDirect * (double)std::min<int64_t>(OC, 16) / 16;
+  if (best.F == 0 || 1.25 * best_time > best.direct_flops / direct_rate) {
     best.F = 0;
     return best;
   }
