@@ -47,14 +47,7 @@ int main(int argc, char** argv) {
   std::sort(t.rbegin(), t.rend());
   std::printf("total %.1f ms/run over %zu nodes\n", total, eg.nodes.size());
   for (int i = 0; i < top && i < (int)t.size(); ++i) {
-    const Node& n = eg.nodes[t[i].second];
-    std::string shapes;
-    for (int v : n.inputs)
-      if (v >= 0 && !eg.values[v].is_const()) shapes += shape_str(eg.values[v].shape) + " ";
-    for (int v : n.inputs)
-      if (v >= 0 && eg.values[v].is_const() && eg.values[v].shape.size() > 1) shapes += "w" + shape_str(eg.values[v].shape) + " ";
-    shapes += "-> " + shape_str(eg.values[n.outputs[0]].shape);
-    std::printf("%8.2f ms  %-14s %s  %s\n", t[i].first, n.op.c_str(), n.name.c_str(), shapes.c_str());
+    std::printf("%8.2f ms  %s\n", t[i].first, node_signature(eg, eg.nodes[t[i].second]).c_str());
   }
   return 0;
 }

@@ -249,4 +249,15 @@ else
   echo "FAIL bench-train-memory"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
 
+# bench --nodes N: the N slowest nodes with their shapes, forward (and with --train backward) times
+if "$wxe" bench "$model" --input "$x" --runs 1 --threads 1 --nodes 3 >"$tmp/out" 2>"$tmp/err" \
+   && grep -A3 "^the 3 slowest nodes (ms per run)" "$tmp/out" | tail -n 3 | grep -c " -> (" | grep -qx 3 \
+   && "$wxe" bench "$model" --input "$x" --train --runs 1 --threads 1 --nodes 40 >"$tmp/out" 2>"$tmp/err" \
+   && grep -A40 "^the 40 slowest nodes" "$tmp/out" | grep -q "(backward) WindowAttention" \
+   && grep -A40 "^the 40 slowest nodes" "$tmp/out" | tail -n +2 | grep -v "(backward)" | grep -q " -> ("; then
+  echo "ok   bench-nodes"
+else
+  echo "FAIL bench-nodes"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+fi
+
 exit $((fails > 0))

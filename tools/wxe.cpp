@@ -374,6 +374,7 @@ struct BenchArgs {
   std::string weights;
   std::string precision = "fp32";
   std::string device = "cpu";
+  int nodes = 0;
 };
 
 struct ConvertArgs {
@@ -453,6 +454,7 @@ int cmd_bench(const BenchArgs& a) {
   Executor ex(g, opt);
   run_any_batch(ex, inputs, batch);  // warm-up: primitive creation, weight reorders, page faults
   std::map<std::string, OpProfile> warm = ex.profile();
+  const std::vector<double> warm_nodes = ex.node_profile();
   std::vector<double> ms;
   for (int r = 0; r < a.runs; ++r) {
     auto t0 = std::chrono::steady_clock::now();
@@ -488,6 +490,9 @@ int cmd_bench(const BenchArgs& a) {
     std::printf("%-24s %10.2f %6.1f %8d\n", op.c_str(), t, 100 * t / std::max(total, 1e-9),
                 (pe.profile().at(op).calls - warm[op].calls) / prof_runs);
   if (device) std::printf("(per-op times from one run that waits for every kernel)\n");
+  if (a.nodes > 0)
+    std::printf("%s", slowest_nodes(pe.graph(), pe.node_profile(), device ? std::vector<double>{} : warm_nodes, prof_runs,
+                                    a.nodes).c_str());
   std::printf("forward over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; %s\n",
               a.runs, sorted.front(), median, sorted.back(), peak_rss_mb(),
               device ? ("device " + a.device).c_str() : str("threads ", a.threads).c_str());
@@ -612,6 +617,8 @@ int main(int argc, char** argv) {
   bench->add_option("--runs,-r", ba.runs, "timed runs after one warm-up (default 5)");
   bench->add_flag("--json", ba.json, "print one JSON object as the last line");
   bench->add_option("--weights,-w", ba.weights, "load parameters by name (.safetensors or legacy .pt)");
+  bench->add_option("--nodes", ba.nodes, "also list the N slowest nodes with their shapes (with --train: forward and backward)")
+      ->check(CLI::NonNegativeNumber);
   bool bench_train = false;
   std::string bench_checkpoint = "none";
   CLI::Option* train_flag = bench->add_flag(
@@ -808,7 +815,7 @@ int main(int argc, char** argv) {
     if (*infer) return cmd_infer(ia, mesh);
     if (*bench && bench_train)
       return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device,
-                             bench_checkpoint, ba.precision);
+                             bench_checkpoint, ba.precision, ba.nodes);
     if (*bench) return cmd_bench(ba);
     if (*finetune && finetune_config) {
       finetune_from_config(finetune_config_path, fc, [&](const std::string& flag) { return finetune->get_option(flag)->count() > 0; },

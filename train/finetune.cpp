@@ -375,7 +375,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
 
 int run_train_bench(const std::string& model, const std::string& input, const std::string& weights, int threads,
                     int runs, bool json, const std::string& device, const std::string& activation_checkpoint,
-                    const std::string& precision) {
+                    const std::string& precision, int nodes) {
   WXE_CHECK(runs >= 1, "--runs must be at least 1");
   Tensor x = read_npy(input);
   // the output shape comes from a throwaway import; the target is zeros of it
@@ -397,6 +397,7 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   Backend* dev = device == "cpu" ? nullptr : &backend_for(device);
   reset_peaks(dev);
   std::map<std::string, OpProfile> warm = t.executor().profile();
+  std::vector<double> warm_nodes = t.executor().node_profile();
   std::vector<double> ms;
   for (int r = 0; r < runs; ++r) {
     StepLog s = t.step();
@@ -415,6 +416,7 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   if (dev) {  // timing each op waits for each kernel: one more step, after the timed ones
     t.set_profile(true);
     warm = t.executor().profile();
+    warm_nodes = t.executor().node_profile();
     t.step();
     profiled = 1;
   }
@@ -423,6 +425,7 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   std::sort(by_op.rbegin(), by_op.rend());
   if (!by_op.empty()) std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");
   for (size_t i = 0; i < by_op.size() && i < 20; ++i) std::printf("%-36s %10.2f\n", by_op[i].second.c_str(), by_op[i].first);
+  if (nodes > 0) std::printf("%s", slowest_nodes(t.executor().graph(), t.executor().node_profile(), warm_nodes, profiled, nodes).c_str());
   if (device == "cpu") print_conv_profile(t.executor(), 3);
   std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
               "device %s; precision %s; %lld trainable parameters\n",

@@ -277,8 +277,10 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
       if (gi[i].defined()) add_grad(n.inputs[i], std::move(gi[i]));
     if (opt_.profile) {
       auto& p = profile_[n.op + " (backward)"];
-      p.ms += ms_since(t0);
+      const double ms = ms_since(t0);
+      p.ms += ms;
       ++p.calls;
+      add_node_ms(g_.nodes.size() + k, ms);
     }
   }
   for (size_t p = 0; p < trainable_.size(); ++p)
@@ -304,13 +306,20 @@ void GradExecutor::recompute(int s) {
       run_forward_node(k, &discard);
     if (opt_.profile) {
       auto& p = profile_[n.op + " (recompute)"];
-      p.ms += ms_since(t0);
+      const double ms = ms_since(t0);
+      p.ms += ms;
       ++p.calls;
+      add_node_ms(k, ms);
     }
     for (int v : n.inputs)
       if (v >= 0 && inner_of_[v] == s && last_fwd_use_[v] == k) release(v, false);
   }
   seg_dropped_[s] = false;
+}
+
+void GradExecutor::add_node_ms(size_t i, double ms) {
+  if (node_ms_.empty()) node_ms_.assign(2 * g_.nodes.size(), 0.0);
+  node_ms_[i] += ms;
 }
 
 // The kept values whose last backward reader node k was.
@@ -404,8 +413,10 @@ std::vector<Tensor> GradExecutor::forward(std::map<std::string, Tensor>&& inputs
       run_forward_node(k);
       if (opt_.profile) {
         auto& p = profile_[n.op];
-        p.ms += ms_since(t0);
+        const double ms = ms_since(t0);
+        p.ms += ms;
         ++p.calls;
+        add_node_ms(k, ms);
       }
     }
     if (!bw_reads_.empty()) {  // values no backward reads, at their last forward use (or unread)
@@ -585,8 +596,10 @@ void GradExecutor::backward_device(const std::vector<Tensor>& grad_outputs) {
       if (gin[i]) add_grad(n.inputs[i], std::move(gi[i]), dk != nullptr);
     if (opt_.profile) {
       auto& p = profile_[n.op + " (backward)"];
-      p.ms += ms_since(t0);
+      const double ms = ms_since(t0);
+      p.ms += ms;
       ++p.calls;
+      add_node_ms(g_.nodes.size() + k, ms);
     }
   }
   for (size_t p = 0; p < trainable_.size(); ++p) {

@@ -66,6 +66,9 @@ class GradExecutor {
   const Graph& graph() const { return g_; }
   // With opt.profile: milliseconds per op type, forward and backward.
   const std::map<std::string, OpProfile>& profile() const { return profile_; }
+  // With opt.profile: milliseconds per node summed over the steps, [k] node k's
+  // forward (with its recompute) and [nodes + k] its backward (empty before the first step).
+  const std::vector<double>& node_profile() const { return node_ms_; }
   // Turns the per-op timing on or off (on a device it waits for each kernel).
   void set_profile(bool on) { opt_.profile = on; }
   // On a device: "node (op, forward|backward)" for every kernel that runs on the host because
@@ -104,6 +107,8 @@ class GradExecutor {
   size_t kept_bytes_ = 0;
   std::vector<Tensor> grads_;
   std::map<std::string, OpProfile> profile_;
+  std::vector<double> node_ms_;
+  void add_node_ms(size_t k, double ms);
   // device path (dev_ != nullptr)
   Backend* dev_ = nullptr;
   std::vector<const BackendKernel*> dk_;  // per node: the backend's kernels, nullptr if none

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "engine/passes/fuse.h"
 
@@ -199,6 +200,21 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
   for (int o : g.outputs) result.push_back(dev_ ? dev_->download(vals[o]) : vals[o]);
   if (dev_) dev_->synchronize();
   return result;
+}
+
+std::string slowest_nodes(const Graph& g, const std::vector<double>& ms, const std::vector<double>& warm, int runs,
+                          int top) {
+  const size_t n = g.nodes.size();
+  std::vector<std::pair<double, size_t>> t;
+  for (size_t i = 0; i < ms.size(); ++i) t.push_back({(ms[i] - (i < warm.size() ? warm[i] : 0.0)) / std::max(runs, 1), i});
+  std::sort(t.rbegin(), t.rend());
+  std::string r = str("the ", std::min<size_t>(top, t.size()), " slowest nodes (ms per run)\n");
+  for (size_t i = 0; i < t.size() && (int)i < top; ++i) {
+    char head[48];
+    std::snprintf(head, sizeof head, "%9.2f  %s", t[i].first, t[i].second >= n ? "(backward) " : "");
+    r += head + node_signature(g, g.nodes[t[i].second % n]) + "\n";
+  }
+  return r;
 }
 
 }  // namespace wxe

@@ -48,6 +48,12 @@ struct OpProfile {
   int calls = 0;
 };
 
+// The `top` slowest nodes of g, one line each: milliseconds per run ((ms - warm) / runs; warm may
+// be empty) and node_signature. ms per node as Executor::node_profile gives it, or twice as long
+// (GradExecutor::node_profile: forward, then backward, marked so).
+std::string slowest_nodes(const Graph& g, const std::vector<double>& ms, const std::vector<double>& warm, int runs,
+                          int top);
+
 class Executor {
  public:
   Executor(const Graph& g, ExecOptions opt = {});

@@ -150,6 +150,16 @@ void compact_values(Graph& g) {
   for (int& v : g.outputs) v = remap[v];
 }
 
+std::string node_signature(const Graph& g, const Node& n) {
+  std::string s = n.op + "  " + n.name + " ";
+  for (int v : n.inputs)
+    if (v >= 0 && !g.values[v].is_const()) s += " " + shape_str(g.values[v].shape);
+  for (int v : n.inputs)
+    if (v >= 0 && g.values[v].is_const() && g.values[v].shape.size() > 1) s += " w" + shape_str(g.values[v].shape);
+  if (!n.outputs.empty()) s += " -> " + shape_str(g.values[n.outputs[0]].shape);
+  return s;
+}
+
 std::string dump(const Graph& g) {
   std::ostringstream os;
   auto vname = [&](int v) {

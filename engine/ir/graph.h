@@ -85,5 +85,8 @@ void compact_values(Graph& g);
 std::string dump(const Graph& g);
 // op type -> count
 std::map<std::string, int> op_counts(const Graph& g);
+// "Conv  /layers.0/Conv  (1, 80, 256, 384) w(8, 80, 8, 8) -> (1, 8, 128, 192)": op, name, the
+// shapes of its inputs (constant ones of rank 2 or more as w(...)) and of its first output.
+std::string node_signature(const Graph& g, const Node& n);
 
 }  // namespace wxe
