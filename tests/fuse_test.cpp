@@ -143,8 +143,8 @@ int gelu_chain(Builder& b, int x) {
 // by half (two Slices, a Concat), the pole rows flipped from the rolled field (Slices with step
 // -1), stacked above and below (Concat), a one-input Concat, the longitude wrapped (two Slices, a
 // Concat), the time dim squeezed; then a layer; then the crop (Slices on two axes). Each chain
-// becomes one PlaneGather with the same numbers; a chain whose intermediate is read elsewhere,
-// or that slices a leading dim, keeps those nodes.
+// becomes one PlaneGather with the same numbers; so does the mirror padding (a reflect Pad); a
+// chain whose intermediate is read elsewhere, or that slices a leading dim, keeps those nodes.
 TEST(Fuse, PaddingAndCropChainsBecomePlaneGathers) {
   auto ints = [](std::vector<int64_t> v) { return Tensor::from_i64(v); };
   const Shape xs{2, 3, 1, 9, 16};
@@ -196,6 +196,28 @@ TEST(Fuse, PaddingAndCropChainsBecomePlaneGathers) {
     EXPECT_EQ(g.values[g.nodes[0].outputs[0]].shape, xs);
     EXPECT_GE(std::count(ops.begin(), ops.end(), std::string("PlaneGather")), 3);
     EXPECT_EQ(max_abs_diff(run_ref(g, x), before), 0.0);
+  }
+  {  // CREDIT's mirror padding: the longitude wrapped, the latitude reflected by a Pad; a Pad with
+     // a constant fill is not a gather (its zeros come from no element of x)
+    for (const char* mode : {"reflect", "constant"}) {
+      Builder b;
+      int xv = b.input("x", xs);
+      auto k = [&](std::vector<int64_t> v) { return b.constant("k" + std::to_string(b.g.values.size()), ints(v)); };
+      const int64_t big = std::numeric_limits<int64_t>::max();
+      int wrapped = b.node("Concat",
+                           {b.node("Slice", {xv, k({-3}), k({big}), k({4}), k({1})}), xv,
+                            b.node("Slice", {xv, k({0}), k({3}), k({4}), k({1})})},
+                           {{"axis", attr_i(4)}});
+      int padded = b.node("Pad", {wrapped, k({0, 0, 0, 2, 0, 0, 0, 0, 2, 0})}, {{"mode", attr_s(mode)}});
+      int y = b.node("Relu", {b.node("Squeeze", {padded, k({2})})});
+      Graph g = b.done(y, xs);
+      const Tensor before = run_ref(g, x);
+      fuse_plane_gathers(g);
+      const bool reflect = std::string(mode) == "reflect";
+      EXPECT_EQ(ops_of(g), reflect ? (Ops{"PlaneGather", "Relu"}) : (Ops{"PlaneGather", "Pad", "Squeeze", "Relu"}))
+          << mode;
+      EXPECT_EQ(max_abs_diff(run_ref(g, x), before), 0.0) << mode;
+    }
   }
   {  // a Slice of the channels (a leading dim) is not a plane's movement
     Graph g = build(false, true);

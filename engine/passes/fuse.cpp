@@ -262,12 +262,22 @@ bool plane_movement(const Graph& g, const Node& n) {
       if (v < 0 || g.values[v].is_const()) return false;
     return n.inputs.size() == 1 || inner(n.i("axis", 0));  // one input: a copy
   }
+  if (n.op == "Pad") {  // reflect, edge or wrap (no constant fill) of the last two dims, pads given
+    if (n.s("mode", "constant") == "constant" || n.inputs.size() < 2 || n.inputs[1] < 0 ||
+        !g.values[n.inputs[1]].is_const() || (n.inputs.size() > 3 && n.inputs[3] >= 0))
+      return false;
+    const std::vector<int64_t> pads = g.values[n.inputs[1]].constant->to_i64();
+    if ((int64_t)pads.size() != 2 * r) return false;
+    for (int64_t a = 0; a < r - 2; ++a)
+      if (pads[a] != 0 || pads[r + a] != 0) return false;
+    return true;
+  }
   if (n.op == "Squeeze" || n.op == "Unsqueeze" || n.op == "Reshape" || n.op == "Identity")
     return xs[r - 2] == ys[ys.size() - 2] && xs[r - 1] == ys.back() && numel(xs) == numel(ys);
   return false;
 }
 
-// The inputs of a plane_movement node that carry data (Slice's others are its constants).
+// The inputs of a plane_movement node that carry data (Slice's and Pad's others are constants).
 std::vector<int> movement_data(const Node& n) {
   if (n.op == "Concat") return n.inputs;
   return {n.inputs[0]};
@@ -323,7 +333,7 @@ void fuse_plane_gathers(Graph& g) {
     for (int m : members) {
       const Node& n = g.nodes[m];
       const Shape os = one_plane(g.values[n.outputs[0]].shape);
-      if (n.op != "Slice" && n.op != "Concat") {
+      if (n.op != "Slice" && n.op != "Concat" && n.op != "Pad") {
         val[n.outputs[0]] = val.at(n.inputs[0]).reshaped(os);
         continue;
       }
@@ -336,7 +346,7 @@ void fuse_plane_gathers(Graph& g) {
     }
     for (int m : members) taken[m] = true;
     Node& sink = g.nodes[k];
-    const Shape& ys = g.values[sink.outputs[0]].shape;
+    const Shape ys = g.values[sink.outputs[0]].shape;  // a copy: add_constant below grows g.values
     Tensor map = val.at(sink.outputs[0]).reshaped({ys[ys.size() - 2], ys.back()});
     Node pg;
     pg.op = "PlaneGather";

@@ -36,12 +36,13 @@ void split_conv_output_phases(Graph& g, bool fft = true);
 // Concat of one input.
 void remove_identity_ops(Graph& g);
 
-// A chain of Slice and Concat nodes on the last two dims of one float32 value (Squeeze,
-// Unsqueeze, Reshape and Identity of its leading dims in between), whose intermediates nothing
-// else reads, becomes one PlaneGather(x, map): every output element of a plane copied from the
-// element of x's plane the chain takes it from (the map, int32, made by running the chain on the
-// plane's element numbers). CREDIT's pole and longitude padding (11 Slice and Concat nodes, five
-// full copies of the input) and the crop after the last layer each become one pass over memory.
+// A chain of Slice, Concat and Pad (reflect, edge, wrap) nodes on the last two dims of one
+// float32 value (Squeeze, Unsqueeze, Reshape and Identity of its leading dims in between), whose
+// intermediates nothing else reads, becomes one PlaneGather(x, map): every output element of a
+// plane copied from the element of x's plane the chain takes it from (the map, int32, made by
+// running the chain on the plane's element numbers). CREDIT's earth padding (11 Slice and
+// Concat nodes, five full copies of the input), its mirror padding (longitude wrap, reflect Pad)
+// and the crop after the last layer each become one pass over memory.
 void fuse_plane_gathers(Graph& g);
 
 // Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5 (as torch exports nn.GELU) becomes Gelu(x).
