@@ -216,6 +216,7 @@ void bias_grad(const float* dy, int64_t N, int64_t C, int64_t plane, float* db) 
     double acc = 0;
     for (int64_t nb = 0; nb < N; ++nb) {
       const float* p = dy + (nb * C + c) * plane;
+#pragma omp simd reduction(+ : acc)
       for (int64_t i = 0; i < plane; ++i) acc += p[i];
     }
     db[c] = (float)acc;
