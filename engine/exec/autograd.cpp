@@ -63,6 +63,7 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
     }
     bool any = std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && needs_grad_[i]; });
     backward_.push_back(any ? backward_kernel(n.op) : nullptr);
+    passthrough_.push_back(any ? gradient_passthrough(n.op) : 0u);
     if (!any) continue;
     WXE_CHECK(backward_.back(), g.source, ": node ", n.name, " (", n.op,
               ") lies between trainable parameters and the loss, and op ", n.op, " has no backward kernel");
@@ -249,7 +250,7 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     gout.clear();
     gin.clear();
     std::vector<Tensor> gi(n.inputs.size());
-    const uint32_t pass = grad[n.outputs[0]].defined() ? gradient_passthrough(n.op) : 0u;
+    const uint32_t pass = grad[n.outputs[0]].defined() ? passthrough_[k] : 0u;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       int v = n.inputs[i];
       in.push_back(v < 0 ? nullptr : &vals_[v]);

@@ -100,12 +100,8 @@ void Executor::plan_memory() {
   std::vector<int> order;  // planned roots
   for (size_t v = 0; v < nv; ++v)
     if (root[v] == (int)v && def[v] >= 0 && !is_view_[def[v]] && !fresh[v]) order.push_back((int)v);
-  auto bytes = [&](int v) {
-    const size_t b = tensor_bytes(g.values[v].dtype, g.values[v].shape);
-    return (b + 63) / 64 * 64;
-  };
-  std::vector<Lifetime> life;
-  for (int v : order) life.push_back({bytes(v), def[v], end[v]});
+  std::vector<Lifetime> life;  // pack_lifetimes rounds each to 64 bytes
+  for (int v : order) life.push_back({tensor_bytes(g.values[v].dtype, g.values[v].shape), def[v], end[v]});
   const std::vector<size_t> at = pack_lifetimes(life, &arena_bytes_);
   offset_.assign(nv, -1);
   for (size_t i = 0; i < order.size(); ++i) offset_[order[i]] = (int64_t)at[i];
