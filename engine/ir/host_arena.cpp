@@ -1,6 +1,8 @@
 // One block for a training step's host tensors: see host_arena.h.
 #include "engine/ir/host_arena.h"
 
+#include <cstring>
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -174,6 +176,9 @@ HostArena::Step::~Step() {
     for (size_t j = 0; j < index.size(); ++j) s.offset[index[j]] = (int64_t)at[j];
     void* q = total ? std::aligned_alloc(64, total) : nullptr;
     if (total && !q) fail("out of memory allocating the step's block of ", total, " bytes");
+    // its pages touched now, at the end of the recording step, so that the first replay does
+    // not fault them in one by one inside its kernels (measured: +40 % on that step)
+    if (total) std::memset(q, 0, total);
     s.block = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(q), [](uint8_t* p) { std::free(p); });
     s.block_bytes = total;
     s.planned = true;
