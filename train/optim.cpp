@@ -52,6 +52,23 @@ void AdamW::step(const std::vector<Tensor*>& params, const std::vector<const Ten
               params[i]->numel());
 }
 
+void AdamW::step_flat(const std::vector<float*>& params, const std::vector<const float*>& grads,
+                      const std::vector<int64_t>& n, const std::vector<int64_t>& offset, int64_t total, double lr) {
+  WXE_CHECK(params.size() == grads.size() && params.size() == n.size() && params.size() == offset.size(),
+            "AdamW: ", params.size(), " parameters but ", grads.size(), " gradients");
+  WXE_CHECK(m_.empty() || (m_.size() == 1 && m_[0].numel() == total), "AdamW: the optimizer state holds ", m_.size(),
+            " tensors, not one of ", total, " floats");
+  if (m_.empty()) {
+    m_.push_back(Tensor::zeros(DType::F32, {total}));
+    v_.push_back(Tensor::zeros(DType::F32, {total}));
+  }
+  const AdamWScalars s = next_step(lr);
+  for (size_t i = 0; i < params.size(); ++i) {
+    WXE_CHECK(offset[i] >= 0 && offset[i] + n[i] <= total, "AdamW: parameter ", i, " outside the state");
+    cpu_train_kernels().adamw(s, params[i], grads[i], m_[0].data<float>() + offset[i], v_[0].data<float>() + offset[i], n[i]);
+  }
+}
+
 AdamWScalars AdamW::next_step(double lr) {
   ++t_;
   // Scalars in double, as PyTorch computes them in Python, then rounded once to float32

@@ -28,6 +28,10 @@ class AdamW {
   // params[i] and grads[i] pair up (same shape). The moments of all parameters are created
   // (zeros) on the first step; later steps must pass the same parameters in the same order.
   void step(const std::vector<Tensor*>& params, const std::vector<const Tensor*>& grads, double lr);
+  // The same update with the moments of all parameters in one flat tensor of `total` floats,
+  // parameter i's n[i] at offset[i] (the ZeRO block layout of a rank that holds every block).
+  void step_flat(const std::vector<float*>& params, const std::vector<const float*>& grads,
+                 const std::vector<int64_t>& n, const std::vector<int64_t>& offset, int64_t total, double lr);
   // Counts one step and returns its scalars, for a caller that updates state it holds itself
   // (a device's buffers, through TrainKernels::adamw).
   AdamWScalars next_step(double lr);

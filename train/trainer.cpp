@@ -298,24 +298,31 @@ StepLog Trainer::step() {
       exec_->backward(std::move(gout));
     }
   }
-  // ZeRO-1: the gradient summed over dp, each rank keeping its own block of every parameter
+  // ZeRO-1: the gradient summed over dp, each rank keeping its own block of every parameter.
+  // On the host with one block (no dp, no domain) the optimizer works on the executor's
+  // gradients and the parameters where they are: nothing packed or unpacked.
+  const bool in_place = !dev_ && zparts_ == 1;
+  std::vector<Tensor>& grads = exec_->grads();
   Tensor gshard;
   if (dev_) {
     if (!dev_state_.ready) to_device();
     device_gradient_shard();
-  } else {
-    std::vector<const Tensor*> grads;
-    for (const Tensor& g : exec_->grads()) grads.push_back(&g);
-    gshard = reduce_scatter_grads(grads);
+  } else if (!in_place) {
+    std::vector<const Tensor*> gp;
+    for (const Tensor& g : grads) gp.push_back(&g);
+    gshard = reduce_scatter_grads(gp);
   }
   const TrainKernels& k = dev_ ? *dev_->train_kernels() : cpu_train_kernels();
-  float* gflat = dev_ ? dev_state_.g.data<float>() : gshard.data<float>();
+  float* gflat = dev_ ? dev_state_.g.data<float>() : in_place ? nullptr : gshard.data<float>();
   // loss over every micro-batch and rollout step; global gradient norm with each parameter
   // counted once: tp-sharded ones summed over tp, replicated ones from tp rank 0
   std::vector<int64_t> bounds = zoff_;  // parameter p's block: [zoff_[p], zoff_[p] + zc_[p])
   bounds.push_back(zS_);
   std::vector<double> sq(trainable_.size());
-  k.segment_sum_squares(gflat, bounds, sq.data());
+  if (in_place)
+    for (size_t p = 0; p < trainable_.size(); ++p) k.segment_sum_squares(grads[p].data<float>(), {0, zn_[p]}, &sq[p]);
+  else
+    k.segment_sum_squares(gflat, bounds, sq.data());
   double sq_sharded = 0, sq_replicated = 0;
   for (size_t p = 0; p < trainable_.size(); ++p)
     (slices_.count(graph_.values[trainable_[p]].name) ? sq_sharded : sq_replicated) += sq[p];
@@ -340,10 +347,26 @@ StepLog Trainer::step() {
   }
   if (cfg_.grad_max_norm > 0) {  // torch.nn.utils.clip_grad_norm_
     const float factor = (float)cfg_.grad_max_norm / (float)(log.grad_norm + 1e-6);
-    if (factor < 1.f) k.scale(gflat, zS_, factor);
+    if (factor < 1.f) {
+      if (!in_place) k.scale(gflat, zS_, factor);
+      for (size_t p = 0; in_place && p < trainable_.size(); ++p) k.scale(grads[p].data<float>(), zn_[p], factor);
+    }
   }
   if (dev_) {
     device_update(log.lr);
+  } else if (in_place) {
+    std::vector<float*> params;
+    std::vector<const float*> gp;
+    for (size_t p = 0; p < trainable_.size(); ++p) {
+      params.push_back(graph_.values[trainable_[p]].constant->data<float>());
+      gp.push_back(grads[p].data<float>());
+    }
+    adam_.step_flat(params, gp, zn_, zoff_, zS_, log.lr);
+    if (ema_) {
+      std::vector<const Tensor*> cparams;
+      for (int v : trainable_) cparams.push_back(graph_.values[v].constant.get());
+      ema_->update(cparams);
+    }
   } else {
     std::vector<Tensor*> params;
     std::vector<const Tensor*> cparams;
