@@ -437,8 +437,11 @@ TEST(ConvBackward, WinogradBandsMatchReference) {
       // backward-data is wrong otherwise): pads 1, or one whole-plane band of equal pads
       const bool whole = rows == 0 || rows >= c.x[2];
       const bool data = c.pads[1] == c.pads[3] && ((c.pads[0] == 1 && c.pads[2] == 1) || (whole && c.pads[0] == c.pads[2]));
-      EXPECT_EQ(cpu::winograd_conv_backward_data(n, g, x[1].data<float>(), dy.data<float>(), dx.data<float>()), data);
-      ASSERT_TRUE(cpu::winograd_conv_weight_grad(n, g, x[0].data<float>(), dy.data<float>(), dw.data<float>()));
+      const cpu::RowRange all = cpu::nonzero_rows(dy.data<float>(), y.shape[0], y.shape[1], y.shape[2], y.shape[3]);
+      EXPECT_EQ(all.lo, 0);
+      EXPECT_EQ(all.hi, y.shape[2]);
+      EXPECT_EQ(cpu::winograd_conv_backward_data(n, g, x[1].data<float>(), dy.data<float>(), dx.data<float>(), all), data);
+      ASSERT_TRUE(cpu::winograd_conv_weight_grad(n, g, x[0].data<float>(), dy.data<float>(), dw.data<float>(), all));
       if (data) {
         EXPECT_LT(rel_l2(dx, ref.t[0]), 2e-6) << "backward-data";
       }
@@ -451,7 +454,36 @@ TEST(ConvBackward, WinogradBandsMatchReference) {
         EXPECT_EQ(max_abs_diff(fast.t[0], dx), 0.0);
       }
       EXPECT_EQ(max_abs_diff(fast.t[1], dw), 0.0);
+      // a gradient zero above and below a crop (rows 0-4 and the last 7, every channel): the
+      // bands cover the other rows only, dx is exactly zero where nothing reaches it
+      Tensor dyc = dy.clone();
+      const int64_t H = y.shape[2], W = y.shape[3];
+      for (int64_t nc = 0; nc < y.shape[0] * y.shape[1]; ++nc) {
+        float* p = dyc.data<float>() + nc * H * W;
+        std::fill(p, p + 5 * W, 0.f);
+        std::fill(p + (H - 7) * W, p + H * W, nc % 2 ? -0.f : 0.f);
+      }
+      const cpu::RowRange part = cpu::nonzero_rows(dyc.data<float>(), y.shape[0], y.shape[1], H, W);
+      EXPECT_EQ(part.lo, 5);
+      EXPECT_EQ(part.hi, H - 7);
+      Grads refc = backward(n, x, y, &dyc, {true, true, false}, KernelKind::Reference);
+      std::fill(dx.data<float>(), dx.data<float>() + dx.numel(), std::numeric_limits<float>::quiet_NaN());
+      EXPECT_EQ(cpu::winograd_conv_backward_data(n, g, x[1].data<float>(), dyc.data<float>(), dx.data<float>(), part), data);
+      ASSERT_TRUE(cpu::winograd_conv_weight_grad(n, g, x[0].data<float>(), dyc.data<float>(), dw.data<float>(), part));
+      if (data) {
+        EXPECT_LT(rel_l2(dx, refc.t[0]), 2e-6) << "backward-data, cropped gradient";
+      }
+      EXPECT_LT(rel_l2(dw, refc.t[1]), 2e-6) << "weight gradient, cropped gradient";
     }
+  }
+  // a NaN row is not zero; an all-zero gradient has no rows
+  {
+    Tensor t = Tensor::zeros(DType::F32, {1, 2, 6, 5});
+    EXPECT_EQ(cpu::nonzero_rows(t.data<float>(), 1, 2, 6, 5).hi, cpu::nonzero_rows(t.data<float>(), 1, 2, 6, 5).lo);
+    t.data<float>()[30 + 3 * 5 + 4] = std::numeric_limits<float>::quiet_NaN();
+    const cpu::RowRange r = cpu::nonzero_rows(t.data<float>(), 1, 2, 6, 5);
+    EXPECT_EQ(r.lo, 3);
+    EXPECT_EQ(r.hi, 4);
   }
   cpu::set_winograd_band_rows(0);
   EXPECT_TRUE(banded);

@@ -521,8 +521,11 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
     small_oc_conv_weight_grad(g, X, DY, DW);
     DW = nullptr;
   }
-  if (DW && !bf16 && winograd_conv_weight_grad(n, g, X, DY, DW)) DW = nullptr;
-  if (DX && !bf16 && winograd_conv_backward_data(n, g, W, DY, DX)) DX = nullptr;
+  if ((DW || DX) && !bf16 && winograd_applies(g)) {
+    const RowRange rows = nonzero_rows(DY, g.N, g.C_out, g.out[1], g.out[2]);
+    if (DW && winograd_conv_weight_grad(n, g, X, DY, DW, rows)) DW = nullptr;
+    if (DX && winograd_conv_backward_data(n, g, W, DY, DX, rows)) DX = nullptr;
+  }
   if ((DX || DW) && !backward_dnnl(n, g, X, W, DY, DX, DW)) {
     backward_loops(g, X, W, DY, DX, DW);
     return false;

@@ -149,13 +149,14 @@ struct Plan {
   std::vector<std::shared_ptr<BandPrims>> prims;  // per band
 };
 
-// Rows split into bands of `rows` (the pass's own rows: output rows, or input rows for kData).
-Plan plan_with(const ConvGeom& g, Pass pass, int64_t rows, bool bias, bool x_nhwc, bool y_nhwc) {
+// Rows [lo, hi) of the pass's own rows (output rows, or input rows for kData) split into bands
+// of `rows`.
+Plan plan_with(const ConvGeom& g, Pass pass, int64_t rows, bool bias, bool x_nhwc, bool y_nhwc, int64_t lo,
+               int64_t hi) {
   Plan p;
-  const int64_t total = pass == kData ? g.in[1] : g.out[1];
   std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<BandPrims>>> shapes;
-  for (int64_t r0 = 0; r0 < total; r0 += rows) {
-    const int64_t r1 = std::min(total, r0 + rows);
+  for (int64_t r0 = lo; r0 < hi; r0 += rows) {
+    const int64_t r1 = std::min(hi, r0 + rows);
     const Band B = pass == kData ? data_band_of(g, r0, r1) : band_of(g, r0, r1);
     // oneDNN 2.6's Winograd backward-data is wrong with unequal pads on an axis (tests/grad_conv_test.cpp)
     if (pass == kData && (B.pt != B.pb || g.pb[2] != g.pe[2])) return p;
@@ -185,14 +186,23 @@ size_t most_bytes(const Plan& p) {
 // the scratchpad, and every band would transform them again. Not ok (the direct kernel runs)
 // where the bands still need more than 1.5 x the budget (the weight gradient of 256 -> 512
 // channels on 16 x 24: 74 MB).
-Plan make_plan(const ConvGeom& g, Pass pass, bool bias, bool x_nhwc, bool y_nhwc) {
-  if (g_band_rows > 0) return plan_with(g, pass, g_band_rows, bias, x_nhwc, y_nhwc);
+std::shared_ptr<const Plan> plan_for(const ConvGeom& g, Pass pass, bool bias, bool x_nhwc, bool y_nhwc,
+                                     int64_t lo = -1, int64_t hi = -1);
+
+Plan make_plan(const ConvGeom& g, Pass pass, bool bias, bool x_nhwc, bool y_nhwc, int64_t lo, int64_t hi) {
+  if (g_band_rows > 0) return plan_with(g, pass, g_band_rows, bias, x_nhwc, y_nhwc, lo, hi);
+  if (lo > 0 || hi < (pass == kData ? g.in[1] : g.out[1])) {  // part of the rows: the whole plan's band height
+    auto whole = plan_for(g, pass, bias, x_nhwc, y_nhwc);
+    if (!whole->ok) return Plan();
+    const Band& B = whole->bands[0];
+    return plan_with(g, pass, pass == kData ? B.k1 - B.k0 : B.r1 - B.r0, bias, x_nhwc, y_nhwc, lo, hi);
+  }
   const size_t budget = kBandBytes;
-  int64_t rows = pass == kData ? g.in[1] : g.out[1];
-  Plan p = plan_with(g, pass, rows, bias, x_nhwc, y_nhwc);
+  int64_t rows = hi - lo;
+  Plan p = plan_with(g, pass, rows, bias, x_nhwc, y_nhwc, lo, hi);
   while (p.ok && rows > 4 && most_bytes(p) > budget) {
     rows = std::max<int64_t>(4, (rows / 2 + 3) / 4 * 4);
-    Plan q = plan_with(g, pass, rows, bias, x_nhwc, y_nhwc);
+    Plan q = plan_with(g, pass, rows, bias, x_nhwc, y_nhwc, lo, hi);
     if (!q.ok || most_bytes(q) * 4 > most_bytes(p) * 3) break;
     p = std::move(q);
   }
@@ -202,10 +212,27 @@ Plan make_plan(const ConvGeom& g, Pass pass, bool bias, bool x_nhwc, bool y_nhwc
 
 PrimCache<Plan> plan_cache;
 
-std::shared_ptr<const Plan> plan_for(const ConvGeom& g, Pass pass, bool bias, bool x_nhwc, bool y_nhwc) {
-  std::string key = str(pass, "|", g.N, ",", g.C_in, ">", g.C_out, "|", bias, x_nhwc, y_nhwc, "|", g_band_rows.load());
+// The plan for the pass's rows [lo, hi) (-1: all of them), in bands as tall as the whole rows'.
+std::shared_ptr<const Plan> plan_for(const ConvGeom& g, Pass pass, bool bias, bool x_nhwc, bool y_nhwc, int64_t lo,
+                                     int64_t hi) {
+  if (lo < 0) {
+    lo = 0;
+    hi = pass == kData ? g.in[1] : g.out[1];
+  }
+  std::string key = str(pass, "|", g.N, ",", g.C_in, ">", g.C_out, "|", bias, x_nhwc, y_nhwc, "|", g_band_rows.load(),
+                        "|", lo, ",", hi);
   for (int a = 1; a < 3; ++a) key += str("|", g.in[a], ",", g.out[a], ",", g.pb[a], ",", g.pe[a]);
-  return plan_cache.get(key, [&] { return make_plan(g, pass, bias, x_nhwc, y_nhwc); });
+  return plan_cache.get(key, [&] { return make_plan(g, pass, bias, x_nhwc, y_nhwc, lo, hi); });
+}
+
+// Zero rows [0, lo) and [hi, H) of every image and channel of t (N, C, H, W, nchw).
+void zero_rows_outside(float* t, int64_t N, int64_t C, int64_t H, int64_t W, int64_t lo, int64_t hi) {
+#pragma omp parallel for schedule(static) if (N * C * H * W > (1 << 16))
+  for (int64_t nc = 0; nc < N * C; ++nc) {
+    float* p = t + nc * H * W;
+    std::fill(p, p + lo * W, 0.f);
+    std::fill(p + hi * W, p + H * W, 0.f);
+  }
 }
 
 // Scratch slots: staged input band, the weights pass's dy band, the written band, the staged
@@ -269,6 +296,23 @@ void run_bands(const Node& n, const ConvGeom& g, Pass pass, const Plan& p, const
 
 }  // namespace
 
+RowRange nonzero_rows(const float* t, int64_t N, int64_t C, int64_t H, int64_t W) {
+  auto zero_row = [&](int64_t r) {  // -0 counts as zero, NaN does not
+    for (int64_t nc = 0; nc < N * C; ++nc) {
+      const uint32_t* p = reinterpret_cast<const uint32_t*>(t + (nc * H + r) * W);
+      uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+      for (int64_t w = 0; w < W; ++w) any |= p[w] & 0x7fffffffu;
+      if (any) return false;
+    }
+    return true;
+  };
+  RowRange r{0, H};
+  while (r.lo < H && zero_row(r.lo)) ++r.lo;
+  while (r.hi > r.lo && zero_row(r.hi - 1)) --r.hi;
+  return r;
+}
+
 void set_winograd(bool on) { g_on = on; }
 bool winograd_enabled() { return g_on; }
 void set_winograd_band_rows(int64_t rows) { g_band_rows = rows; }
@@ -282,16 +326,17 @@ bool winograd_applies(const ConvGeom& g) {
   return std::min(g.C_in, g.C_out) >= 16 && flops >= 1e8;
 }
 
-bool winograd_conv_forward(const Node& n, const ConvGeom& g, const float* x, bool x_nhwc, const float* w,
-                           const float* bias, float* y, bool y_nhwc) {
+namespace {
+
+// The forward's output rows [lo, hi) (the others are not written).
+bool forward_rows(const Node& n, const ConvGeom& g, const float* x, bool x_nhwc, const float* w, const float* bias,
+                  float* y, bool y_nhwc, int64_t lo, int64_t hi) {
   if (!winograd_applies(g)) return false;
-  auto p = plan_for(g, kForward, bias != nullptr, x_nhwc, y_nhwc);
+  auto p = plan_for(g, kForward, bias != nullptr, x_nhwc, y_nhwc, lo, hi);
   if (!p->ok) return false;
   run_bands(n, g, kForward, *p, w, x, x_nhwc, bias, y, y_nhwc);
   return true;
 }
-
-namespace {
 
 // Backward-data as the forward conv of dy with the kernel flipped and its channels swapped
 // (dx[c, p] = sum over o, k' of dy[o, p - (2 - pb) + k'] w[o, c, 2 - k']): pads 2 - pb and 2 - pe,
@@ -299,7 +344,9 @@ namespace {
 // (2 threads: CREDIT's 84 -> 84 channels on 256 x 384 50 vs 60 ms, 64 -> 336 on 128 x 192 32
 // vs 38 ms). False where the flipped pads leave the forward's range or oneDNN has no forward
 // Winograd kernel for the flipped geometry.
-bool data_by_flipped_forward(const Node& n, const ConvGeom& g, const float* w, const float* dy, float* dx) {
+bool data_by_flipped_forward(const Node& n, const ConvGeom& g, const float* w, const float* dy, float* dx,
+                             RowRange rows) {
+  if (g.pb[1] != 1 || g.pe[1] != 1 || g.pb[2] != 1 || g.pe[2] != 1) return false;
   ConvGeom t = g;
   std::swap(t.C_in, t.C_out);
   for (int a = 1; a < 3; ++a) {
@@ -314,25 +361,46 @@ bool data_by_flipped_forward(const Node& n, const ConvGeom& g, const float* w, c
   for (int64_t c = 0; c < C; ++c)
     for (int64_t o = 0; o < O; ++o)
       for (int k = 0; k < 9; ++k) wt[(c * O + o) * 9 + 8 - k] = w[(o * C + c) * 9 + k];
-  return winograd_conv_forward(n, t, dy, false, wt, nullptr, dx, false);
+  // dy's rows [lo, hi) reach dx's rows [lo - 1, hi + 1): only those are computed
+  const int64_t a = std::max<int64_t>(rows.lo - 1, 0), b = std::min<int64_t>(rows.hi + 1, g.in[1]);
+  if (a >= b) {
+    std::fill(dx, dx + g.N * C * g.in[1] * g.in[2], 0.f);
+    return true;
+  }
+  if (!forward_rows(n, t, dy, false, wt, nullptr, dx, false, a, b)) return false;
+  zero_rows_outside(dx, g.N, C, g.in[1], g.in[2], a, b);
+  return true;
 }
 
 }  // namespace
 
-bool winograd_conv_backward_data(const Node& n, const ConvGeom& g, const float* w, const float* dy, float* dx) {
+bool winograd_conv_forward(const Node& n, const ConvGeom& g, const float* x, bool x_nhwc, const float* w,
+                           const float* bias, float* y, bool y_nhwc) {
+  return forward_rows(n, g, x, x_nhwc, w, bias, y, y_nhwc, 0, g.out[1]);
+}
+
+bool winograd_conv_backward_data(const Node& n, const ConvGeom& g, const float* w, const float* dy, float* dx,
+                                 RowRange dy_rows) {
   if (!winograd_applies(g)) return false;
-  if (data_by_flipped_forward(n, g, w, dy, dx)) return true;
+  if (data_by_flipped_forward(n, g, w, dy, dx, dy_rows)) return true;
   auto p = plan_for(g, kData, false, false, false);
   if (!p->ok) return false;
   run_bands(n, g, kData, *p, w, dy, false, nullptr, dx, false);
   return true;
 }
 
-bool winograd_conv_weight_grad(const Node& n, const ConvGeom& g, const float* x, const float* dy, float* dw) {
+bool winograd_conv_weight_grad(const Node& n, const ConvGeom& g, const float* x, const float* dy, float* dw,
+                               RowRange dy_rows) {
   if (!winograd_applies(g)) return false;
-  auto p = plan_for(g, kWeights, false, false, false);
-  if (!p->ok) return false;
   const int64_t wn = g.C_out * g.C_in * 9;
+  // the rows of dy that are all zero add nothing: the bands cover the others
+  const auto [lo, hi] = dy_rows;
+  if (lo == hi) {
+    std::fill(dw, dw + wn, 0.f);
+    return true;
+  }
+  auto p = plan_for(g, kWeights, false, false, false, lo, hi);
+  if (!p->ok) return false;
   float* band_dw = p->bands.size() > 1 ? scratch_slot(kWei).floats(wn) : nullptr;
   for (size_t i = 0; i < p->bands.size(); ++i) {
     const Band& B = p->bands[i];

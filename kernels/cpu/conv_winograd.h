@@ -32,13 +32,24 @@ bool winograd_applies(const ConvGeom& g);
 bool winograd_conv_forward(const Node& n, const ConvGeom& g, const float* x, bool x_nhwc, const float* w,
                            const float* bias, float* y, bool y_nhwc);
 
-// dx from w and dy; dw from x and dy; all nchw. False (nothing written) as for the forward,
+// The rows [lo, hi) of t (N, C, H, W, nchw) outside which every image's every channel is zero
+// (lo == hi: all of it). A loss over a crop of the grid (CREDIT's padding) leaves the last
+// convolutions' output gradients zero above and below the crop; their backward skips those rows.
+struct RowRange {
+  int64_t lo = 0, hi = 0;
+};
+RowRange nonzero_rows(const float* t, int64_t N, int64_t C, int64_t H, int64_t W);
+
+// dx from w and dy; dw from x and dy; all nchw; dy_rows: nonzero_rows of dy (the bands cover
+// those rows of dy only, and the rows of dx they reach). False (nothing written) as for the forward,
 // and for backward-data also with unequal pads on an axis in any band (oneDNN 2.6's Winograd
 // backward-data is wrong there; pads 1 all round, the common case, always qualify). With pads 1
 // on both sides of each axis backward-data runs as the forward of dy with the kernel flipped
 // (oneDNN's forward kernel is 15-20 % faster than its backward-data one).
-bool winograd_conv_backward_data(const Node& n, const ConvGeom& g, const float* w, const float* dy, float* dx);
-bool winograd_conv_weight_grad(const Node& n, const ConvGeom& g, const float* x, const float* dy, float* dw);
+bool winograd_conv_backward_data(const Node& n, const ConvGeom& g, const float* w, const float* dy, float* dx,
+                                 RowRange dy_rows);
+bool winograd_conv_weight_grad(const Node& n, const ConvGeom& g, const float* x, const float* dy, float* dw,
+                               RowRange dy_rows);
 
 // Process-wide switches for tests and benchmarks: off runs the direct kernels; band rows > 0
 // fixes the rows per band (0: the tallest bands within 32 MiB of scratchpad and staged operands).
