@@ -581,3 +581,58 @@ TEST(Fuse, DynamoStyleGeluAndLayerNormAreFusedToo) {
 }
 
 }  // namespace
+
+// A crop after the last convolutions (CREDIT's decoder: Conv -> DepthToSpace -> Conv -> crop):
+// each Conv is marked with the rows its readers read, the kernel computes those (zero the
+// others), and the model's output is the reference's.
+TEST(Fuse, CroppedConvsComputeTheRowsRead) {
+  const Shape xs{1, 32, 40, 48};
+  auto build = [&] {
+    Builder b;
+    int x = b.input("x", xs);
+    auto k = [&](int64_t v) { return b.constant("k" + std::to_string(b.g.values.size()), Tensor::from_i64({v})); };
+    const std::vector<std::pair<std::string, Attr>> pads{{"pads", attr_ints({1, 1, 1, 1})}};
+    int a = b.node("Conv", {x, b.constant("wa", randn({128, 32, 3, 3}, 3)), b.constant("ba", randn({128}, 4))},
+                   {pads.begin(), pads.end()});
+    int d = b.node("DepthToSpace", {a}, {{"blocksize", attr_i(2)}});
+    int c = b.node("Conv", {d, b.constant("wb", randn({32, 32, 3, 3}, 5))}, {pads.begin(), pads.end()});
+    int rows = b.node("Slice", {c, k(11), k(60), k(2), k(1)});
+    return b.done(b.node("Slice", {rows, k(5), k(90), k(3), k(1)}), xs);
+  };
+  const Tensor x = randn(xs, 6);
+  Graph g = build();
+  const Tensor ref = run_ref(g, x);
+  optimize_for_cpu(g);
+  std::vector<std::vector<int64_t>> marked;
+  for (const Node& n : g.nodes)
+    if (n.op == "Conv") marked.push_back(n.ints("rows"));
+  // the last conv: the crop's rows 11..59; the first: the rows DepthToSpace takes for rows 10..60
+  ASSERT_EQ(marked.size(), 2u);
+  EXPECT_EQ(marked[0], (std::vector<int64_t>{5, 31}));
+  EXPECT_EQ(marked[1], (std::vector<int64_t>{11, 60}));
+  Executor fast(build());
+  const Tensor y = fast.run({{"x", x}})[0];
+  ASSERT_EQ(y.shape, ref.shape);
+  EXPECT_LT(rel_l2(y, ref), 2e-6);
+  // the kernel alone: the marked rows as the whole conv's, the others zero
+  Node n = make_node("Conv", 2, 1, {{"pads", attr_ints({1, 1, 1, 1})}, {"rows", attr_ints({7, 30})}});
+  const Tensor xi = randn({1, 32, 80, 96}, 8), w = randn({32, 32, 3, 3}, 9);
+  const Tensor part = run_node(n, {&xi, &w}, KernelKind::Fast)[0];
+  n.attrs.erase("rows");
+  const Tensor whole = run_node(n, {&xi, &w}, KernelKind::Reference)[0];
+  const int64_t plane = 80 * 96;
+  double inside = 0, norm = 0, outside = 0;
+  for (int64_t c = 0; c < 32; ++c)
+    for (int64_t i = 0; i < plane; ++i) {
+      const int64_t e = c * plane + i, r = i / 96;
+      const double d = part.data<float>()[e] - whole.data<float>()[e];
+      if (r >= 7 && r < 30) {
+        inside += d * d;
+        norm += (double)whole.data<float>()[e] * whole.data<float>()[e];
+      } else {
+        outside = std::max(outside, std::abs((double)part.data<float>()[e]));
+      }
+    }
+  EXPECT_LT(std::sqrt(inside / norm), 2e-6);
+  EXPECT_EQ(outside, 0.0);
+}

@@ -1185,6 +1185,76 @@ void use_bf16(Graph& g) {
     if (n.op == "Conv" || n.op == "ConvChannelsLast" || n.op == "Linear") n.attrs["precision"] = attr_s("bf16");
 }
 
+void mark_needed_rows(Graph& g) {
+  // need[v]: the rows [lo, hi) of a rank-4 value's dim 2 that its readers read (whole: -1)
+  std::vector<std::pair<int64_t, int64_t>> need(g.values.size(), {-1, -1});
+  auto rows_of = [&](int v) { return g.values[v].shape.size() == 4 ? g.values[v].shape[2] : -1; };
+  // what reader k reads of its input v (false: all of it, or not known)
+  auto read_rows = [&](const Node& k, int v, int64_t* lo, int64_t* hi) {
+    const int64_t H = rows_of(v);
+    if (H < 0 || k.inputs.empty() || k.inputs[0] != v || k.outputs.empty()) return false;
+    const int o = k.outputs[0];
+    if (k.op == "PlaneGather") {
+      const Value& m = g.values[k.inputs[1]];
+      if (!m.is_const() || g.values[v].shape.back() <= 0) return false;
+      const int64_t W = g.values[v].shape.back();
+      *lo = H;
+      *hi = 0;
+      for (int64_t i : m.constant->to_i64()) {
+        *lo = std::min(*lo, i / W);
+        *hi = std::max(*hi, i / W + 1);
+      }
+      return *lo < *hi;
+    }
+    if (need[o].first < 0) return false;
+    const auto [a, b] = need[o];
+    if (k.op == "DepthToSpace") {
+      const int64_t bs = k.i("blocksize", 0);
+      if (bs <= 0) return false;
+      *lo = a / bs;
+      *hi = (b + bs - 1) / bs;
+      return true;
+    }
+    if (k.op == "Conv" && k.inputs.size() >= 2 && k.inputs[1] >= 0 && g.values[k.inputs[1]].shape.size() == 4 &&
+        k.i("group", 1) == 1) {
+      const std::vector<int64_t> st = k.ints("strides", {1, 1}), dil = k.ints("dilations", {1, 1}),
+                                 pads = k.ints("pads", {0, 0, 0, 0});
+      if (st.size() != 2 || dil.size() != 2 || pads.size() != 4 || k.s("auto_pad", "NOTSET") != "NOTSET") return false;
+      const int64_t KH = g.values[k.inputs[1]].shape[2];
+      *lo = std::max<int64_t>(a * st[0] - pads[0], 0);
+      *hi = std::min<int64_t>((b - 1) * st[0] - pads[0] + (KH - 1) * dil[0] + 1, H);
+      return *lo < *hi;
+    }
+    return false;
+  };
+  std::vector<std::vector<int>> readers(g.values.size());
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    for (int i : g.nodes[k].inputs)
+      if (i >= 0) readers[i].push_back((int)k);
+  std::vector<bool> is_output(g.values.size(), false);
+  for (int o : g.outputs) is_output[o] = true;
+  for (size_t k = g.nodes.size(); k-- > 0;) {  // readers come after their producer: theirs are known
+    for (int v : g.nodes[k].outputs) {
+      if (v < 0 || is_output[v] || readers[v].empty() || rows_of(v) < 0) continue;
+      int64_t lo = rows_of(v), hi = 0;
+      bool known = true;
+      for (int r : readers[v]) {
+        int64_t a = 0, b = 0;
+        if (!read_rows(g.nodes[r], v, &a, &b)) {
+          known = false;
+          break;
+        }
+        lo = std::min(lo, a);
+        hi = std::max(hi, b);
+      }
+      if (known && lo < hi && (lo > 0 || hi < rows_of(v))) need[v] = {lo, hi};
+    }
+  }
+  for (Node& n : g.nodes)
+    if (n.op == "Conv" && !n.outputs.empty() && n.outputs[0] >= 0 && need[n.outputs[0]].first >= 0)
+      n.attrs["rows"] = attr_ints({need[n.outputs[0]].first, need[n.outputs[0]].second});
+}
+
 void optimize_for_cpu(Graph& g, Precision precision) {
   const bool fft = precision == Precision::F32;  // the bfloat16 convs run direct (kernels/cpu/dnnl.cpp)
   remove_identity_ops(g);
@@ -1198,6 +1268,7 @@ void optimize_for_cpu(Graph& g, Precision precision) {
   conv_channels_last(g, fft);
   depth_to_space_channels_last(g);
   mark_constant_weights(g);
+  mark_needed_rows(g);
   if (precision == Precision::BF16) use_bf16(g);
 }
 
@@ -1208,6 +1279,7 @@ void fuse_for_training(Graph& g) {
   fuse_channel_layernorm(g);
   fuse_window_attention_training(g);
   fuse_plane_gathers(g);
+  mark_needed_rows(g);
 }
 
 }  // namespace wxe

@@ -45,6 +45,13 @@ void remove_identity_ops(Graph& g);
 // and the crop after the last layer each become one pass over memory.
 void fuse_plane_gathers(Graph& g);
 
+// Conv nodes (nchw, 2-D) of which the graph reads only some output rows (a crop after the
+// last layers: PlaneGather; through DepthToSpace and other such convs) get the attribute
+// rows = (lo, hi): rows [lo, hi) are exact, the others zero (the kernel may skip them; one
+// that does not computes them, as without the attribute). CREDIT's v2026 decoder: the last two
+// convolutions compute 71 % of their rows.
+void mark_needed_rows(Graph& g);
+
 // Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5 (as torch exports nn.GELU) becomes Gelu(x).
 void fuse_gelu(Graph& g);
 

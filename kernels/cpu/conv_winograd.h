@@ -32,12 +32,17 @@ bool winograd_applies(const ConvGeom& g);
 bool winograd_conv_forward(const Node& n, const ConvGeom& g, const float* x, bool x_nhwc, const float* w,
                            const float* bias, float* y, bool y_nhwc);
 
-// The rows [lo, hi) of t (N, C, H, W, nchw) outside which every image's every channel is zero
-// (lo == hi: all of it). A loss over a crop of the grid (CREDIT's padding) leaves the last
-// convolutions' output gradients zero above and below the crop; their backward skips those rows.
+// The forward's output rows [rows.lo, rows.hi) only (x and y nchw), the others zero: a Conv
+// node's attribute rows (engine/passes/fuse.h mark_needed_rows). False as winograd_conv_forward.
 struct RowRange {
   int64_t lo = 0, hi = 0;
 };
+bool winograd_conv_forward_rows(const Node& n, const ConvGeom& g, const float* x, const float* w, const float* bias,
+                                float* y, RowRange rows);
+
+// The rows [lo, hi) of t (N, C, H, W, nchw) outside which every image's every channel is zero
+// (lo == hi: all of it). A loss over a crop of the grid (CREDIT's padding) leaves the last
+// convolutions' output gradients zero above and below the crop; their backward skips those rows.
 RowRange nonzero_rows(const float* t, int64_t N, int64_t C, int64_t H, int64_t W);
 
 // dx from w and dy; dw from x and dy; all nchw; dy_rows: nonzero_rows of dy (the bands cover

@@ -733,6 +733,11 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
   const bool bf16 = n.s("precision", "") == "bf16";
   if (!bf16 && conv_by_fft(n, g, *in[0], src_nhwc, *in[1], bias, *out[0], dst_nhwc)) return;
   if (!channels_last && !bf16 && conv_by_output_phases(n, g, *in[0], *in[1], bias, *out[0])) return;
+  const std::vector<int64_t> rows = n.ints("rows");  // mark_needed_rows: the rows read (the others zero)
+  if (!bf16 && !channels_last && !transpose && rows.size() == 2 &&
+      winograd_conv_forward_rows(n, g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
+                                 out[0]->data<float>(), {rows[0], rows[1]}))
+    return;
   if (!bf16 && winograd_conv_forward(n, g, in[0]->data<float>(), src_nhwc, in[1]->data<float>(),
                                      bias ? bias->data<float>() : nullptr, out[0]->data<float>(), dst_nhwc))
     return;  // 3x3 stride 1: conv_winograd.h
