@@ -253,6 +253,15 @@ TEST(HostileInput, NodeArityIsCheckedAtImport) {
   EXPECT_NE(e.find("required output 0 is empty"), std::string::npos) << e;
   e = err("internal", [](onnx::GraphProto* g) { add_node(g, "Linear", {"x"}, {"y"}); });
   EXPECT_NE(e.find("Linear is not an ONNX op"), std::string::npos) << e;
+  e = err("own_attr", [](onnx::GraphProto* g) {  // a Conv told to compute one row only
+    auto* n = add_node(g, "Conv", {"x", "x"}, {"y"});
+    auto* a = n->add_attribute();
+    a->set_name("rows");
+    a->set_type(onnx::AttributeProto::INTS);
+    a->add_ints(0);
+    a->add_ints(1);
+  });
+  EXPECT_NE(e.find("attribute 'rows' is wxe's own"), std::string::npos) << e;
   e = err("twice", [](onnx::GraphProto* g) {
     add_node(g, "Relu", {"x"}, {"y"});
     add_node(g, "Neg", {"x"}, {"y"});

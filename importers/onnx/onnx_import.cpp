@@ -392,6 +392,9 @@ Graph import_onnx(const std::string& path) {
     for (auto& a : np.attribute()) {
       WXE_CHECK(a.type() != onnx::AttributeProto::GRAPH || n.op == "If", where, ": attribute '", a.name(),
                 "': subgraphs are supported only in If");
+      // the attributes wxe's passes give ONNX ops (engine/passes/fuse.h): never a file's
+      for (const char* own : {"rows", "constant_weights", "precision", "channels_last_output", "if_branch", "if_id"})
+        WXE_CHECK(!n.domain.empty() || a.name() != own, where, " (", n.op, "): attribute '", a.name(), "' is wxe's own, not ONNX's");
       if (a.type() != onnx::AttributeProto::GRAPH) n.attrs[a.name()] = attr_from_proto(a, dir, where);
     }
     if (!tag.empty()) n.attrs["if_branch"] = attr_s(tag);
