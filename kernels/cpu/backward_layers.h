@@ -18,6 +18,12 @@ void matmul_backward(const Node& n, const Ins& in, const Ins& out, const Ins& go
 void gemm_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
 void einsum_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
 void reduce_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout, const Outs& gin, KernelKind kind);
+// The backward of a Linear over an inner features axis on oneDNN matmuls: x (P, K, Q), w (N, K)
+// (or any shape of that layout: a 1x1 Conv's (N, K, 1, 1)), the output gradient gz (P, N, Q);
+// gin: gx, gw, gb (each may be null). False where oneDNN has no primitive (nothing to trust in
+// gin then). backward_conv.cpp runs 1x1 convolutions' backward on it.
+bool linear_backward_pkq(const Node& n, const Ins& in, const float* gz, int64_t P, int64_t K, int64_t Q, int64_t N,
+                         const Outs& gin);
 // gx = gy * Gelu'(x), erf form, on oneDNN (backward_linalg.cpp): the fast path of Gelu's and of a
 // Linear with activation "gelu"'s backward.
 void gelu_grad_fast(const Node& n, const float* x, const float* gy, float* gx, int64_t count);

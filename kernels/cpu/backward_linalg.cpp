@@ -607,6 +607,11 @@ void einsum_backward_one(const Node& n, const Ins& in, const Tensor& gy, const E
 
 }  // namespace
 
+bool linear_backward_pkq(const Node& n, const Ins& in, const float* gz, int64_t P, int64_t K, int64_t Q, int64_t N,
+                         const Outs& gin) {
+  return linear_backward_fast(n, in, gz, {P, K, Q, N}, gin);
+}
+
 void linear_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin, KernelKind kind) {
   if (!gout[0]) {
     for (size_t i = 0; i < std::min<size_t>(3, gin.size()); ++i) fill_zero(gin[i]);
