@@ -316,13 +316,14 @@ StepLog Trainer::step() {
   float* gflat = dev_ ? dev_state_.g.data<float>() : in_place ? nullptr : gshard.data<float>();
   // loss over every micro-batch and rollout step; global gradient norm with each parameter
   // counted once: tp-sharded ones summed over tp, replicated ones from tp rank 0
-  std::vector<int64_t> bounds = zoff_;  // parameter p's block: [zoff_[p], zoff_[p] + zc_[p])
-  bounds.push_back(zS_);
   std::vector<double> sq(trainable_.size());
-  if (in_place)
+  if (in_place) {
     for (size_t p = 0; p < trainable_.size(); ++p) k.segment_sum_squares(grads[p].data<float>(), {0, zn_[p]}, &sq[p]);
-  else
+  } else {
+    std::vector<int64_t> bounds = zoff_;  // parameter p's block: [zoff_[p], zoff_[p] + zc_[p])
+    bounds.push_back(zS_);
     k.segment_sum_squares(gflat, bounds, sq.data());
+  }
   double sq_sharded = 0, sq_replicated = 0;
   for (size_t p = 0; p < trainable_.size(); ++p)
     (slices_.count(graph_.values[trainable_[p]].name) ? sq_sharded : sq_replicated) += sq[p];
@@ -347,26 +348,12 @@ StepLog Trainer::step() {
   }
   if (cfg_.grad_max_norm > 0) {  // torch.nn.utils.clip_grad_norm_
     const float factor = (float)cfg_.grad_max_norm / (float)(log.grad_norm + 1e-6);
-    if (factor < 1.f) {
-      if (!in_place) k.scale(gflat, zS_, factor);
-      for (size_t p = 0; in_place && p < trainable_.size(); ++p) k.scale(grads[p].data<float>(), zn_[p], factor);
-    }
+    if (factor < 1.f && !in_place) k.scale(gflat, zS_, factor);
+    for (size_t p = 0; factor < 1.f && in_place && p < trainable_.size(); ++p)
+      k.scale(grads[p].data<float>(), zn_[p], factor);
   }
   if (dev_) {
     device_update(log.lr);
-  } else if (in_place) {
-    std::vector<float*> params;
-    std::vector<const float*> gp;
-    for (size_t p = 0; p < trainable_.size(); ++p) {
-      params.push_back(graph_.values[trainable_[p]].constant->data<float>());
-      gp.push_back(grads[p].data<float>());
-    }
-    adam_.step_flat(params, gp, zn_, zoff_, zS_, log.lr);
-    if (ema_) {
-      std::vector<const Tensor*> cparams;
-      for (int v : trainable_) cparams.push_back(graph_.values[v].constant.get());
-      ema_->update(cparams);
-    }
   } else {
     std::vector<Tensor*> params;
     std::vector<const Tensor*> cparams;
@@ -374,9 +361,19 @@ StepLog Trainer::step() {
       params.push_back(graph_.values[v].constant.get());
       cparams.push_back(graph_.values[v].constant.get());
     }
-    Tensor pshard = pack_block(cparams, zrank_);
-    adam_.step({&pshard}, {&gshard}, log.lr);
-    gather_blocks(pshard, params, false);
+    if (in_place) {
+      std::vector<float*> pp;
+      std::vector<const float*> gp;
+      for (size_t p = 0; p < params.size(); ++p) {
+        pp.push_back(params[p]->data<float>());
+        gp.push_back(grads[p].data<float>());
+      }
+      adam_.step_flat(pp, gp, zn_, zoff_, zS_, log.lr);
+    } else {
+      Tensor pshard = pack_block(cparams, zrank_);
+      adam_.step({&pshard}, {&gshard}, log.lr);
+      gather_blocks(pshard, params, false);
+    }
     if (ema_) ema_->update(cparams);
   }
   exec_->zero_grad();

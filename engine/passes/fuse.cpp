@@ -1227,18 +1227,13 @@ void mark_needed_rows(Graph& g) {
     }
     return false;
   };
-  std::vector<std::vector<int>> readers(g.values.size());
-  for (size_t k = 0; k < g.nodes.size(); ++k)
-    for (int i : g.nodes[k].inputs)
-      if (i >= 0) readers[i].push_back((int)k);
-  std::vector<bool> is_output(g.values.size(), false);
-  for (int o : g.outputs) is_output[o] = true;
+  const Uses u(g);
   for (size_t k = g.nodes.size(); k-- > 0;) {  // readers come after their producer: theirs are known
     for (int v : g.nodes[k].outputs) {
-      if (v < 0 || is_output[v] || readers[v].empty() || rows_of(v) < 0) continue;
+      if (v < 0 || u.is_output[v] || u.readers[v].empty() || rows_of(v) < 0) continue;
       int64_t lo = rows_of(v), hi = 0;
       bool known = true;
-      for (int r : readers[v]) {
+      for (int r : u.readers[v]) {
         int64_t a = 0, b = 0;
         if (!read_rows(g.nodes[r], v, &a, &b)) {
           known = false;

@@ -118,19 +118,6 @@ void batched(const Node& n, int64_t cnt, int64_t H, int64_t R, int64_t K, int64_
   }
 }
 
-PrimCache<dnnl::softmax_forward> softmax_cache;
-
-// Softmax of each of `rows` rows of T floats, in place: oneDNN's vectorized kernel, as the
-// forward's (dnnl_attention.cpp), so the rows made again here are the forward's own.
-void softmax_rows(const Node& n, float* s, int64_t rows, int64_t T) {
-  const memory::desc md = plain_md({rows, T});
-  auto p = softmax_cache.get(str("attn_softmax", rows, "x", T), [&] {
-    dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
-    return dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(d, eng()));
-  });
-  execute(n, *p, {{DNNL_ARG_SRC, mem(md, s)}, {DNNL_ARG_DST, mem(md, s)}});
-}
-
 // A buffer of floats left uninitialized (every use writes it first), freed with the call.
 struct Floats {
   std::unique_ptr<float[]> p;
@@ -318,7 +305,7 @@ void window_attention_backward(const Node& n, const Ins& in, const Ins&, const I
         for (int64_t h = 0; h < H; ++h)
           std::copy(bias + h * bstride, bias + h * bstride + T * T, P.data() + (wi * H + h) * T * T);
       batched(n, cnt, H, T, dh, T, {q, rows3}, {q + I, cols3}, P.data(), sq, scale, true);
-      softmax_rows(n, P.data(), cnt * H * T, T);
+      softmax_lines(n, P.data(), P.data(), cnt * H * T, T, 1);  // oneDNN's, as the forward's rows
       batched(n, cnt, H, T, T, dh, {P.data(), sq}, {q + 2 * I, rows3}, o.data(), rows1, 1.f, false);
     } else {
 #pragma omp parallel

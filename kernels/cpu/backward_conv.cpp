@@ -502,12 +502,12 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
   float* DB = gb ? gb->data<float>() : nullptr;
   // a 1x1 conv (stride 1, no pads, group 1: CREDIT's projections under spectral norm) is a Linear
   // over the channel axis: its backward the Linear's two matmuls
+  const int64_t plane = g.out[0] * g.out[1] * g.out[2];
   bool pointwise = kind == KernelKind::Fast && !transpose && g.group == 1 && in[0]->numel() > 0;
   for (int a = g.first(); a < 3; ++a)
     pointwise = pointwise && g.k[a] == 1 && g.s[a] == 1 && g.pb[a] == 0 && g.pe[a] == 0;
-  if (pointwise && (DX || DW) && linear_backward_pkq(n, in, DY, g.N, g.C_in, g.out[0] * g.out[1] * g.out[2], g.C_out, gin))
-    return true;
-  if (DB) bias_grad(DY, g.N, g.C_out, g.out[0] * g.out[1] * g.out[2], DB);
+  if (pointwise && (DX || DW) && linear_backward_pkq(n, in, DY, g.N, g.C_in, plane, g.C_out, gin)) return true;
+  if (DB) bias_grad(DY, g.N, g.C_out, plane, DB);
   if (!DX && !DW) return false;
   const bool empty = in[0]->numel() == 0 || in[1]->numel() == 0 || dy->numel() == 0;
   if (kind != KernelKind::Fast || empty) {

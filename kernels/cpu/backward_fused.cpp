@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/ir/ops.h"
+#include "kernels/cpu/channel_norm.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/backward_util.h"
 
@@ -47,19 +48,8 @@ void channel_layernorm_backward(const Node& n, const Ins& in, const Ins&, const 
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N * tiles; ++t) {
     const int64_t s0 = (t % tiles) * T, len = std::min(T, S - s0), off = (t / tiles) * C * S + s0;
-    float m[T] = {}, r[T] = {}, a[T] = {}, b[T] = {};
-    for (int64_t c = 0; c < C; ++c) {
-      const float* xc = x + off + c * S;
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) m[i] += xc[i];
-    }
-#pragma omp simd
-    for (int64_t i = 0; i < T; ++i) m[i] *= invC;
-    for (int64_t c = 0; c < C; ++c) {
-      const float* xc = x + off + c * S;
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) r[i] += (xc[i] - m[i]) * (xc[i] - m[i]);
-    }
+    float m[T], r[T], a[T] = {}, b[T] = {};
+    channel_tile_moments(x + off, C, S, len, m, r);
 #pragma omp simd
     for (int64_t i = 0; i < T; ++i) r[i] = 1.f / std::sqrt(r[i] * invC + eps);
     // a: sum_c gxhat, b: sum_c gxhat xhat; per channel: sum_s gy xhat, sum_s gy

@@ -382,8 +382,7 @@ bool winograd_conv_forward(const Node& n, const ConvGeom& g, const float* x, boo
 bool winograd_conv_forward_rows(const Node& n, const ConvGeom& g, const float* x, const float* w, const float* bias,
                                 float* y, RowRange rows) {
   const int64_t lo = std::clamp<int64_t>(rows.lo, 0, g.out[1]), hi = std::clamp<int64_t>(rows.hi, lo, g.out[1]);
-  if (lo < hi && !forward_rows(n, g, x, false, w, bias, y, false, lo, hi)) return false;
-  if (lo == hi && !winograd_applies(g)) return false;
+  if (!winograd_applies(g) || (lo < hi && !forward_rows(n, g, x, false, w, bias, y, false, lo, hi))) return false;
   zero_rows_outside(y, g.N, g.C_out, g.out[1], g.out[2], lo, hi);
   return true;
 }

@@ -819,7 +819,6 @@ void gelu_fast(const Node& n, const std::vector<const Tensor*>& in,
 
 // ---------------------------------------------------------------- Softmax
 // oneDNN softmax over the (outer, len, inner) view of the tensor around the axis.
-PrimCache<dnnl::softmax_forward> softmax_cache;
 
 void softmax_fast(const Node& n, const std::vector<const Tensor*>& in,
                   const std::vector<Tensor*>& out) {
@@ -831,12 +830,7 @@ void softmax_fast(const Node& n, const std::vector<const Tensor*>& in,
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= x.shape[d];
   for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.shape[d];
-  memory::desc md = plain_md({outer, x.shape[axis], inner});
-  auto p = softmax_cache.get(str("softmax", outer, "x", x.shape[axis], "x", inner), [&] {
-    dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
-    return dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(d, eng()));
-  });
-  execute(n, *p, {{DNNL_ARG_SRC, mem(md, x.raw())}, {DNNL_ARG_DST, mem(md, out[0]->raw())}});
+  softmax_lines(n, x.data<float>(), out[0]->data<float>(), outer, x.shape[axis], inner);
 }
 
 }  // namespace

@@ -45,6 +45,16 @@ void to_bf16(const float* src, int64_t count, uint16_t* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = bf16_bits(src[i]);
 }
 
+void softmax_lines(const Node& n, const float* src, float* dst, int64_t outer, int64_t len, int64_t inner) {
+  static PrimCache<dnnl::softmax_forward> cache;
+  const memory::desc md = plain_md({outer, len, inner});
+  auto p = cache.get(str("softmax", outer, "x", len, "x", inner), [&] {
+    dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
+    return dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(d, eng()));
+  });
+  execute(n, *p, {{DNNL_ARG_SRC, mem(md, const_cast<float*>(src))}, {DNNL_ARG_DST, mem(md, dst)}});
+}
+
 Scratch& scratch_slot(int i) {
   thread_local Scratch pool[kScratchSlots];
   WXE_ASSERT(i >= 0 && i < kScratchSlots);

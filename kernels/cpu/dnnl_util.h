@@ -204,6 +204,11 @@ inline uint16_t bf16_bits(float f) {
 // dst[i] = bf16_bits(src[i]) for i < count; parallel over large arrays.
 void to_bf16(const float* src, int64_t count, uint16_t* dst);
 
+// Softmax over the middle axis of (outer, len, inner) float32 data on oneDNN (src == dst allowed),
+// the primitive cached per shape: the Softmax op's fast kernel and the window attention's
+// backward, which makes the forward's rows again.
+void softmax_lines(const Node& n, const float* src, float* dst, int64_t outer, int64_t len, int64_t inner);
+
 // The thread's scratch buffers, one pool for every kernel (scratch_slot(i), i < kScratchSlots):
 // kernels run one at a time on a thread, so they take the same slots and the pool holds the
 // largest need of any one kernel, not the sum over kernels (wxformer_v2026's training step: 226

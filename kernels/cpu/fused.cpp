@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "engine/ir/ops.h"
+#include "kernels/cpu/channel_norm.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/window_attention.h"
@@ -77,20 +78,7 @@ void channel_layernorm_fast(const Node& n, const Ins& in, const Outs& out) {
     const float* xp = x + (t / tiles) * d.C * d.S + s0;
     float* yp = y + (t / tiles) * d.C * d.S + s0;
     float mean[T], var[T];
-    std::fill(mean, mean + T, 0.f);
-    std::fill(var, var + T, 0.f);
-    for (int64_t c = 0; c < d.C; ++c) {
-      const float* xc = xp + c * d.S;
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) mean[i] += xc[i];
-    }
-#pragma omp simd
-    for (int64_t i = 0; i < T; ++i) mean[i] *= invC;
-    for (int64_t c = 0; c < d.C; ++c) {
-      const float* xc = xp + c * d.S;
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) var[i] += (xc[i] - mean[i]) * (xc[i] - mean[i]);
-    }
+    channel_tile_moments(xp, d.C, d.S, len, mean, var);
 #pragma omp simd
     for (int64_t i = 0; i < T; ++i) var[i] = std::sqrt(var[i] * invC + eps);  // now the std dev
     for (int64_t c = 0; c < d.C; ++c) {
