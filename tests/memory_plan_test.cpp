@@ -86,6 +86,14 @@ Step run_step(const std::string& model, Plan plan, bool fused = false, bool devi
     int n = 0;
     for (int s : opt.segments) n = std::max(n, s + 1);
     EXPECT_GE(n, 8) << model << ": attention and feed-forward blocks";
+    int stacked = 0;  // and the decoder's convolution stacks (UpBlock.b: models/credit_modules.cpp)
+    for (size_t k = 0; k < g.nodes.size(); ++k) {
+      const std::string m = scope_module(g.nodes[k].name);
+      if (g.nodes[k].op != "Conv" || m.rfind("up_block", 0) != 0 || m.find(".b.") == std::string::npos) continue;
+      ++stacked;
+      EXPECT_GE(opt.segments[k], 0) << model << ": " << g.nodes[k].name << " is kept, not made again";
+    }
+    EXPECT_GE(stacked, 2) << model;
   }
   if (plan == Plan::GeluRecompute) {
     add_recompute_segments(g, opt.segments, [](const Node& n) { return n.op == "Gelu"; });

@@ -378,11 +378,15 @@ int run_train_bench(const std::string& model, const std::string& input, const st
                     const std::string& precision, int nodes) {
   WXE_CHECK(runs >= 1, "--runs must be at least 1");
   Tensor x = read_npy(input);
-  // the output shape comes from a throwaway import; the target is zeros of it
-  Graph probe = import_onnx(model);
-  WXE_CHECK(probe.inputs.size() == 1, model, ": bench --train needs a model with one input");
-  prepare_graph(probe, {{probe.values[probe.inputs[0]].name, {x.dtype, x.shape}}});
-  Tensor y = Tensor::zeros(DType::F32, probe.values[probe.outputs[0]].shape);
+  // the output shape comes from a throwaway import (gone before the trainer loads its own copy
+  // of the weights); the target is zeros of it
+  Tensor y;
+  {
+    Graph probe = import_onnx(model);
+    WXE_CHECK(probe.inputs.size() == 1, model, ": bench --train needs a model with one input");
+    prepare_graph(probe, {{probe.values[probe.inputs[0]].name, {x.dtype, x.shape}}});
+    y = Tensor::zeros(DType::F32, probe.values[probe.outputs[0]].shape);
+  }
   FinetuneConfig cfg;
   cfg.model = model;
   cfg.weights = weights;

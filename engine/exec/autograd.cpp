@@ -403,7 +403,12 @@ std::vector<Tensor> GradExecutor::forward(std::map<std::string, Tensor>&& inputs
       else
         vals_[v] = *g_.values[v].constant;  // shares the parameter's storage
     }
-  for (int id : g_.inputs) vals_[id] = std::move(inputs.at(g_.values[id].name));
+  // the caller's inputs, which the kept bytes leave out (views of them too, once they are released)
+  std::vector<std::weak_ptr<Storage>> callers;
+  for (int id : g_.inputs) {
+    vals_[id] = std::move(inputs.at(g_.values[id].name));
+    callers.push_back(vals_[id].storage);
+  }
   inputs.clear();
   for (size_t k = 0; k < g_.nodes.size(); ++k) {
     const Node& n = g_.nodes[k];
@@ -435,8 +440,9 @@ std::vector<Tensor> GradExecutor::forward(std::map<std::string, Tensor>&& inputs
   }
   kept_bytes_ = 0;
   {
-    std::set<const void*> seen;  // views share their input's storage; the caller's inputs are not counted
-    for (int i : g_.inputs) seen.insert(vals_[i].storage.get());
+    std::set<const void*> seen;  // views share their input's storage
+    for (const auto& c : callers)
+      if (auto s = c.lock()) seen.insert(s.get());
     for (size_t v = 0; v < nv; ++v)  // values that share a constant's storage (a CopyToTP of a weight)
       if (g_.values[v].is_const() && vals_[v].defined()) seen.insert(vals_[v].storage.get());
     for (size_t v = 0; v < nv; ++v)  // on a device, a value a host kernel made or read can be in both memories

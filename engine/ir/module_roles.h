@@ -29,6 +29,10 @@ struct ModuleTable {
   // ("layers.0", "layers.1": "<mlp>.layers.0.weight" is that Linear's weight); left empty, no
   // folded Linear is put back (passes.h name_params_by_scope)
   std::string position_bias_linear, position_bias_norm;
+  // module names (engine/io/glob.h patterns) that activation checkpointing recomputes whole,
+  // beside the attention and feed-forward blocks: convolution stacks whose inner values are
+  // large and cheap to make again (passes.h checkpoint_segments)
+  std::vector<std::string> recomputed_modules;
 };
 
 // Replaces the registered table.

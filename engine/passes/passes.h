@@ -154,7 +154,9 @@ NamedTensors graph_parameters(const Graph& g);
 // Activation checkpointing's segments (ExecOptions::segments): per node, the attention or
 // feed-forward block it belongs to (-1: none), as CREDIT applies torch.utils.checkpoint to each.
 // A block is the parent of a module with a projection role (module_roles.h: "a.to_qkv" -> "a",
-// "f.layers.1" -> "f"), or the scope of a fused WindowAttention node; a node belongs to the innermost block its scope (scope_module) lies in.
+// "f.layers.1" -> "f"), the scope of a fused WindowAttention node, or a module the table's
+// recomputed_modules names (CREDIT's UpBlock convolution stacks); a node belongs to the
+// innermost block its scope (scope_module) lies in.
 // Nodes that update their inputs (op_updates_inputs) and those `exclude` names (collectives)
 // belong to none.
 std::vector<int> checkpoint_segments(const Graph& g, const std::function<bool(const Node&)>& exclude = {});

@@ -10,6 +10,7 @@
 
 #include "engine/ir/module_roles.h"
 #include "engine/ir/ops.h"
+#include "engine/io/glob.h"
 #include "engine/passes/layout_rules.h"
 #include "engine/passes/pass_util.h"
 
@@ -125,6 +126,15 @@ std::vector<int> checkpoint_segments(const Graph& g, const std::function<bool(co
         if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
         break;
       }
+  }
+  for (const Node& n : g.nodes) {  // the modules the table names (the node's scope or one around it), recomputed whole
+    std::string m = scope_module(n.name);
+    while (!m.empty()) {
+      for (const std::string& pattern : module_table().recomputed_modules)
+        if (glob_match(pattern, m) && std::find(blocks.begin(), blocks.end(), m) == blocks.end()) blocks.push_back(m);
+      const size_t dot = m.rfind('.');
+      m = dot == std::string::npos ? "" : m.substr(0, dot);
+    }
   }
   std::vector<int> seg(g.nodes.size(), -1);
   for (size_t k = 0; k < g.nodes.size(); ++k) {
