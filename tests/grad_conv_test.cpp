@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/backward_conv.h"
 #include "kernels/cpu/conv_fft.h"
+#include "kernels/cpu/conv_s2d.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/conv_winograd.h"
 #include "tests/grad_check.h"
@@ -299,6 +300,54 @@ TEST(ConvBackward, FastPathMatchesReferenceLoops) {
       }
     }
   }
+}
+
+// Conv geometries for conv_s2d.h (a kernel a whole number of strides, input channels not a
+// multiple of 16, at least 16 outputs): the forward and the weight gradient against the
+// reference kernel and loops: the 640 x 1280 CrossFormer's first layer at stride 4 (kernels 4,
+// 8, 16 with its pads), unequal strides and kernel blocks, batch 2, asymmetric pads, an output
+// whose rows end in a partial task and columns the pads reach.
+TEST(ConvBackward, SpaceToDepthPathMatchesReference) {
+  register_cpu_kernels();
+  const Attr s4 = attr_ints({4, 4});
+  const std::vector<FastCase> cases = {
+      {"k4 s4 (patches), 64 outputs", "Conv", {1, 5, 36, 44}, {64, 5, 4, 4}, 64, {{"strides", s4}}},
+      {"k8 s4 pads 2, 32 outputs, batch 2", "Conv", {2, 7, 29, 50}, {32, 7, 8, 8}, 32,
+       {{"strides", s4}, {"pads", attr_ints({2, 2, 2, 2})}}},
+      {"k16 s4 pads 6, 16 outputs", "Conv", {1, 3, 40, 56}, {16, 3, 16, 16}, 0,
+       {{"strides", s4}, {"pads", attr_ints({6, 6, 6, 6})}}},
+      {"k 6x4 s 3x2, asymmetric pads", "Conv", {1, 18, 23, 31}, {24, 18, 6, 4}, 24,
+       {{"strides", attr_ints({3, 2})}, {"pads", attr_ints({2, 0, 1, 3})}}},
+  };
+  for (const FastCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> x = conv_inputs(c.x, c.w, c.bias, 80);
+    std::vector<const Tensor*> px;
+    for (auto& t : x) px.push_back(&t);
+    Node n = make_node(c.op, (int)x.size(), 1, c.attrs);
+    EXPECT_TRUE(cpu::s2d_conv_applies(cpu::conv_geometry(n, c.x, c.w, false)));
+    Tensor y = run_node(n, px)[0], yf = run_node(n, px, KernelKind::Fast)[0];
+    EXPECT_LT(rel_l2(yf, y), 1e-5) << "forward";
+    EXPECT_LT(max_abs_diff(yf, y), 1e-3) << "forward";
+    Tensor dy = randn(y.shape, 81);
+    std::vector<bool> want{false, true, c.bias > 0};  // the first layer: no dx
+    want.resize(x.size());
+    Grads ref = backward(n, x, y, &dy, want, KernelKind::Reference);
+    Grads fast = backward(n, x, y, &dy, want, KernelKind::Fast);
+    EXPECT_TRUE(fast.dnnl);
+    for (size_t i = 1; i < x.size(); ++i) {
+      EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 1e-5) << "gradient of input " << i;
+      EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
+    }
+  }
+  auto applies = [](Shape xs, Shape ws, Attrs a) {
+    return cpu::s2d_conv_applies(cpu::conv_geometry(make_node("Conv", 2, 1, a), xs, ws, false));
+  };
+  EXPECT_FALSE(applies({1, 16, 40, 40}, {32, 16, 4, 4}, {{"strides", s4}}));  // 16 channels: oneDNN in place
+  EXPECT_FALSE(applies({1, 5, 40, 40}, {8, 5, 4, 4}, {{"strides", s4}}));     // 8 outputs
+  EXPECT_FALSE(applies({1, 5, 40, 40}, {32, 5, 6, 6}, {{"strides", s4}}));    // 6 is not 4k
+  EXPECT_FALSE(applies({1, 5, 40, 40}, {32, 5, 3, 3}, {}));                   // stride 1
+  EXPECT_FALSE(applies({1, 5, 40, 40}, {32, 5, 4, 4}, {{"strides", s4}, {"dilations", attr_ints({2, 2})}}));
 }
 
 // Conv geometries for conv_small_oc.h (few output channels, kernel width 16 or 32): the forward

@@ -37,6 +37,7 @@
 #include "kernels/cpu/backward_layers.h"
 #include "kernels/cpu/backward_util.h"
 #include "kernels/cpu/conv_fft.h"
+#include "kernels/cpu/conv_s2d.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/conv_winograd.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -519,7 +520,8 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
     return false;
   }
   // Each gradient by the first that takes it: the weight gradient of a kernel much wider than its
-  // stride by FFT (conv_fft.h), of few output channels with a wide kernel by conv_small_oc.h, 3x3 stride 1 (float32) by conv_winograd.h, then oneDNN's
+  // stride by FFT (conv_fft.h), of a kernel a whole number of strides by conv_s2d.h, of few
+  // output channels with a wide kernel by conv_small_oc.h, 3x3 stride 1 (float32) by conv_winograd.h, then oneDNN's
   // direct kernels, then the loops.
   const bool bf16 = n.op == "Conv" && n.s("precision", "") == "bf16";
   if (DW && !bf16) {
@@ -528,6 +530,10 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
       fft_conv_weight_grad(g, fp, X, DY, DW);
       DW = nullptr;
     }
+  }
+  if (DW && !bf16 && s2d_conv_applies(g)) {
+    s2d_conv_weight_grad(g, X, DY, DW);
+    DW = nullptr;
   }
   if (DW && small_oc_conv_applies(g, true)) {
     small_oc_conv_weight_grad(g, X, DY, DW);

@@ -41,6 +41,7 @@
 #include "engine/ir/ops.h"
 #include "engine/math/conv_phases.h"
 #include "kernels/cpu/conv_fft.h"
+#include "kernels/cpu/conv_s2d.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/conv_winograd.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -741,6 +742,9 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
   if (!bf16 && winograd_conv_forward(n, g, in[0]->data<float>(), src_nhwc, in[1]->data<float>(),
                                      bias ? bias->data<float>() : nullptr, out[0]->data<float>(), dst_nhwc))
     return;  // 3x3 stride 1: conv_winograd.h
+  if (!channels_last && !bf16 && s2d_conv_applies(g))  // kernel a whole number of strides: conv_s2d.h
+    return s2d_conv_forward(g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
+                            out[0]->data<float>());
   if (!channels_last && !bf16 && small_oc_conv_applies(g))  // few output channels, wide kernel: conv_small_oc.h
     return small_oc_conv_forward(g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
                                  out[0]->data<float>());
