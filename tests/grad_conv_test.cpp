@@ -340,6 +340,35 @@ TEST(ConvBackward, SpaceToDepthPathMatchesReference) {
       EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
     }
   }
+  // ConvTranspose's weight gradient as the Conv's that reads its output gradient (CREDIT's last
+  // decoder layer, 256 -> 71 channels, kernel 4, stride 2, pads 1), with output_padding too
+  const Attr s2 = attr_ints({2, 2});
+  const std::vector<FastCase> transposed = {
+      {"T k4 s2 pads 1, 32 -> 7", "ConvTranspose", {1, 32, 9, 11}, {32, 7, 4, 4}, 7,
+       {{"strides", s2}, {"pads", attr_ints({1, 1, 1, 1})}}},
+      {"T k4 s2 output_padding 1, batch 2", "ConvTranspose", {2, 24, 6, 5}, {24, 5, 4, 4}, 0,
+       {{"strides", s2}, {"pads", attr_ints({1, 1, 1, 1})}, {"output_padding", attr_ints({1, 1})}}},
+  };
+  for (const FastCase& c : transposed) {
+    SCOPED_TRACE(c.label);
+    std::vector<Tensor> x = conv_inputs(c.x, c.w, c.bias, 82);
+    std::vector<const Tensor*> px;
+    for (auto& t : x) px.push_back(&t);
+    Node n = make_node(c.op, (int)x.size(), 1, c.attrs);
+    Tensor y = run_node(n, px)[0];
+    Tensor dy = randn(y.shape, 83);
+    std::vector<bool> want(x.size(), true);
+    Grads ref = backward(n, x, y, &dy, want, KernelKind::Reference);
+    Grads fast = backward(n, x, y, &dy, want, KernelKind::Fast);
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 1e-5) << "gradient of input " << i;
+      EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
+    }
+    Tensor dw(DType::F32, c.w);  // and the weight gradient is this path's
+    EXPECT_TRUE(cpu::s2d_conv_transpose_weight_grad(cpu::conv_geometry(n, c.x, c.w, true), x[0].data<float>(),
+                                                    dy.data<float>(), dw.data<float>()));
+    EXPECT_LT(rel_l2(dw, ref.t[1]), 1e-5);
+  }
   auto applies = [](Shape xs, Shape ws, Attrs a) {
     return cpu::s2d_conv_applies(cpu::conv_geometry(make_node("Conv", 2, 1, a), xs, ws, false));
   };

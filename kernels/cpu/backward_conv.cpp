@@ -531,10 +531,11 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
       DW = nullptr;
     }
   }
-  if (DW && !bf16 && s2d_conv_applies(g)) {
+  if (DW && !bf16 && !transpose && s2d_conv_applies(g)) {
     s2d_conv_weight_grad(g, X, DY, DW);
     DW = nullptr;
   }
+  if (DW && !bf16 && transpose && s2d_conv_transpose_weight_grad(g, X, DY, DW)) DW = nullptr;
   if (DW && small_oc_conv_applies(g, true)) {
     small_oc_conv_weight_grad(g, X, DY, DW);
     DW = nullptr;

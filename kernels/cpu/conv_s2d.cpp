@@ -145,4 +145,21 @@ void s2d_conv_weight_grad(const ConvGeom& g, const float* x, const float* dy, fl
   }
 }
 
+bool s2d_conv_transpose_weight_grad(const ConvGeom& g, const float* x, const float* dy, float* dw) {
+  if (!g.transpose || g.nsp != 2) return false;
+  ConvGeom c = g;
+  c.transpose = false;
+  std::swap(c.C_in, c.C_out);
+  for (int a = 1; a < 3; ++a) {
+    std::swap(c.in[a], c.out[a]);
+    // the Conv's rows: out = (in + pb + pe - k) / s + 1 with the ConvTranspose's output rows as
+    // its input (output_padding adds fewer than s rows, which no output reads)
+    if (c.s[a] < 1 || c.in[a] + c.pb[a] + c.pe[a] < c.k[a] || (c.in[a] + c.pb[a] + c.pe[a] - c.k[a]) / c.s[a] + 1 != c.out[a])
+      return false;
+  }
+  if (!s2d_conv_applies(c)) return false;
+  s2d_conv_weight_grad(c, dy, x, dw);
+  return true;
+}
+
 }  // namespace wxe::cpu

@@ -24,4 +24,11 @@ void s2d_conv_forward(const ConvGeom& g, const float* x, const float* w, const f
 // given thread count (static schedule, per-thread partial sums added in thread order).
 void s2d_conv_weight_grad(const ConvGeom& g, const float* x, const float* dy, float* dw);
 
+// A ConvTranspose's weight gradient (w: (C_in, C_out, KH, KW)) is that of the Conv which reads
+// its output gradient and makes its input's shape: x as that Conv's output gradient, dy as its
+// input (CREDIT's last decoder layer, 256 -> 71 channels at kernel 4, stride 2: oneDNN's
+// scratchpad for it is 237 MB on the 640 x 1280 grid). False (nothing written) where that Conv
+// is not one s2d_conv_applies to.
+bool s2d_conv_transpose_weight_grad(const ConvGeom& g, const float* x, const float* dy, float* dw);
+
 }  // namespace wxe::cpu
