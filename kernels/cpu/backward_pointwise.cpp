@@ -25,6 +25,9 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <vector>
+
+#include <omp.h>
 
 #include "engine/ir/ops.h"
 #include "kernels/cpu/backward_util.h"
@@ -793,21 +796,41 @@ void resize_bw_fast(const Node& n, const Ins& in, const Ins& out, const Gouts& g
   const int r = (int)xs.size();
   if (numel(cur) == 0 || numel(xs) == 0) return zero(gx);
   const std::vector<ResizeAxisTaps> taps = resize_axis_taps(n, in, cur);
-  auto identity = [&](int d) {
-    const ResizeAxisTaps& t = taps[d];
-    if (cur[d] != xs[d]) return false;
-    for (int64_t o = 0; o < cur[d]; ++o)
-      for (int j = 0; j < t.k; ++j) {
-        const float w = t.w[o * t.k + j];
-        if (w != 0.f && !(w == 1.f && t.idx[o * t.k + j] == o)) return false;
-      }
-    return true;
-  };
   std::vector<int> axes;
   for (int d = r - 1; d >= 0; --d)
-    if (!identity(d)) axes.push_back(d);
+    if (!resize_axis_is_identity(taps[d], xs[d], cur[d])) axes.push_back(d);
   if (axes.empty()) {
     std::memcpy(gx->raw(), gout[0]->raw(), gx->nbytes());
+    return;
+  }
+  const int64_t planes = r >= 2 ? numel(xs) / (xs[r - 1] * xs[r - 2]) : 0;
+  if (axes.back() >= r - 2 && planes >= omp_get_max_threads()) {
+    // only the last two axes resized (CREDIT's interpolation): per plane, each output row's
+    // gradient scattered along its row, then added into the input rows it read
+    const ResizeAxisTaps &th = taps[r - 2], &tw = taps[r - 1];
+    const int64_t H = xs[r - 2], W = xs[r - 1], OH = cur[r - 2], OW = cur[r - 1];
+    const float* dy = gout[0]->data<float>();
+    float* dx = gx->data<float>();
+#pragma omp parallel
+    {
+      std::vector<float> row((size_t)W);
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < planes; ++p) {
+        float* dxp = dx + p * H * W;
+        std::fill(dxp, dxp + H * W, 0.f);
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          std::fill(row.begin(), row.end(), 0.f);
+          const float* dyr = dy + (p * OH + oh) * OW;
+          for (int64_t ow = 0; ow < OW; ++ow)
+            for (int k = 0; k < tw.k; ++k) row[tw.idx[ow * tw.k + k]] += tw.w[ow * tw.k + k] * dyr[ow];
+          for (int k = 0; k < th.k; ++k) {
+            const float w = th.w[oh * th.k + k];
+            float* dxr = dxp + th.idx[oh * th.k + k] * W;
+            for (int64_t c = 0; c < W; ++c) dxr[c] += w * row[c];
+          }
+        }
+      }
+    }
     return;
   }
   Tensor a, b;  // ping-pong buffers; the last pass writes into gx

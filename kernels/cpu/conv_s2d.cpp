@@ -54,6 +54,19 @@ void copy_rows(const S2d& d, const float* x, int64_t r0, int64_t nr, float* buf)
       }
 }
 
+// Task t (of N blocks()): image n, output rows [r0, r0 + rows), their copy (rows + qh - 1 rows
+// of it) made into buf.
+struct Task {
+  int64_t n, r0, rows, copied;
+};
+Task copy_task(const S2d& d, const float* x, int64_t t, float* buf) {
+  Task k{t / d.blocks(), t % d.blocks() * d.rows, 0, 0};
+  k.rows = std::min(d.rows, d.OH - k.r0);
+  k.copied = k.rows + d.qh - 1;
+  copy_rows(d, x + k.n * d.C * d.H * d.W, k.r0, k.copied, buf);
+  return k;
+}
+
 // Position of element (a, b, o, (c, i, j)) of the block layout in w's (o, c, a sh + i, b sw + j).
 inline int64_t w_index(const S2d& d, int64_t e) {
   const int64_t cs = d.cs(), KH = d.qh * d.sh, KW = d.qw * d.sw;
@@ -92,15 +105,13 @@ void s2d_conv_forward(const ConvGeom& g, const float* x, const float* w, const f
     float* buf = onednn::scratch_slot(1).floats(cs * (d.rows + d.qh - 1) * cols);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t n = t / d.blocks(), r0 = t % d.blocks() * d.rows, nr_out = std::min(d.rows, d.OH - r0);
-      const int64_t nr = nr_out + d.qh - 1;
-      copy_rows(d, x + n * d.C * d.H * d.W, r0, nr, buf);
-      for (int64_t rr = 0; rr < nr_out; ++rr) {
-        float* yr = y + n * d.OC * plane + (r0 + rr) * d.OW;
+      const Task k = copy_task(d, x, t, buf);
+      for (int64_t rr = 0; rr < k.rows; ++rr) {
+        float* yr = y + k.n * d.OC * plane + (k.r0 + rr) * d.OW;
         for (int64_t a = 0; a < d.qh; ++a)
           for (int64_t b = 0; b < d.qw; ++b)
-            ok = gemm('N', d.OC, d.OW, cs, wb + (a * d.qw + b) * d.OC * cs, cs, buf + (rr + a) * cols + b, nr * cols,
-                      a || b ? 1.f : 0.f, yr, plane) && ok;
+            ok = gemm('N', d.OC, d.OW, cs, wb + (a * d.qw + b) * d.OC * cs, cs, buf + (rr + a) * cols + b,
+                      k.copied * cols, a || b ? 1.f : 0.f, yr, plane) && ok;
         if (bias)
           for (int64_t o = 0; o < d.OC; ++o)
             for (int64_t q = 0; q < d.OW; ++q) yr[o * plane + q] += bias[o];
@@ -123,14 +134,12 @@ void s2d_conv_weight_grad(const ConvGeom& g, const float* x, const float* dy, fl
     float* buf = onednn::scratch_slot(1).floats(cs * (d.rows + d.qh - 1) * cols);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t n = t / d.blocks(), r0 = t % d.blocks() * d.rows, nr_out = std::min(d.rows, d.OH - r0);
-      const int64_t nr = nr_out + d.qh - 1;
-      copy_rows(d, x + n * d.C * d.H * d.W, r0, nr, buf);
-      for (int64_t rr = 0; rr < nr_out; ++rr) {
-        const float* dyr = dy + n * d.OC * plane + (r0 + rr) * d.OW;
+      const Task k = copy_task(d, x, t, buf);
+      for (int64_t rr = 0; rr < k.rows; ++rr) {
+        const float* dyr = dy + k.n * d.OC * plane + (k.r0 + rr) * d.OW;
         for (int64_t a = 0; a < d.qh; ++a)
           for (int64_t b = 0; b < d.qw; ++b)
-            ok = gemm('T', d.OC, cs, d.OW, dyr, plane, buf + (rr + a) * cols + b, nr * cols, 1.f,
+            ok = gemm('T', d.OC, cs, d.OW, dyr, plane, buf + (rr + a) * cols + b, k.copied * cols, 1.f,
                       acc + (a * d.qw + b) * d.OC * cs, cs) && ok;
       }
     }

@@ -35,6 +35,8 @@ struct ResizeAxisTaps {
   std::vector<float> w;      // [out_len * k]
 };
 std::vector<ResizeAxisTaps> resize_axis_taps(const Node& n, const Ins& in, const Shape& out);
+// Whether taps t take an axis of in_len to out_len unchanged (each output its own input).
+bool resize_axis_is_identity(const ResizeAxisTaps& t, int64_t in_len, int64_t out_len);
 // Slice (data_ops.cpp): per dim of the input, the first index, the step and the output length
 // (starts/ends clamped as ONNX says); the GPU kernels read attributes through it too.
 struct SliceDim {

@@ -293,6 +293,62 @@ std::vector<ResizeAxisTaps> resize_axis_taps(const Node& n, const Ins& in, const
   return taps;
 }
 
-void register_resize() { register_op("Resize", resize_shape_checked, resize_kernel); }
+bool resize_axis_is_identity(const ResizeAxisTaps& t, int64_t in_len, int64_t out_len) {
+  if (in_len != out_len) return false;
+  for (int64_t o = 0; o < out_len; ++o)
+    for (int j = 0; j < t.k; ++j) {
+      const float w = t.w[o * t.k + j];
+      if (w != 0.f && !(w == 1.f && t.idx[o * t.k + j] == o)) return false;
+    }
+  return true;
+}
+
+namespace {
+
+// float32, only the last two axes resized (CREDIT's bilinear interpolation to and from the
+// grid): each output row blends its input rows into one row (float32), then each output
+// column its taps of that row; anything else is the reference kernel's.
+void resize_fast(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  const int r = x.rank();
+  if (x.dtype != DType::F32 || r < 2 || out[0]->numel() == 0 || x.numel() == 0) return resize_kernel(n, in, out);
+  const std::vector<ResizeAxisTaps> taps = resize_axis_taps(n, in, out[0]->shape);
+  for (int d = 0; d < r - 2; ++d)
+    if (!resize_axis_is_identity(taps[d], x.shape[d], out[0]->shape[d])) return resize_kernel(n, in, out);
+  const ResizeAxisTaps &th = taps[r - 2], &tw = taps[r - 1];
+  const int64_t H = x.shape[r - 2], W = x.shape[r - 1], OH = out[0]->shape[r - 2], OW = out[0]->shape[r - 1];
+  const int64_t rows = out[0]->numel() / OW;
+  const float* xf = x.data<float>();
+  float* of = out[0]->data<float>();
+#pragma omp parallel if (rows * OW > kParallelMin)
+  {
+    std::vector<float> blend((size_t)W);
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t plane = row / OH, oh = row % OH;
+      const float* xp = xf + plane * H * W;
+      const int64_t* hi = th.idx.data() + oh * th.k;
+      const float* hw = th.w.data() + oh * th.k;
+      for (int64_t w = 0; w < W; ++w) blend[w] = hw[0] * xp[hi[0] * W + w];
+      for (int k = 1; k < th.k; ++k)
+        for (int64_t w = 0; w < W; ++w) blend[w] += hw[k] * xp[hi[k] * W + w];
+      float* o = of + row * OW;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t* wi = tw.idx.data() + ow * tw.k;
+        const float* ww = tw.w.data() + ow * tw.k;
+        float s = 0.f;
+        for (int k = 0; k < tw.k; ++k) s += ww[k] * blend[wi[k]];
+        o[ow] = s;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void register_resize() {
+  register_op("Resize", resize_shape_checked, resize_kernel);
+  register_fast_kernel("Resize", resize_fast);
+}
 
 }  // namespace wxe::cpu
