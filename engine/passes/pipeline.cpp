@@ -127,7 +127,7 @@ std::vector<int> checkpoint_segments(const Graph& g, const std::function<bool(co
         break;
       }
   }
-  for (const Node& n : g.nodes) {  // the modules the table names (the node's scope or one around it), recomputed whole
+  for (const Node& n : g.nodes) {  // modules the table names (the node's scope or one around it)
     std::string m = scope_module(n.name);
     while (!m.empty()) {
       for (const std::string& pattern : module_table().recomputed_modules)

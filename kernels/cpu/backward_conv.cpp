@@ -20,10 +20,12 @@
 // Fast path: oneDNN (2.6) convolution / deconvolution backward-data and backward-weights
 // primitives for float32, created once per geometry (cached in a PrimCache, dnnl_util.h)
 // with the same translation of the ONNX attributes as make_conv in dnnl.cpp; backward-data
-// runs only when dx is wanted, and the scratchpads are per-thread buffers (user mode). A Conv with few output channels and a wide
-// kernel takes its weight gradient from conv_small_oc.h instead (oneDNN's is im2col + gemm
-// there), a 3x3 stride-1 Conv both gradients from conv_winograd.h. Anything it does not take (negative pads of a ConvTranspose with output_shape, empty
-// tensors, a geometry oneDNN rejects) runs the loops.
+// runs only when dx is wanted, and the scratchpads are per-thread buffers (user mode). A Conv
+// with few output channels and a wide kernel takes its weight gradient from conv_small_oc.h
+// instead (oneDNN's is im2col + gemm there), one whose kernel is a whole number of strides on
+// input channels oneDNN would stage (and a ConvTranspose of that shape) from conv_s2d.h, a 3x3
+// stride-1 Conv both gradients from conv_winograd.h. Anything it does not take (negative pads
+// of a ConvTranspose with output_shape, empty tensors, a geometry oneDNN rejects) runs the loops.
 // A Conv with precision = "bf16" (finetune --precision bf16) stages dy, W and x as bfloat16
 // (the operand reorders convert) and gets float32 dx and dW: bfloat16 products, float32
 // accumulation; the bias gradient and conv_small_oc's weight gradient stay float32.
@@ -428,10 +430,9 @@ PrimCache<BackwardPrims> backward_cache;  // by geometry key
 
 // Staging buffers by role; dx's buffer is reused for x and W's for dW, as the data pass
 // finishes before the weights pass starts; one scratchpad for both passes. The widest buffers
-// take the pool's first slots, which the forward kernels' widest (their staged input) take too:
-// on the 640 x 1280 CrossFormer the first layer's staged x and oneDNN's weight-gradient
-// scratchpad are 262 and 237 MB, and the forward's staged x 249 MB; in slots of their own
-// they held 750 MB of the step's peak RSS, in shared ones 500.
+// (staged x, the scratchpad) take the pool's first slots, which the forward kernels' widest
+// (their staged input) take too, so the pool holds the larger of them, not the sum (on a
+// 74-channel input at 640 x 1280 each is about 250 MB).
 enum { kWide, kPad, kDy, kW, kDy2 };
 
 // dx and dW by oneDNN (either pointer may be null); false when the geometry is not supported.
@@ -521,8 +522,8 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
   }
   // Each gradient by the first that takes it: the weight gradient of a kernel much wider than its
   // stride by FFT (conv_fft.h), of a kernel a whole number of strides by conv_s2d.h, of few
-  // output channels with a wide kernel by conv_small_oc.h, 3x3 stride 1 (float32) by conv_winograd.h, then oneDNN's
-  // direct kernels, then the loops.
+  // output channels with a wide kernel by conv_small_oc.h, 3x3 stride 1 (float32) by
+  // conv_winograd.h, then oneDNN's direct kernels, then the loops.
   const bool bf16 = n.op == "Conv" && n.s("precision", "") == "bf16";
   if (DW && !bf16) {
     const FftConvPlan fp = fft_conv_plan(g, false);

@@ -39,10 +39,11 @@ void copy_rows(const S2d& d, const float* x, int64_t r0, int64_t nr, float* buf)
     for (int64_t i = 0; i < d.sh; ++i)
       for (int64_t rr = 0; rr < nr; ++rr) {
         const int64_t ih = (r0 + rr) * d.sh + i - d.ph;
-        const float* src = x + (c * d.H + ih) * d.W;
+        const bool inside = ih >= 0 && ih < d.H;
+        const float* src = inside ? x + (c * d.H + ih) * d.W : nullptr;
         for (int64_t j = 0; j < d.sw; ++j) {
           float* dst = buf + (((c * d.sh + i) * d.sw + j) * nr + rr) * cols;
-          if (ih < 0 || ih >= d.H) {
+          if (!inside) {
             std::memset(dst, 0, cols * sizeof(float));
             continue;
           }
