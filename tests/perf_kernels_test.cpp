@@ -1,6 +1,7 @@
 // Kernels of the CPU fast path added for speed: each fused op's reference kernel against the
 // ops it replaces, and each fast kernel against the reference kernel (the oracle).
 #include <cmath>
+#include <cstring>
 
 #include "tests/test_util.h"
 
@@ -49,6 +50,33 @@ TEST(ChannelLayerNorm, FastEqualsReference) {
     Node n = make_node("ChannelLayerNorm", 3, 1, {{"epsilon", attr_f(1e-5f)}});
     expect_close(run1(n, {&x, &g, &b}, KernelKind::Fast), run1(n, {&x, &g, &b}), 2e-6, 2e-6);
   }
+}
+
+// With backward_accumulates(0) (the executor hands it the residual stream's gradient so far,
+// engine/ir/ops.h gradient_accumulation) the backward adds its dx to what gin[0] holds: the
+// same bits as the gradient alone plus that tensor; dg and db are as without.
+TEST(ChannelLayerNorm, BackwardAddsIntoTheGradientItIsHanded) {
+  register_cpu_kernels();
+  ASSERT_EQ(gradient_accumulation("ChannelLayerNorm"), 1u);
+  const BackwardFn bw = backward_kernel("ChannelLayerNorm");
+  const Shape s{2, 24, 9, 15};
+  Tensor x = randn(s, 7, 2.f), g = randn({1, 24, 1, 1}, 8), b = randn({1, 24, 1, 1}, 9), gy = randn(s, 10);
+  const Tensor before = randn(s, 11);
+  Node n = make_node("ChannelLayerNorm", 3, 1, {{"epsilon", attr_f(1e-5f)}});
+  Tensor y = run1(n, {&x, &g, &b}, KernelKind::Fast);
+  Tensor alone(DType::F32, s), gg(DType::F32, g.shape), gb(DType::F32, b.shape);
+  bw(n, {&x, &g, &b}, {&y}, {&gy}, {&alone, &gg, &gb});
+  Tensor summed = before.clone(), gg2(DType::F32, g.shape), gb2(DType::F32, b.shape);
+  set_backward_accumulates(1u);
+  bw(n, {&x, &g, &b}, {&y}, {&gy}, {&summed, &gg2, &gb2});
+  set_backward_accumulates(0);
+  for (int64_t i = 0; i < summed.numel(); ++i) {
+    const float want = before.data<float>()[i] + alone.data<float>()[i];
+    ASSERT_EQ(std::memcmp(&summed.data<float>()[i], &want, sizeof(float)), 0) << i;
+  }
+  EXPECT_EQ(std::memcmp(gg.raw(), gg2.raw(), gg.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(gb.raw(), gb2.raw(), gb.nbytes()), 0);
+  EXPECT_FALSE(backward_accumulates(0));  // nothing left set for the next kernel
 }
 
 TEST(ChannelLayerNorm, BadParameterIsAnError) {

@@ -64,6 +64,7 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
     bool any = std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && needs_grad_[i]; });
     backward_.push_back(any ? backward_kernel(n.op) : nullptr);
     passthrough_.push_back(any ? gradient_passthrough(n.op) : 0u);
+    accumulation_.push_back(any ? gradient_accumulation(n.op) : 0u);
     if (!any) continue;
     WXE_CHECK(backward_.back(), g.source, ": node ", n.name, " (", n.op,
               ") lies between trainable parameters and the loss, and op ", n.op, " has no backward kernel");
@@ -251,6 +252,7 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     gin.clear();
     std::vector<Tensor> gi(n.inputs.size());
     const uint32_t pass = grad[n.outputs[0]].defined() ? passthrough_[k] : 0u;
+    uint32_t acc = 0;  // inputs whose gradient so far the kernel adds to (ops.h gradient_accumulation)
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       int v = n.inputs[i];
       in.push_back(v < 0 ? nullptr : &vals_[v]);
@@ -258,6 +260,12 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
       if (want && i < 32 && (pass >> i & 1u) && g_.values[v].shape == g_.values[n.outputs[0]].shape) {
         gi[i] = grad[n.outputs[0]];  // the output's gradient itself (ops.h gradient_passthrough)
         want = false;
+      } else if (want && i < 32 && (accumulation_[k] >> i & 1u) && grad[v].defined() &&
+                 grad[v].storage.use_count() == 1 && std::count(n.inputs.begin(), n.inputs.end(), v) == 1 &&
+                 std::find(n.outputs.begin(), n.outputs.end(), v) == n.outputs.end()) {
+        acc |= 1u << i;  // held by nothing else: the kernel adds into it
+        gin.push_back(&grad[v]);
+        continue;
       } else if (want) {
         gi[i] = Tensor(DType::F32, g_.values[v].shape);
       }
@@ -268,8 +276,11 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
       gout.push_back(grad[o].defined() ? &grad[o] : nullptr);
     }
     try {
+      set_backward_accumulates(acc);
       backward_[k](n, in, out, gout, gin);
+      set_backward_accumulates(0);
     } catch (const Error& e) {
+      set_backward_accumulates(0);
       throw Error(g_.source + ": backward of node " + n.name + " (" + n.op + "): " + e.what());
     }
     for (int o : n.outputs) grad[o] = Tensor();  // consumed (a passed-through gradient lives on in gi)

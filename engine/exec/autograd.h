@@ -88,6 +88,7 @@ class GradExecutor {
   std::vector<KernelFn> kernels_;
   std::vector<BackwardFn> backward_;
   std::vector<uint32_t> passthrough_;  // per node: engine/ir/ops.h gradient_passthrough of its op
+  std::vector<uint32_t> accumulation_;  // per node: engine/ir/ops.h gradient_accumulation of its op
   std::vector<bool> needs_grad_;  // per value: a trainable parameter depends on it
   std::vector<Tensor> vals_;      // forward values; those the backward reads are kept for it
   // The memory plan of a training step (CPU and device): per value, whether a backward kernel reads its

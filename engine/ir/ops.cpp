@@ -12,6 +12,7 @@ struct OpEntry {
   BackwardFn backward = nullptr;
   BackwardReads reads;
   uint32_t passthrough = 0;
+  uint32_t accumulation = 0;
 };
 std::map<std::string, OpEntry>& table() {
   static std::map<std::string, OpEntry> t;
@@ -37,6 +38,20 @@ BackwardReads backward_reads(const std::string& op) {
 }
 
 void register_gradient_passthrough(const std::string& op, uint32_t inputs) { table()[op].passthrough = inputs; }
+
+void register_gradient_accumulation(const std::string& op, uint32_t inputs) { table()[op].accumulation = inputs; }
+
+uint32_t gradient_accumulation(const std::string& op) {
+  auto it = table().find(op);
+  return it == table().end() ? 0u : it->second.accumulation;
+}
+
+namespace {
+thread_local uint32_t g_accumulates = 0;
+}  // namespace
+
+bool backward_accumulates(size_t i) { return i < 32 && (g_accumulates >> i & 1u); }
+void set_backward_accumulates(uint32_t inputs) { g_accumulates = inputs; }
 
 uint32_t gradient_passthrough(const std::string& op) {
   auto it = table().find(op);

@@ -30,7 +30,8 @@ enum class KernelKind { Reference, Fast };
 // `in` and `out` are the forward pass's tensors; gout[k] is the gradient of output k
 // (nullptr: nothing reads that output, its gradient is zero). gin[i] is nullptr when input i
 // needs no gradient (constants, integer inputs, omitted optionals), otherwise a float32 tensor
-// shaped like input i, uninitialized, that the kernel overwrites (it does not accumulate).
+// shaped like input i, uninitialized, that the kernel overwrites (it does not accumulate, unless
+// backward_accumulates(i) says so: register_gradient_accumulation below).
 // Broadcast inputs get the gradient summed over the broadcast dims.
 using BackwardFn = void (*)(const Node& n, const std::vector<const Tensor*>& in,
                             const std::vector<const Tensor*>& out,
@@ -61,6 +62,18 @@ BackwardReads backward_reads(const std::string& op);
 // nullptr for it as for an input that needs no gradient: no copy, no buffer. None by default.
 void register_gradient_passthrough(const std::string& op, uint32_t inputs);
 uint32_t gradient_passthrough(const std::string& op);
+
+// Inputs (bit i: input i) whose gradient the op's backward kernel can add to the tensor it is
+// handed instead of overwriting it. The training executor (CPU) then hands it the gradient
+// already summed for that input (the residual stream's, which another reader filled first) and
+// sets backward_accumulates(i) for the call, instead of summing a new tensor into it in a pass
+// of its own. None by default.
+void register_gradient_accumulation(const std::string& op, uint32_t inputs);
+uint32_t gradient_accumulation(const std::string& op);
+// Inside a backward kernel (on the calling thread): whether gin[i] holds a gradient to add to.
+bool backward_accumulates(size_t i);
+// Set by the executor around a backward kernel's call (0 after it).
+void set_backward_accumulates(uint32_t inputs);
 
 bool op_known(const std::string& op);
 ShapeFn shape_rule(const std::string& op);

@@ -4,6 +4,7 @@
 // See engine/ir/ops.h (BackwardFn) for the contract.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "engine/ir/ops.h"
@@ -24,13 +25,15 @@ namespace {
 // One pass over tiles of 64 positions (the channels are strided by S, the positions of a tile
 // contiguous, a tile's x and gy stay in L1 across its loops); gg and gb are summed per tile and
 // channel, then per channel over the tiles in order, in double: the same bits at any thread count.
+// gx is added to the gradient gin[0] holds when backward_accumulates(0) (the residual stream's,
+// summed there by the executor otherwise: the same float additions, one pass fewer).
 
 void channel_layernorm_backward(const Node& n, const Ins& in, const Ins&, const Ins& gout, const Outs& gin) {
   Tensor* gx_t = gin[0];
   Tensor* gg_t = opt_gin(gin, 1);
   Tensor* gb_t = opt_gin(gin, 2);
   if (!gout[0]) {
-    for (Tensor* t : {gx_t, gg_t, gb_t}) fill_zero(t);
+    for (Tensor* t : {backward_accumulates(0) ? nullptr : gx_t, gg_t, gb_t}) fill_zero(t);
     return;
   }
   const Tensor& xt = *in[0];
@@ -40,6 +43,7 @@ void channel_layernorm_backward(const Node& n, const Ins& in, const Ins&, const 
   const float* g = in[1]->data<float>();
   const float* gy = gout[0]->data<float>();
   float* gx = gx_t ? gx_t->data<float>() : nullptr;
+  const bool add = gx && backward_accumulates(0);  // gx holds the residual stream's gradient so far
   const bool params = gg_t || gb_t;
   constexpr int64_t T = 64;
   const int64_t tiles = (S + T - 1) / T;
@@ -78,9 +82,17 @@ void channel_layernorm_backward(const Node& n, const Ins& in, const Ins&, const 
       const float* gc = gy + off + c * S;
       float* gxc = gx + off + c * S;
       const float gain = g[c];
+      float v[T];  // the tile's gradient first, then added in a loop of its own: the additions
+                   // round as the executor's sum of a separate gradient did (no fused multiply-add)
 #pragma omp simd
       for (int64_t i = 0; i < len; ++i)
-        gxc[i] = r[i] * (gc[i] * gain - a[i] * invC - (xc[i] - m[i]) * r[i] * b[i] * invC);
+        v[i] = r[i] * (gc[i] * gain - a[i] * invC - (xc[i] - m[i]) * r[i] * b[i] * invC);
+      if (add) {
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) gxc[i] += v[i];
+      } else {
+        std::memcpy(gxc, v, len * sizeof(float));
+      }
     }
   }
   if (!params) return;
@@ -101,6 +113,7 @@ void channel_layernorm_backward(const Node& n, const Ins& in, const Ins&, const 
 void register_fused_backward() {
   register_backward("ChannelLayerNorm", channel_layernorm_backward);
   register_backward_reads("ChannelLayerNorm", {~(1u << 2), false});  // x and g; not b, not y
+  register_gradient_accumulation("ChannelLayerNorm", 1u);
 }
 
 }  // namespace wxe::cpu
