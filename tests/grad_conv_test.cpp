@@ -162,6 +162,34 @@ struct FastCase {
   bool dnnl = true;  // the fast path is expected to take it
 };
 
+// Case c on a kernel of the fast path (`takes`: that kernel takes its geometry) against the
+// reference kernel and loops: the forward, then each subset of gradients (flags per input,
+// false past the end) computed alone.
+void expect_path_matches_reference(const FastCase& c, unsigned seed, bool (*takes)(const cpu::ConvGeom&),
+                                   const std::vector<std::vector<bool>>& subsets) {
+  std::vector<Tensor> x = conv_inputs(c.x, c.w, c.bias, seed);
+  std::vector<const Tensor*> px;
+  for (auto& t : x) px.push_back(&t);
+  Node n = make_node(c.op, (int)x.size(), 1, c.attrs);
+  EXPECT_TRUE(takes(cpu::conv_geometry(n, c.x, c.w, false)));
+  Tensor y = run_node(n, px)[0], yf = run_node(n, px, KernelKind::Fast)[0];
+  EXPECT_LT(rel_l2(yf, y), 1e-5) << "forward";
+  EXPECT_LT(max_abs_diff(yf, y), 1e-3) << "forward";
+  Tensor dy = randn(y.shape, seed + 1);
+  const std::vector<bool> all(x.size(), true);
+  Grads ref = backward(n, x, y, &dy, all, KernelKind::Reference);
+  for (std::vector<bool> want : subsets) {
+    want.resize(x.size());
+    Grads fast = backward(n, x, y, &dy, want, KernelKind::Fast);
+    EXPECT_TRUE(fast.dnnl);
+    for (size_t i = 0; i < x.size(); ++i)
+      if (want[i]) {
+        EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 1e-5) << "gradient of input " << i;
+        EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
+      }
+  }
+}
+
 // precision = "bf16" (finetune --precision bf16): Conv backward-data and backward-weights
 // multiply in bfloat16 with float32 accumulation. Against the float32 reference loops: within
 // bfloat16's rounding (1e-2 relative L2; about 2.5e-3 seen), and visibly apart from the float32
@@ -321,24 +349,7 @@ TEST(ConvBackward, SpaceToDepthPathMatchesReference) {
   };
   for (const FastCase& c : cases) {
     SCOPED_TRACE(c.label);
-    std::vector<Tensor> x = conv_inputs(c.x, c.w, c.bias, 80);
-    std::vector<const Tensor*> px;
-    for (auto& t : x) px.push_back(&t);
-    Node n = make_node(c.op, (int)x.size(), 1, c.attrs);
-    EXPECT_TRUE(cpu::s2d_conv_applies(cpu::conv_geometry(n, c.x, c.w, false)));
-    Tensor y = run_node(n, px)[0], yf = run_node(n, px, KernelKind::Fast)[0];
-    EXPECT_LT(rel_l2(yf, y), 1e-5) << "forward";
-    EXPECT_LT(max_abs_diff(yf, y), 1e-3) << "forward";
-    Tensor dy = randn(y.shape, 81);
-    std::vector<bool> want{false, true, c.bias > 0};  // the first layer: no dx
-    want.resize(x.size());
-    Grads ref = backward(n, x, y, &dy, want, KernelKind::Reference);
-    Grads fast = backward(n, x, y, &dy, want, KernelKind::Fast);
-    EXPECT_TRUE(fast.dnnl);
-    for (size_t i = 1; i < x.size(); ++i) {
-      EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 1e-5) << "gradient of input " << i;
-      EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
-    }
+    expect_path_matches_reference(c, 80, cpu::s2d_conv_applies, {{false, true, c.bias > 0}});  // first layer: no dx
   }
   // ConvTranspose's weight gradient as the Conv's that reads its output gradient (CREDIT's last
   // decoder layer, 256 -> 71 channels, kernel 4, stride 2, pads 1), with output_padding too
@@ -409,27 +420,8 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
   };
   for (const FastCase& c : cases) {
     SCOPED_TRACE(c.label);
-    std::vector<Tensor> x = conv_inputs(c.x, c.w, c.bias, 70);
-    std::vector<const Tensor*> px;
-    for (auto& t : x) px.push_back(&t);
-    Node n = make_node(c.op, (int)x.size(), 1, c.attrs);
-    EXPECT_TRUE(cpu::small_oc_conv_applies(cpu::conv_geometry(n, c.x, c.w, false)));
-    Tensor y = run_node(n, px)[0], yf = run_node(n, px, KernelKind::Fast)[0];
-    EXPECT_LT(rel_l2(yf, y), 1e-5) << "forward";
-    EXPECT_LT(max_abs_diff(yf, y), 1e-3) << "forward";
-    Tensor dy = randn(y.shape, 71);
-    const std::vector<bool> all(x.size(), true);
-    Grads ref = backward(n, x, y, &dy, all, KernelKind::Reference);
-    for (std::vector<bool> want : {all, std::vector<bool>{false, true, c.bias > 0}}) {
-      want.resize(x.size());
-      Grads fast = backward(n, x, y, &dy, want, KernelKind::Fast);
-      EXPECT_TRUE(fast.dnnl);
-      for (size_t i = 0; i < x.size(); ++i)
-        if (want[i]) {
-          EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 1e-5) << "gradient of input " << i;
-          EXPECT_LT(max_abs_diff(fast.t[i], ref.t[i]), 1e-3) << "gradient of input " << i;
-        }
-    }
+    expect_path_matches_reference(c, 70, [](const cpu::ConvGeom& g) { return cpu::small_oc_conv_applies(g); },
+                                  {{true, true, true}, {false, true, c.bias > 0}});
   }
   // 16 outputs at kernel 32, stride 4 (the 640 x 1280 CrossFormer's first layer, 74 -> 16
   // channels): the weight gradient on this path, the forward on oneDNN's, against the reference

@@ -164,8 +164,8 @@ bool s2d_conv_transpose_weight_grad(const ConvGeom& g, const float* x, const flo
     std::swap(c.in[a], c.out[a]);
     // the Conv's rows: out = (in + pb + pe - k) / s + 1 with the ConvTranspose's output rows as
     // its input (output_padding adds fewer than s rows, which no output reads)
-    if (c.s[a] < 1 || c.in[a] + c.pb[a] + c.pe[a] < c.k[a] || (c.in[a] + c.pb[a] + c.pe[a] - c.k[a]) / c.s[a] + 1 != c.out[a])
-      return false;
+    const int64_t span = c.in[a] + c.pb[a] + c.pe[a] - c.k[a];  // strides are >= 1 (conv_geometry)
+    if (span < 0 || span / c.s[a] + 1 != c.out[a]) return false;
   }
   if (!s2d_conv_applies(c)) return false;
   s2d_conv_weight_grad(c, dy, x, dw);
