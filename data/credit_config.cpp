@@ -75,6 +75,7 @@ namespace {
 struct Reader {
   std::string file;
   CreditConfig* c;
+  bool training = true;  // false: the keys only training reads are not read (forecast)
   bool pre_scaler_ = false, post_scaler_ = false;
 
   std::string where(const std::string& key) const { return file + ": " + key; }
@@ -127,7 +128,9 @@ struct Reader {
     g.vars_2D = strings(n["vars_2D"], key + ".vars_2D");
     g.path = path(n["path"], key + ".path");
     const std::string tf = get<std::string>(n["filename_time_format"], key + ".filename_time_format", "");
-    if (!tf.empty()) {  // CREDIT's form: the '*' of the path starts with the time in this format
+    // CREDIT's form: the '*' of the path starts with the time in this format; a path that already
+    // holds strftime codes (as `credit convert` writes it: era5_%Y_*) has the time in place
+    if (!tf.empty() && g.path.find('%') == std::string::npos) {
       const size_t star = g.path.find('*');
       if (star == std::string::npos) fail(where(key + ".filename_time_format"), ": the path has no '*' to put it in");
       g.path.replace(star, 1, tf + "*");  // era5_* -> era5_%Y*: era5_2020.nc
@@ -232,9 +235,85 @@ struct Reader {
       c->std_nc = path(a["std_path"], p + ".args.std_path");
     } else if (type == "concat" || type == "to_device") {  // what wxe does anyway
       c->warnings.push_back(where(p) + ": " + type + " ignored (wxe concatenates the channels in CREDIT's order)");
+    } else if (type == "fill_values" || type == "log_transform" || type == "sqrt_transform") {
+      if (pre_scaler_)
+        fail(where(p), ": ", type, " after the scaler is not implemented (wxe applies it to physical values: "
+             "put it before the scaler block)");
+      c->pre_transforms.push_back(point_transform(type, p, a, true));
     } else {
-      fail(where(p + ".type"), ": preblock '", type, "' is not implemented (bridgescaler_transform, era5_normalizer, concat)");
+      fail(where(p + ".type"), ": preblock '", type, "' is not implemented (bridgescaler_transform, era5_normalizer, "
+           "fill_values, log_transform, sqrt_transform, concat, to_device)");
     }
+  }
+
+  // A variable selection: a list of full keys or partial paths (empty: every variable). CREDIT
+  // iterates a plain string character by character and so selects no variable with it: the same
+  // here, with a warning.
+  std::vector<std::string> selection(const YAML::Node& n, const std::string& key) {
+    if (n && n.IsScalar()) {
+      c->warnings.push_back(where(key) + ": '" + printable(n.Scalar()) +
+                            "' is a string, not a list: CREDIT matches no variable with it, so this block changes "
+                            "nothing (as in CREDIT); write ['" + printable(n.Scalar()) + "'] to select the variable");
+      return {""};  // an empty key matches no variable (data/era5.cpp selected)
+    }
+    return strings(n, key);
+  }
+
+  PointTransform point_transform(const std::string& type, const std::string& p, const YAML::Node& a, bool pre) {
+    PointTransform t;
+    t.block = p;
+    if (!is_map(a, p + ".args")) fail(where(p + ".args"), ": missing (CREDIT's ", type, " takes its variables there)");
+    std::set<std::string> keys = {"variables"};
+    if (pre) keys.insert("data_types");
+    else keys.insert("key");
+    if (type == "fill_values") keys.insert("rules");
+    if (type == "log_transform" || type == "exp_transform") keys.insert({"base", "eps"});
+    known(a, p + ".args.", keys);
+    t.vars = selection(a["variables"], p + ".args.variables");
+    if (pre) {
+      t.data_types = strings(a["data_types"], p + ".args.data_types");
+      if (t.data_types.empty()) t.data_types = {"input", "target"};
+      for (const std::string& d : t.data_types)
+        if (d != "input" && d != "target") fail(where(p + ".args.data_types"), ": '", d, "' is not input or target");
+    } else {
+      const std::string key = get<std::string>(a["key"], p + ".args.key", "y_processed");
+      if (key != "y_processed")
+        fail(where(p + ".args.key"), ": '", key, "' (only y_processed: a target twin serves loss.type base, which "
+             "wxe does not implement)");
+    }
+    if (type == "log_transform" || type == "exp_transform") {
+      t.kind = type == "log_transform" ? PointTransform::Log : PointTransform::Exp;
+      const std::string b = get<std::string>(a["base"], p + ".args.base", "e");
+      if (b != "e" && b != "2" && b != "10") fail(where(p + ".args.base"), ": '", b, "' is not e, 2 or 10");
+      t.base = b == "e" ? 0 : std::stoi(b);
+      t.eps = ranged<double>(a["eps"], p + ".args.eps", 1e-8, 0, 1e30);
+    } else if (type == "sqrt_transform") {
+      t.kind = PointTransform::Sqrt;
+    } else if (type == "square_transform") {
+      t.kind = PointTransform::Square;
+    } else {  // fill_values
+      t.kind = PointTransform::Fill;
+      const YAML::Node rules = a["rules"];
+      if (!rules || !rules.IsSequence() || rules.size() == 0) fail(where(p + ".args.rules"), ": expected a list of rules");
+      for (size_t i = 0; i < rules.size(); ++i) {
+        const std::string rk = str(p, ".args.rules[", i, "]");
+        is_map(rules[i], rk);
+        known(rules[i], rk + ".", {"search", "op", "fill"});
+        if (!rules[i]["search"] || !rules[i]["fill"]) fail(where(rk), ": each rule needs search and fill");
+        PointTransform::Rule r;
+        const std::string search = get<std::string>(rules[i]["search"], rk + ".search", "");
+        r.nan = search == "nan";
+        if (!r.nan) {
+          r.search = get<double>(rules[i]["search"], rk + ".search", 0);
+          r.op = get<std::string>(rules[i]["op"], rk + ".op", "==");
+          static const std::set<std::string> ops = {"==", "!=", "<", "<=", ">", ">="};
+          if (!ops.count(r.op)) fail(where(rk + ".op"), ": '", r.op, "' is not one of == != < <= > >=");
+        }
+        r.fill = get<double>(rules[i]["fill"], rk + ".fill", 0);
+        t.rules.push_back(r);
+      }
+    }
+    return t;
   }
 
   // CREDIT 2026's layout preblocks.{ic_only, per_step}.<name>, or the flat preblocks.<name>.
@@ -282,9 +361,20 @@ struct Reader {
         if (k == "per_step" && type == "reconstruct" && out == "y_processed") {
           known(a, p + ".args.", {"detach", "in_key", "out_key"});
         } else if (k == "per_step" && type == "bridgescaler_transform" && key == "y_processed") {
+          if (!c->post_transforms.empty())
+            fail(where(p), ": the inverse scaler after ", c->post_transforms.back().block,
+                 " is not implemented (put exp_transform / square_transform after the scaler)");
           scaler_block(a, p, "inverse_transform", c->post_scaler_json, c->post_scaler_vars, nullptr);
+        } else if (k == "per_step" && (type == "exp_transform" || type == "square_transform") && key == "y_processed") {
+          c->post_transforms.push_back(point_transform(type, p, a, false));
+        } else if ((key == "y_target_processed" || out == "y_target_processed") && !training) {
+          continue;  // the loss's target twin: nothing a forecast computes
+        } else if (key == "y_target_processed" || out == "y_target_processed") {
+          fail(where(p), ": postblock '", type, "' writes the target twin y_target_processed, which only CREDIT's "
+               "loss.type base reads (not implemented: use loss.training_loss with the flat loss keys)");
         } else {
-          fail(where(p + ".type"), ": postblock '", type, "' is not implemented (per_step: reconstruct, bridgescaler_transform)");
+          fail(where(p + ".type"), ": postblock '", type, "' is not implemented (per_step: reconstruct, "
+               "bridgescaler_transform, exp_transform, square_transform)");
         }
       }
     }
@@ -320,12 +410,25 @@ struct Reader {
                           "batches_per_epoch", "valid_batches_per_epoch", "epochs", "num_epoch", "load_weights",
                           "load_optimizer", "load_scaler", "load_scheduler", "seed", "type", "mode", "amp",
                           "save_backup_weights", "save_best_weights", "thread_workers", "valid_thread_workers",
-                          "activation_checkpoint"});
+                          "activation_checkpoint", "ensemble_size", "parallelism", "skip_validation",
+                          "update_learning_rate", "start_epoch", "reload_epoch", "use_tensorboard", "prefetch_factor",
+                          "stopping_patience"});
     const double big = 1e30;
     const int64_t kMaxCount = (int64_t)1 << 40;  // steps, batches: products of two stay far from overflow
     c->learning_rate = ranged<double>(t["learning_rate"], "trainer.learning_rate", c->learning_rate, 0, big);
     c->weight_decay = ranged<double>(t["weight_decay"], "trainer.weight_decay", c->weight_decay, 0, big);
-    c->grad_max_norm = ranged<double>(t["grad_max_norm"], "trainer.grad_max_norm", c->grad_max_norm, 0, big);
+    // 'dynamic': CREDIT's gen2 trainer clips to the gradient's own global norm each step
+    if (t["grad_max_norm"] && t["grad_max_norm"].IsScalar() && t["grad_max_norm"].Scalar() == "dynamic")
+      c->grad_clip_dynamic = true;
+    else
+      c->grad_max_norm = ranged<double>(t["grad_max_norm"], "trainer.grad_max_norm", c->grad_max_norm, 0, big);
+    if (t["parallelism"])
+      c->warnings.push_back(where("trainer.parallelism") +
+                            ": ignored (wxe's mesh: mpirun -n N with --tp T and --domain D; the rest is data parallel)");
+    const int ensemble = get<int>(t["ensemble_size"], "trainer.ensemble_size", 1);
+    if (ensemble != 1)
+      fail(where("trainer.ensemble_size"), ": ", ensemble, " (ensemble training with CRPS losses is not implemented; "
+           "set 1 to train one deterministic member)");
     // one micro-batch per sample: their product is wxe's --accum (an int)
     c->grad_accum_every = ranged<int>(t["grad_accum_every"], "trainer.grad_accum_every", 1, 1, 1 << 20);
     c->train_batch_size = ranged<int>(t["train_batch_size"], "trainer.train_batch_size", 1, 1, 1 << 20);
@@ -351,29 +454,99 @@ struct Reader {
     const YAML::Node s = t["scheduler"];
     if (c->use_scheduler) {
       is_map(s, "trainer.scheduler");
-      known(s, "trainer.scheduler.", {"scheduler_type", "warmup_steps", "total_steps", "min_lr"});
       const std::string type = get<std::string>(s["scheduler_type"], "trainer.scheduler.scheduler_type", "");
-      if (type != "linear-warmup-cosine")
-        fail(where("trainer.scheduler.scheduler_type"), ": '", type, "' is not implemented (linear-warmup-cosine)");
-      // CREDIT's LinearWarmupCosineScheduler defaults; counted in batches
-      c->warmup_steps = ranged<int64_t>(s["warmup_steps"], "trainer.scheduler.warmup_steps", 1000, 0, kMaxCount);
-      c->total_steps = ranged<int64_t>(s["total_steps"], "trainer.scheduler.total_steps", 500000, 0, kMaxCount);
-      c->min_lr = ranged<double>(s["min_lr"], "trainer.scheduler.min_lr", 1e-5, 0, big);
+      c->scheduler_type = type;
+      const std::string k = "trainer.scheduler.";
+      // each scheduler's constructor arguments, with CREDIT's (torch's) defaults; counted in
+      // batches (per-batch schedulers) or epochs (per-epoch ones)
+      if (type == "linear-warmup-cosine") {
+        known(s, k, {"scheduler_type", "warmup_steps", "total_steps", "min_lr"});
+        c->warmup_steps = ranged<int64_t>(s["warmup_steps"], k + "warmup_steps", 1000, 0, kMaxCount);
+        c->total_steps = ranged<int64_t>(s["total_steps"], k + "total_steps", 500000, 0, kMaxCount);
+        c->min_lr = ranged<double>(s["min_lr"], k + "min_lr", 1e-5, 0, big);
+      } else if (type == "cosine-annealing") {
+        known(s, k, {"scheduler_type", "T_max", "eta_min", "last_epoch", "verbose"});
+        if (!s["T_max"]) fail(where(k + "T_max"), ": missing (torch's CosineAnnealingLR needs it)");
+        c->t_max = ranged<int64_t>(s["T_max"], k + "T_max", 1, 1, kMaxCount);
+        c->eta_min = ranged<double>(s["eta_min"], k + "eta_min", 0, 0, big);
+      } else if (type == "cosine-annealing-restarts") {
+        known(s, k, {"scheduler_type", "first_cycle_steps", "cycle_mult", "max_lr", "min_lr", "warmup_steps", "gamma",
+                     "last_epoch"});
+        if (!s["first_cycle_steps"]) fail(where(k + "first_cycle_steps"), ": missing (CREDIT's CosineAnnealingWarmupRestarts needs it)");
+        c->first_cycle_steps = ranged<int64_t>(s["first_cycle_steps"], k + "first_cycle_steps", 1, 1, kMaxCount);
+        c->cycle_mult = ranged<double>(s["cycle_mult"], k + "cycle_mult", 1.0, 1.0, 1e6);
+        c->max_lr = ranged<double>(s["max_lr"], k + "max_lr", 0.1, 0, big);
+        c->min_lr = ranged<double>(s["min_lr"], k + "min_lr", 0.001, 0, big);
+        c->warmup_steps = ranged<int64_t>(s["warmup_steps"], k + "warmup_steps", 0, 0, kMaxCount);
+        c->gamma = ranged<double>(s["gamma"], k + "gamma", 1.0, 0, big);
+        if (c->warmup_steps >= c->first_cycle_steps)
+          fail(where(k + "warmup_steps"), ": ", c->warmup_steps, " is not below first_cycle_steps ", c->first_cycle_steps);
+      } else if (type == "lambda") {
+        // CREDIT's LambdaLR takes none of the section's keys (lr_lambda_phase1: 10 warm-up epochs of 100)
+        for (auto it = s.begin(); it != s.end(); ++it)
+          if (it->first.as<std::string>() != "scheduler_type")
+            c->warnings.push_back(where(k + it->first.as<std::string>()) + ": ignored (as CREDIT's lambda scheduler does)");
+      } else if (type == "plateau") {
+        known(s, k, {"scheduler_type", "mode", "factor", "patience", "threshold", "threshold_mode", "cooldown", "min_lr",
+                     "eps", "verbose"});
+        c->plateau_mode = get<std::string>(s["mode"], k + "mode", "min");
+        if (c->plateau_mode != "min" && c->plateau_mode != "max") fail(where(k + "mode"), ": '", c->plateau_mode, "' is not min or max");
+        c->plateau_threshold_mode = get<std::string>(s["threshold_mode"], k + "threshold_mode", "rel");
+        if (c->plateau_threshold_mode != "rel" && c->plateau_threshold_mode != "abs")
+          fail(where(k + "threshold_mode"), ": '", c->plateau_threshold_mode, "' is not rel or abs");
+        c->plateau_factor = ranged<double>(s["factor"], k + "factor", 0.1, 0, 1);
+        if (c->plateau_factor >= 1) fail(where(k + "factor"), ": must be below 1");
+        c->plateau_patience = ranged<int64_t>(s["patience"], k + "patience", 10, 0, kMaxCount);
+        c->plateau_threshold = ranged<double>(s["threshold"], k + "threshold", 1e-4, 0, big);
+        c->plateau_cooldown = ranged<int64_t>(s["cooldown"], k + "cooldown", 0, 0, kMaxCount);
+        c->min_lr = ranged<double>(s["min_lr"], k + "min_lr", 0, 0, big);
+        c->plateau_eps = ranged<double>(s["eps"], k + "eps", 1e-8, 0, big);
+      } else {
+        fail(where(k + "scheduler_type"), ": '", type, "' is not one of CREDIT's schedulers (linear-warmup-cosine, "
+             "cosine-annealing, cosine-annealing-restarts, lambda, plateau)");
+      }
     }
+  }
+
+  // loss.training_loss / validation_loss with their *_parameters (huber's delta; reduction is
+  // CREDIT's own business)
+  LossSpec loss_spec(const YAML::Node& l, const std::string& which) {
+    LossSpec ls;
+    ls.name = get<std::string>(l[which], "loss." + which, "mse");
+    static const std::set<std::string> elementwise = {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"};
+    if (ls.name == "KCRPS" || ls.name == "almost-fair-crps" || ls.name == "ring-crps")
+      fail(where("loss." + which), ": '", ls.name, "' is an ensemble CRPS loss; ensemble training is not implemented "
+           "(use mse, mae, msle, huber, logcosh, xtanh or xsigmoid)");
+    if (!elementwise.count(ls.name))
+      fail(where("loss." + which), ": '", ls.name, "' is not implemented (mse, mae, msle, huber, logcosh, xtanh, xsigmoid; "
+           "spectral, power and covmse are not)");
+    const std::string pk = which + "_parameters";
+    const YAML::Node p = l[pk];
+    if (is_map(p, "loss." + pk)) {
+      known(p, "loss." + pk + ".", {"reduction", "delta"});
+      if (p["delta"] && ls.name != "huber") fail(where("loss." + pk + ".delta"), ": only huber takes a delta");
+      ls.delta = ranged<double>(p["delta"], "loss." + pk + ".delta", 1.0, 1e-30, 1e30);
+    }
+    return ls;
   }
 
   void loss(const YAML::Node& l) {
     if (!is_map(l, "loss")) return;
-    known(l, "loss.", {"training_loss", "validation_loss", "use_latitude_weights", "latitude_weights",
-                       "use_variable_weights", "variable_weights", "use_power_loss", "use_spectral_loss"});
+    known(l, "loss.", {"training_loss", "validation_loss", "training_loss_parameters", "validation_loss_parameters",
+                       "use_latitude_weights", "latitude_weights", "use_variable_weights", "variable_weights",
+                       "use_power_loss", "use_spectral_loss", "spectral_lambda_reg", "spectral_wavenum_init", "type",
+                       "args"});
     // CREDIT 2026's loss.type base scores physical-unit postblock outputs: another loss
     if (l["type"]) fail(where("loss.type"), ": '", printable(get<std::string>(l["type"], "loss.type", "")),
-                        "' is not implemented (wxe's loss is CREDIT's default: training_loss on normalised outputs)");
-    const std::string tl = get<std::string>(l["training_loss"], "loss.training_loss", "mse");
-    if (tl != "mse") fail(where("loss.training_loss"), ": '", tl, "' is not implemented (mse)");
-    if (get<bool>(l["use_power_loss"], "loss.use_power_loss", false)) fail(where("loss.use_power_loss"), ": not implemented");
+                        "' (CREDIT 2026's BaseLoss in physical units) is not implemented: use the flat keys "
+                        "loss.training_loss, use_latitude_weights, use_variable_weights");
+    c->training_loss = loss_spec(l, "training_loss");
+    c->has_validation_loss = (bool)l["validation_loss"];
+    if (c->has_validation_loss) c->validation_loss = loss_spec(l, "validation_loss");
+    if (get<bool>(l["use_power_loss"], "loss.use_power_loss", false))
+      fail(where("loss.use_power_loss"), ": the power-spectrum loss term is not implemented (set it false)");
     if (get<bool>(l["use_spectral_loss"], "loss.use_spectral_loss", false))
-      fail(where("loss.use_spectral_loss"), ": not implemented");
+      fail(where("loss.use_spectral_loss"), ": the spectral loss term is not implemented (set it false)");
     c->use_latitude_weights = get<bool>(l["use_latitude_weights"], "loss.use_latitude_weights", false);
     if (l["latitude_weights"])
       c->warnings.push_back(where("loss.latitude_weights") +
@@ -384,14 +557,22 @@ struct Reader {
       for (auto it = vw.begin(); it != vw.end(); ++it) {
         const std::string k = it->first.as<std::string>();
         const std::string name = k.substr(k.rfind('/') + 1);  // "era5/prognostic/3d/T" or "T"
-        c->variable_weights[name] = ranged<double>(it->second, "loss.variable_weights." + k, 1.0, 0, 1e30);
+        const std::string key = "loss.variable_weights." + k;
+        std::vector<double> w;
+        if (it->second.IsSequence()) {  // one per level (CREDIT's form for 3D variables)
+          for (size_t i = 0; i < it->second.size(); ++i) w.push_back(ranged<double>(it->second[i], key, 1.0, 0, 1e30));
+          if (w.empty()) fail(where(key), ": an empty list");
+        } else {
+          w.push_back(ranged<double>(it->second, key, 1.0, 0, 1e30));
+        }
+        c->variable_weights[name] = w;
       }
   }
 };
 
 }  // namespace
 
-CreditConfig read_credit_config(const std::string& path) {
+CreditConfig read_credit_config(const std::string& path, bool training) {
   CreditConfig c;
   c.file = path;
   c.dir = fs::path(path).parent_path().string();
@@ -406,9 +587,10 @@ CreditConfig read_credit_config(const std::string& path) {
   }
   if (!root.IsMap()) fail(path, ": not a YAML mapping");
   Reader r{path, &c};
+  r.training = training;
   try {
     r.known(root, "", {"save_loc", "seed", "data", "validation_data", "trainer", "loss", "preblocks", "postblocks",
-                       "model", "predict", "pbs"});
+                       "model", "predict", "pbs", "inference", "metrics"});
     if (root["model"])
       c.warnings.push_back(path + ": model: ignored (the model is the --model ONNX export; its architecture is in the graph)");
     c.seed = r.get<uint64_t>(root["seed"], "seed", 0);
@@ -417,8 +599,10 @@ CreditConfig read_credit_config(const std::string& path) {
     r.validation_data(root["validation_data"]);
     r.preblocks(root["preblocks"]);
     r.postblocks(root["postblocks"]);
-    r.trainer(root["trainer"]);
-    r.loss(root["loss"]);
+    if (training) {
+      r.trainer(root["trainer"]);
+      r.loss(root["loss"]);
+    }
   } catch (const YAML::Exception& e) {
     fail(path, ": ", e.what());
   }

@@ -18,6 +18,32 @@ struct VarGroup {
   bool empty() const { return vars_3D.empty() && vars_2D.empty(); }
 };
 
+// An elementwise transform of a variable's physical values, as CREDIT's preblocks fill_values,
+// log_transform and sqrt_transform (before the scaler) and postblocks exp_transform and
+// square_transform (after the inverse scaler) compute them, in float32.
+struct PointTransform {
+  enum Kind { Fill, Log, Sqrt, Exp, Square } kind = Fill;
+  std::string block;                    // "preblocks.per_step.log", for messages
+  std::vector<std::string> vars;        // full keys or partial paths; empty: every variable
+  std::vector<std::string> data_types;  // preblocks: input and/or target
+  int base = 0;                         // Log, Exp: 0 (e), 2 or 10
+  double eps = 1e-8;                    // Log, Exp
+  struct Rule {
+    bool nan = false;     // search: nan
+    std::string op = "==";
+    double search = 0, fill = 0;
+  };
+  std::vector<Rule> rules;  // Fill: all matched on the original values, the last match wins
+  // y = f(x) on n float32 values in place, as CREDIT's blocks compute on float32 tensors
+  void apply(float* x, int64_t n) const;
+};
+
+// A loss of CREDIT's registry (credit/losses): mse, mae, msle, huber, logcosh, xtanh, xsigmoid.
+struct LossSpec {
+  std::string name = "mse";
+  double delta = 1.0;  // huber's
+};
+
 struct CreditConfig {
   std::string file, dir;                 // the config file and its folder
   std::string source = "era5";           // data.source's one key
@@ -42,24 +68,43 @@ struct CreditConfig {
   std::string save_loc;
   // trainer.*
   double learning_rate = 1e-3, weight_decay = 0.0, grad_max_norm = 1.0, ema_decay = 0.9999;  // ema_decay: CREDIT's default
+  bool grad_clip_dynamic = false;  // grad_max_norm: dynamic (clip to the gradient's own norm, as CREDIT's gen2 trainer)
   bool use_scheduler = false, use_ema = false, load_weights = false, load_optimizer = false;
   bool activation_checkpoint = true;  // trainer.activation_checkpoint: CREDIT's default
   bool amp = false;  // trainer.amp: mixed precision (CREDIT: float16 autocast on the GPU; finetune: --precision bf16)
-  // trainer.scheduler (linear-warmup-cosine), counted in batches as CREDIT's trainer steps it
-  // once per batch; CREDIT's defaults
+  // trainer.scheduler: linear-warmup-cosine and cosine-annealing-restarts step once per batch,
+  // cosine-annealing, lambda and plateau once per epoch (CREDIT's update_on_batch /
+  // update_on_epoch); CREDIT's defaults
+  std::string scheduler_type;
   int64_t warmup_steps = 1000, total_steps = 500000;
   double min_lr = 1e-5;
+  // cosine-annealing (torch CosineAnnealingLR)
+  int64_t t_max = 1;
+  double eta_min = 0;
+  // cosine-annealing-restarts (CREDIT's CosineAnnealingWarmupRestarts; warmup_steps, min_lr above)
+  int64_t first_cycle_steps = 1;
+  double cycle_mult = 1.0, max_lr = 0.1, gamma = 1.0;
+  // plateau (torch ReduceLROnPlateau)
+  std::string plateau_mode = "min", plateau_threshold_mode = "rel";
+  double plateau_factor = 0.1, plateau_threshold = 1e-4, plateau_eps = 1e-8;
+  int64_t plateau_patience = 10, plateau_cooldown = 0;
   int grad_accum_every = 1, train_batch_size = 1;
   int64_t batches_per_epoch = 0, epochs = 1, valid_batches_per_epoch = 0;
   uint64_t seed = 0;
   // loss.*
+  LossSpec training_loss, validation_loss;
+  bool has_validation_loss = false;  // loss.validation_loss given (else CREDIT's default: see train/loss.h)
   bool use_latitude_weights = false, use_variable_weights = false;
-  std::map<std::string, double> variable_weights;  // by variable name
+  std::map<std::string, std::vector<double>> variable_weights;  // by variable name: one value, or one per level
+  // preblocks before the scaler, postblocks after the inverse scaler, in the config's order
+  std::vector<PointTransform> pre_transforms, post_transforms;
   std::vector<std::string> warnings;               // unknown keys, one line each
 };
 
-// Reads and checks a config. Errors name the file and the key.
-CreditConfig read_credit_config(const std::string& path);
+// Reads and checks a config. Errors name the file and the key. training false (forecast): the
+// sections only training reads (trainer, loss) and the loss's target-twin postblocks are not
+// read, so whatever they hold is no error.
+CreditConfig read_credit_config(const std::string& path, bool training = true);
 
 // "2020-01-01", "2020-01-01T06", "2020-01-01 06:00", "2020-01-01T06:00:00" (UTC) -> seconds
 // since 1970; errors name `what`.

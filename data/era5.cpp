@@ -68,6 +68,11 @@ Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
   n_prog_ = (int)out_.size();
   add(out_, "diagnostic");
   load_scaler();
+  bind_transforms();
+}
+
+std::string var_key(const std::string& source, const ChannelInfo& c) {
+  return source + "/" + c.field_type + (c.is3d ? "/3d/" : "/2d/") + c.var;
 }
 
 const VarGroup& Era5Data::group(const std::string& t) const {
@@ -247,10 +252,92 @@ void Era5Data::load_scaler() {
     }
 }
 
+void Era5Data::bind_transforms() {
+  auto bind = [&](const std::vector<PointTransform>& ts, bool post) {
+    for (const PointTransform& t : ts) {
+      bool any = false;
+      for (int side = 0; side < 2; ++side) {
+        if (post && side == 0) continue;  // postblocks act on predictions (targets)
+        const char* dt = side ? "target" : "input";
+        if (!post && std::find(t.data_types.begin(), t.data_types.end(), dt) == t.data_types.end()) continue;
+        for (ChannelInfo& c : side ? out_ : in_)
+          if (selected(t.vars, var_key(cfg_.source, c))) {
+            (post ? c.post : c.pre).push_back(&t);
+            any = true;
+          }
+      }
+      if (!any && !(t.vars.size() == 1 && t.vars[0].empty()))
+        warnings.push_back(t.block + ": selects no variable of the data, changes nothing");
+    }
+  };
+  bind(cfg_.pre_transforms, false);
+  bind(cfg_.post_transforms, true);
+}
+
+namespace {
+// float32 element math as torch computes it on CREDIT's float32 tensors (Python floats rounded
+// to float32 where they meet a tensor)
+template <class T>
+void apply_transform(const PointTransform& p, T* x, int64_t n) {
+  const T e = (T)p.eps;
+  const T le = (T)(p.base == 0 ? std::log(p.eps) : p.base == 2 ? std::log2(p.eps) : std::log10(p.eps));
+  switch (p.kind) {
+    case PointTransform::Fill:
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = x[i];
+        T out = v;
+        for (const PointTransform::Rule& r : p.rules) {  // every rule matched on the original value, the last wins
+          bool m;
+          if (r.nan) {
+            m = std::isnan(v);
+          } else {
+            const T s = (T)r.search;
+            m = !std::isnan(v) && (r.op == "==" ? v == s : r.op == "!=" ? v != s : r.op == "<" ? v < s
+                                  : r.op == "<=" ? v <= s : r.op == ">" ? v > s : v >= s);
+          }
+          if (m) out = (T)r.fill;
+        }
+        x[i] = out;
+      }
+      break;
+    case PointTransform::Log:
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = x[i] + e;
+        x[i] = (p.base == 0 ? std::log(v) : p.base == 2 ? std::log2(v) : std::log10(v)) - le;
+      }
+      break;
+    case PointTransform::Sqrt:
+      for (int64_t i = 0; i < n; ++i) x[i] = std::sqrt(x[i]);
+      break;
+    case PointTransform::Exp:
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = x[i] + le;
+        x[i] = (p.base == 0 ? std::exp(v) : p.base == 2 ? std::exp2(v) : std::pow((T)10, v)) - e;
+      }
+      break;
+    case PointTransform::Square:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] * x[i];
+      break;
+  }
+}
+}  // namespace
+
+void PointTransform::apply(float* x, int64_t n) const { apply_transform(*this, x, n); }
+
+// A target channel's n normalised values to physical units: x * post_std + post_mean, then its
+// postblocks, in float32 as CREDIT's inverse scaler computes with bridgescaler's float32
+// statistics (two roundings: this file is compiled without FMA contraction).
+static void denormalise_channel(const ChannelInfo& c, float* p, int64_t n) {
+  const float s = (float)c.post_std, m = (float)c.post_mean;
+  for (int64_t i = 0; i < n; ++i) p[i] = p[i] * s + m;
+  for (const PointTransform* t : c.post) t->apply(p, n);
+}
+
 Tensor Era5Data::prediction_to_input(const Tensor& y) const {
   bool same = true;
   for (int k = 0; k < n_prog_; ++k)
-    same = same && out_[k].post_mean == in_[k].mean && out_[k].post_std == in_[k].std;
+    same = same && out_[k].post_mean == in_[k].mean && out_[k].post_std == in_[k].std && out_[k].post.empty() &&
+           in_[k].pre.empty();
   if (same) return y;
   // CREDIT's rollout: the prediction de-normalised by the postblock, then normalised by the
   // input-side preblock scaler, in float32
@@ -261,7 +348,13 @@ Tensor Era5Data::prediction_to_input(const Tensor& y) const {
     for (int k = 0; k < n_prog_; ++k) {
       const float pm = (float)out_[k].post_mean, ps = (float)out_[k].post_std, m = (float)in_[k].mean, s = (float)in_[k].std;
       float* q = p + (b * y.shape[1] + k) * hw;
-      for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] * ps + pm - m) / s;
+      if (out_[k].post.empty() && in_[k].pre.empty()) {
+        for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] * ps + pm - m) / s;
+        continue;
+      }
+      denormalise_channel(out_[k], q, hw);
+      for (const PointTransform* t : in_[k].pre) t->apply(q, hw);
+      for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] - m) / s;
     }
   return x;
 }
@@ -365,11 +458,21 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   count.push_back((size_t)h);
   count.push_back((size_t)w);
   std::vector<float> v = f.read_f32(c.var, start, count);
-  const size_t bad = (size_t)std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
-  if (bad)  // NaN (a zarr fill_value, a gap) or inf would make the loss or the forecast NaN
-    fail(f.path(), ": variable '", c.var, "'", c.is3d ? str(" level ", cfg_.levels[c.level_index]) : "", " at ",
-         format_datetime(t), ": ", bad, " of ", v.size(), " values are missing (NaN, inf or the fill value)");
   std::copy(v.begin(), v.end(), out);
+}
+
+void Era5Data::check_finite(const ChannelInfo& c, const std::vector<const PointTransform*>& ts, int64_t t,
+                            const float* p) const {
+  const size_t n = (size_t)(h_ * w_);
+  const size_t bad = (size_t)std::count_if(p, p + n, [](float x) { return !std::isfinite(x); });
+  if (!bad) return;
+  // NaN (a zarr fill_value, a gap) or inf would make the loss or the forecast NaN
+  const std::string where = str("variable '", c.var, "'", c.is3d ? str(" level ", cfg_.levels[c.level_index]) : "",
+                                " at ", format_datetime(t));
+  if (ts.empty())
+    fail(file_for(group(c.field_type), c.field_type, c.var, t).path(), ": ", where, ": ", bad, " of ", n, " values are missing (NaN, inf or the fill value)");
+  fail(cfg_.file, ": ", where, ": ", bad, " of ", n, " values are NaN or inf after ", ts.back()->block,
+       " (missing values, or a log or sqrt of a negative value: a fill_values block before it replaces them)");
 }
 
 void Era5Data::read_channels(const std::vector<ChannelInfo>& chans, int64_t t, float* out, const char* only) const {
@@ -380,6 +483,8 @@ void Era5Data::read_channels(const std::vector<ChannelInfo>& chans, int64_t t, f
     read_var(c, t, out + k * h_ * w_);
     const float m = (float)c.mean, s = (float)c.std;
     float* p = out + k * h_ * w_;
+    for (const PointTransform* tr : c.pre) tr->apply(p, h_ * w_);
+    check_finite(c, c.pre, t, p);
     for (int64_t i = 0; i < h_ * w_; ++i) p[i] = (p[i] - m) / s;
   }
 }
@@ -427,9 +532,7 @@ void Era5Data::set_forcing(Tensor& x, int64_t t) const {
 void Era5Data::denormalise_target(Tensor& y) const {
   WXE_ASSERT(h_ && y.numel() == (int64_t)out_.size() * h_ * w_);
   float* p = y.data<float>();
-  for (size_t k = 0; k < out_.size(); ++k)
-    for (int64_t i = 0; i < h_ * w_; ++i)
-      p[k * h_ * w_ + i] = p[k * h_ * w_ + i] * (float)out_[k].post_std + (float)out_[k].post_mean;
+  for (size_t k = 0; k < out_.size(); ++k) denormalise_channel(out_[k], p + k * h_ * w_, h_ * w_);
 }
 
 void Era5Data::read_metadata(int64_t t) const {

@@ -34,7 +34,13 @@ struct ChannelInfo {
   // targets: the statistics that de-normalise predictions (the postblock's inverse scaler where
   // it selects the variable, else mean and std)
   double post_mean = 0, post_std = 1;
+  // the config's elementwise transforms of this channel's physical values: before its scaler
+  // (the preblocks selecting it on its side), after the inverse scaler (targets' postblocks)
+  std::vector<const PointTransform*> pre, post;
 };
+
+// CREDIT's key of a channel's variable: "<source>/<field type>/3d/<var>" (or /2d/).
+std::string var_key(const std::string& source, const ChannelInfo& c);
 
 class Era5Data {
  public:
@@ -51,11 +57,13 @@ class Era5Data {
   Tensor input_window(int64_t t) const;
   // Overwrites x's dynamic-forcing channels with time t's (normalised).
   void set_forcing(Tensor& x, int64_t t) const;
-  // y (1, C_out, ...) normalised -> physical units (post_mean, post_std), in place.
+  // y (1, C_out, ...) normalised -> physical units (post_mean, post_std, then the post
+  // transforms), in place.
   void denormalise_target(Tensor& y) const;
   // A prediction's prognostic channels as the next step's input takes them: y itself where the
-  // target (postblock) and input statistics agree, else de-normalised and normalised again with
-  // the input side's, as CREDIT's rollout does (the other channels copied unchanged).
+  // target (postblock) and input statistics agree and no transform applies, else through the
+  // postblocks to physical values and the input side's preblocks back, as CREDIT's rollout does
+  // (the other channels copied unchanged).
   Tensor prediction_to_input(const Tensor& y) const;
   // The grid and variable metadata, known after the first read.
   const std::vector<double>& lat() const { return lat_; }
@@ -73,10 +81,13 @@ class Era5Data {
  private:
   void read_channels(const std::vector<ChannelInfo>& chans, int64_t t, float* out, const char* only = nullptr) const;
   void read_var(const ChannelInfo& c, int64_t t, float* out) const;  // (levels or 1, H, W), physical
+  // fails naming the variable (and the last transform) where p (H x W) holds NaN or inf
+  void check_finite(const ChannelInfo& c, const std::vector<const PointTransform*>& ts, int64_t t, const float* p) const;
   const VarGroup& group(const std::string& field_type) const;
   DataFile& file_for(const VarGroup& g, const std::string& field_type, const std::string& var, int64_t t) const;
   size_t time_index(DataFile& f, const std::string& var, int64_t t) const;
   void load_scaler();
+  void bind_transforms();
   CreditConfig cfg_;
   std::vector<ChannelInfo> in_, out_;
   int n_prog_ = 0;

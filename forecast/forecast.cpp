@@ -46,7 +46,7 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
   const bool lead = !mesh || mesh->rank == 0;
   WXE_CHECK(a.steps >= 1, "--steps must be at least 1");
   WXE_CHECK(!a.output.empty(), "--output FILE.nc is required");
-  CreditConfig cfg = read_credit_config(a.config);
+  CreditConfig cfg = read_credit_config(a.config, /*training=*/false);
   for (const std::string& w : cfg.warnings) note("wxe: warning: %s\n", w.c_str());
   auto data = std::make_shared<Era5Data>(cfg);
   for (const std::string& w : data->warnings) note("wxe: warning: %s: %s\n", a.config.c_str(), w.c_str());

@@ -401,7 +401,9 @@ def make_transforms():
             y = res["y"]
 
             # postblocks on the normalised target taken as the model's prediction
-            full = {"x": x, "y": y, "y_pred": y.clone(), "metadata": res["metadata"]}
+            # (as float32, the dtype the file stores it in, so that wxe starts from the same values)
+            print("transforms: CREDIT's normalised target is", y.dtype)
+            full = {"x": x, "y": y, "y_pred": y.float().clone(), "metadata": res["metadata"]}
             full = apply_postblocks(build_postblocks(conf, phase="per_step"), full)
             full = FlattenToTensor(key="y_processed", out_key="y_post")(full)  # target channel order
             post = full["y_post"]

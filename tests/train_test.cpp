@@ -596,6 +596,41 @@ TEST(TrainParity, Crossformer20StepsMatchPyTorch) {
   EXPECT_GT(compared, 300);
 }
 
+// 5 optimizer steps under each of CREDIT's elementwise losses (VariableTotalLoss2D with latitude
+// and channel weights) and CREDIT's `grad_max_norm: dynamic` clipping, against the same runs in
+// PyTorch/CREDIT (models/make_loss_train_fixtures.py): every step's loss within 1e-5 relative.
+TEST(TrainParity, CreditLossesFiveStepsMatchCredit) {
+  const std::string dir = data_path("tests/data/train/");
+  for (const char* name : {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"}) {
+    SCOPED_TRACE(name);
+    FinetuneConfig c;
+    c.model = data_path("tests/data/crossformer_tiny_opset17.onnx");
+    c.weights = data_path("tests/data/crossformer_tiny_checkpoint.pt");
+    c.data = dir + "series";
+    c.steps = 5;
+    c.accum = 2;
+    c.schedule.kind = ScheduleKind::LinearWarmupCosine;
+    c.schedule.lr = 1e-3;
+    c.schedule.min_lr = 1e-5;
+    c.schedule.warmup_steps = 5;
+    c.schedule.total_steps = 20;
+    c.grad_clip_dynamic = true;
+    c.loss = loss_function(name);
+    c.adam.weight_decay = 0.01;
+    c.progress = false;
+    Trainer t(c, open_npy_dir(c.data, 1));
+    const Tensor ref_loss = read_npy(dir + "losses/" + name + "_losses.npy");
+    const Tensor ref_norm = read_npy(dir + "losses/" + name + "_gradnorm.npy");
+    ASSERT_EQ(ref_loss.numel(), 5);
+    for (int s = 0; s < 5; ++s) {
+      StepLog log = t.step();
+      const double want = ref_loss.data<double>()[s];
+      EXPECT_NEAR(log.loss, want, 1e-5 * std::fabs(want)) << "step " << s + 1;
+      EXPECT_NEAR(log.grad_norm, ref_norm.data<double>()[s], 1e-4 * ref_norm.data<double>()[s]) << "step " << s + 1;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace wxe::test
 

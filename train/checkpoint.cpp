@@ -45,13 +45,9 @@ std::string Trainer::save_checkpoint() {
       {"step", step}, {"adam_step", std::to_string(adam_.steps())}, {"seed", std::to_string(cfg_.seed)},
       {"lr", str(cfg_.schedule.lr)}, {"beta1", str(c.beta1)}, {"beta2", str(c.beta2)}, {"eps", str(c.eps)},
       {"weight_decay", str(c.weight_decay)}, {"source", cfg_.model}, {"written_by", "wxe finetune"},
-      {"accum", std::to_string(cfg_.accum)}, {"forecast_len", std::to_string(cfg_.forecast_len)},
-      // the learning-rate schedule, for CREDIT's scheduler_state_dict (train/credit_checkpoint.h)
-      {"schedule", cfg_.schedule.kind == ScheduleKind::Constant ? "constant" : "linear-warmup-cosine"},
-      {"warmup_steps", std::to_string(cfg_.schedule.warmup_steps)},
-      {"total_steps", std::to_string(cfg_.schedule.total_steps)}, {"min_lr", str(cfg_.schedule.min_lr)},
-      {"accum_batches", std::to_string(cfg_.schedule.accum_batches)},
-      {"epoch_batches", std::to_string(cfg_.schedule.epoch_batches)}};
+      {"accum", std::to_string(cfg_.accum)}, {"forecast_len", std::to_string(cfg_.forecast_len)}};
+  // the learning-rate schedule, for resuming and CREDIT's scheduler_state_dict (train/credit_checkpoint.h)
+  for (const auto& [k, v] : schedule_metadata(cfg_.schedule)) meta[k] = v;
   NamedTensors opt, ema;
   for (size_t i = 0; i < trainable_.size(); ++i) {
     const std::string& name = graph_.values[trainable_[i]].name;
@@ -179,6 +175,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   step_ = parse_int64(meta["step"], dir + ": metadata 'step'");
   WXE_CHECK(step_ >= 0 && step_ < (int64_t(1) << 53), dir, ": metadata 'step' is ", step_, ", out of range");
   if (ema_) ema_->set_updates(step_);  // one update per optimizer step since step 0
+  if (cfg_.schedule.kind == ScheduleKind::Plateau)  // the metrics of the epochs before
+    cfg_.schedule.epoch_metrics = schedule_from_metadata(meta, dir).epoch_metrics;
   if (dev_) {  // the host's state is the newer now
     exec_->reload_constants();
     dev_state_.ready = false;

@@ -47,32 +47,84 @@ Shape squeezed(const Shape& s) {
 
 PyValue credit_scheduler_state(const std::map<std::string, std::string>& meta, int64_t step) {
   auto get = [&](const char* k) { return meta.count(k) ? meta.at(k) : std::string(); };
-  if (get("schedule") != "linear-warmup-cosine" || get("warmup_steps").empty() || get("total_steps").empty() ||
-      get("lr").empty())
-    return PyValue::none();
-  Schedule s;
-  s.kind = ScheduleKind::LinearWarmupCosine;
-  s.lr = parse_double(get("lr"), "checkpoint metadata 'lr'");
-  s.min_lr = get("min_lr").empty() ? 0.0 : parse_double(get("min_lr"), "checkpoint metadata 'min_lr'");
-  s.warmup_steps = parse_int64(get("warmup_steps"), "checkpoint metadata 'warmup_steps'");
-  s.total_steps = parse_int64(get("total_steps"), "checkpoint metadata 'total_steps'");
-  // a schedule counting batches (CREDIT configs): the scheduler stepped once per batch
-  if (!get("accum_batches").empty()) s.accum_batches = parse_int64(get("accum_batches"), "checkpoint metadata 'accum_batches'");
-  if (!get("epoch_batches").empty()) s.epoch_batches = parse_int64(get("epoch_batches"), "checkpoint metadata 'epoch_batches'");
-  WXE_CHECK(s.warmup_steps >= 0 && s.total_steps >= 0 && s.accum_batches >= 1 && s.epoch_batches >= 0,
-            "checkpoint metadata: schedule counts out of range");
-  const int64_t last = s.schedule_step(step);
-  // LRScheduler.state_dict(): the instance's attributes but the optimizer, in this order
+  if (get("schedule").empty() || get("schedule") == "constant" || get("lr").empty()) return PyValue::none();
+  const Schedule s = schedule_from_metadata(meta, "checkpoint");
+  // Each scheduler's state_dict(): the instance's attributes but the optimizer, in their order,
+  // as CREDIT's trainer leaves them after `step` optimizer steps (per-batch kinds: the batches
+  // done; per-epoch kinds: the epochs done, lambda stepped twice per epoch)
   PyValue d = PyValue::dict();
-  d.set(PyValue::str("warmup_steps"), PyValue::integer(s.warmup_steps));
-  d.set(PyValue::str("total_steps"), PyValue::integer(s.total_steps));
-  d.set(PyValue::str("min_lr"), PyValue::real(s.min_lr));
-  d.set(PyValue::str("base_lrs"), PyValue::list({PyValue::real(s.lr)}));
-  d.set(PyValue::str("last_epoch"), PyValue::integer(last));
-  d.set(PyValue::str("_step_count"), PyValue::integer(last + 1));
-  d.set(PyValue::str("_is_initial"), PyValue::boolean(false));
-  d.set(PyValue::str("_get_lr_called_within_step"), PyValue::boolean(false));
-  d.set(PyValue::str("_last_lr"), PyValue::list({PyValue::real(s.lr_at(step))}));
+  auto set = [&](const char* k, PyValue v) { d.set(PyValue::str(k), std::move(v)); };
+  auto one = [](double x) { return PyValue::list({PyValue::real(x)}); };
+  const int64_t batches = s.schedule_step(step), epochs = s.epoch_of(step);
+  auto tail = [&](int64_t last, bool in_step_flag) {
+    set("last_epoch", PyValue::integer(last));
+    set("_step_count", PyValue::integer(last + 1));
+    set("_is_initial", PyValue::boolean(false));
+    if (in_step_flag) set("_get_lr_called_within_step", PyValue::boolean(false));
+  };
+  switch (s.kind) {
+    case ScheduleKind::LinearWarmupCosine:
+      set("warmup_steps", PyValue::integer(s.warmup_steps));
+      set("total_steps", PyValue::integer(s.total_steps));
+      set("min_lr", PyValue::real(s.min_lr));
+      set("base_lrs", one(s.lr));
+      tail(batches, true);
+      set("_last_lr", one(s.lr_at(step)));
+      break;
+    case ScheduleKind::CosineAnnealing:
+      set("T_max", PyValue::integer(s.t_max));
+      set("eta_min", PyValue::real(s.eta_min));
+      set("base_lrs", one(s.lr));
+      tail(epochs, true);
+      set("_last_lr", one(s.lr_at(step)));
+      break;
+    case ScheduleKind::CosineRestarts: {
+      const Schedule::Restarts r = s.restarts_at(batches);
+      set("first_cycle_steps", PyValue::integer(s.first_cycle_steps));
+      set("cycle_mult", PyValue::real(s.cycle_mult));
+      set("base_max_lr", PyValue::real(s.max_lr));
+      set("max_lr", PyValue::real(r.max_lr));
+      set("min_lr", PyValue::real(s.min_lr));
+      set("warmup_steps", PyValue::integer(s.warmup_steps));
+      set("gamma", PyValue::real(s.gamma));
+      set("cur_cycle_steps", PyValue::integer(r.cur_cycle_steps));
+      set("cycle", PyValue::integer(r.cycle));
+      set("step_in_cycle", PyValue::integer(r.step_in_cycle));
+      set("base_lrs", one(s.min_lr));
+      set("last_epoch", PyValue::integer(batches));
+      set("_step_count", PyValue::integer(0));  // its own step() never counts
+      set("_is_initial", PyValue::boolean(false));
+      break;
+    }
+    case ScheduleKind::Lambda: {
+      set("base_lrs", one(s.lr));
+      tail(2 * epochs, true);
+      set("_last_lr", one(s.lr * credit_lambda_phase1(2 * epochs)));  // after the end-of-epoch step
+      set("lr_lambdas", PyValue::list({PyValue::none()}));
+      break;
+    }
+    case ScheduleKind::Plateau: {
+      const Schedule::Plateau p = s.plateau_after(epochs);
+      set("factor", PyValue::real(s.factor));
+      set("default_min_lr", PyValue::real(s.min_lr));
+      set("min_lrs", one(s.min_lr));
+      set("patience", PyValue::integer(s.patience));
+      set("cooldown", PyValue::integer(s.cooldown));
+      set("eps", PyValue::real(s.plateau_eps));
+      set("last_epoch", PyValue::integer(epochs));
+      set("_last_lr", one(p.lr));
+      set("mode_worse", PyValue::real(s.plateau_max ? -INFINITY : INFINITY));
+      set("mode", PyValue::str(s.plateau_max ? "max" : "min"));
+      set("threshold", PyValue::real(s.threshold));
+      set("threshold_mode", PyValue::str(s.plateau_abs ? "abs" : "rel"));
+      set("best", PyValue::real(p.best));
+      set("cooldown_counter", PyValue::integer(p.cooldown_counter));
+      set("num_bad_epochs", PyValue::integer(p.num_bad_epochs));
+      break;
+    }
+    case ScheduleKind::Constant:
+      return PyValue::none();
+  }
   return d;
 }
 

@@ -327,15 +327,34 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
       report_memory(t, mesh, "wxe: memory: ", dev);
     }
     rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, ""});
+    double valid_loss = NAN;
     if (cfg.validate) {
       std::string& tail = rows.back().tail;
       if ((cfg.validate_every > 0 && s.step % cfg.validate_every == 0) || s.step == cfg.steps) {
         std::vector<double> v = cfg.validate([&](const Tensor& x) { return t.predict(x); });
         WXE_ASSERT(v.size() == cfg.validate_columns.size());
         for (double d : v) tail += str(",", d);
+        valid_loss = v[0];
       } else {
         tail = std::string(cfg.validate_columns.size(), ',');
       }
+    }
+    // a plateau schedule reads the metric of each epoch at its end, as CREDIT's trainer: the
+    // validation loss, or without validation the epoch's mean training loss
+    const Schedule& sc = t.schedule();
+    if (sc.kind == ScheduleKind::Plateau && s.step < cfg.steps && sc.epoch_of(s.step) != sc.epoch_of(s.step - 1)) {
+      double m = valid_loss;
+      if (std::isnan(m)) {
+        double sum = 0;
+        int64_t n = 0;
+        for (const LogRow& r : rows)
+          if (r.step >= 1 && sc.epoch_of(r.step - 1) == sc.epoch_of(s.step - 1)) {
+            sum += r.loss;
+            ++n;
+          }
+        m = sum / (double)std::max<int64_t>(n, 1);
+      }
+      t.record_epoch_metric(m);
     }
     if (lead) {
       std::ofstream f(log_path, std::ios::app);

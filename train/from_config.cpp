@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "engine/io/file_util.h"
 #include "engine/ir/error.h"
@@ -20,7 +21,8 @@ namespace {
 // forecast_len steps from each sample (as in training, no gradients), the training loss, and
 // per variable (all its levels) the RMSE and bias (mean of prediction - truth) in physical
 // units, as CREDIT's valid_loss, valid_rmse/<var_key>, valid_bias/<var_key> columns.
-void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneConfig& fc, int L) {
+void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneConfig& fc, int L,
+                const LossFunction& vloss) {
   std::shared_ptr<SampleSource> vs = open_era5_samples(data, c.valid_start, c.valid_end, L);
   WXE_CHECK(vs->size() > 0, c.file, ": no validation samples of ", L,
             " steps in valid_start_datetime..valid_end_datetime");
@@ -28,7 +30,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   std::vector<std::string> keys;
   std::vector<int> var_of;  // target channel -> index into keys
   for (const ChannelInfo& ch : data->target_channels()) {
-    const std::string key = c.source + "/" + ch.field_type + (ch.is3d ? "/3d/" : "/2d/") + ch.var;
+    const std::string key = var_key(c.source, ch);
     if (keys.empty() || keys.back() != key) keys.push_back(key);
     var_of.push_back((int)keys.size() - 1);
   }
@@ -43,7 +45,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   const int np = data->prognostic_channels();
   const size_t nv = keys.size();
   fc.validate_every = fc.steps / std::max<int64_t>(1, c.epochs);
-  fc.validate = [vs, data, w, n, L, np, nv, var_of](const std::function<Tensor(const Tensor&)>& predict) {
+  fc.validate = [vs, data, w, n, L, np, nv, var_of, vloss](const std::function<Tensor(const Tensor&)>& predict) {
     double loss = 0;
     std::vector<double> sq(nv), sum(nv), cnt(nv);
     for (int64_t i = 0; i < n; ++i) {
@@ -55,7 +57,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
           feed_back(x, data->prediction_to_input(y), np);
         }
         y = predict(x);
-        loss += weighted_mse(y, s.targets[k], w);
+        loss += weighted_loss(y, s.targets[k], w, vloss);
         Tensor p = y.clone(), t = s.targets[k].clone();
         data->denormalise_target(p);
         data->denormalise_target(t);
@@ -78,6 +80,38 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
 
 }  // namespace
 
+Schedule credit_schedule(const CreditConfig& c, int64_t accum, int64_t epoch_batches) {
+  Schedule sc;
+  sc.lr = c.learning_rate;
+  if (!c.use_scheduler) return sc;
+  sc.kind = schedule_kind(c.scheduler_type);
+  sc.accum_batches = accum;
+  sc.epoch_batches = epoch_batches;
+  sc.min_lr = c.min_lr;
+  sc.warmup_steps = c.warmup_steps;
+  sc.total_steps = c.total_steps;
+  sc.t_max = c.t_max;
+  sc.eta_min = c.eta_min;
+  sc.first_cycle_steps = c.first_cycle_steps;
+  sc.cycle_mult = c.cycle_mult;
+  sc.max_lr = c.max_lr;
+  sc.gamma = c.gamma;
+  sc.plateau_max = c.plateau_mode == "max";
+  sc.plateau_abs = c.plateau_threshold_mode == "abs";
+  sc.factor = c.plateau_factor;
+  sc.threshold = c.plateau_threshold;
+  sc.plateau_eps = c.plateau_eps;
+  sc.patience = c.plateau_patience;
+  sc.cooldown = c.plateau_cooldown;
+  return sc;
+}
+
+LossFunction credit_validation_loss(const CreditConfig& c) {
+  if (c.has_validation_loss) return loss_function(c.validation_loss.name, c.validation_loss.delta);
+  if (c.use_latitude_weights || c.use_variable_weights) return loss_function("mae");
+  return loss_function(c.training_loss.name, c.training_loss.delta);
+}
+
 void finetune_from_config(const std::string& config, FinetuneConfig& fc,
                           const std::function<bool(const std::string&)>& given, bool lead) {
   CreditConfig c = read_credit_config(config);
@@ -96,7 +130,10 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   WXE_CHECK(!fc.save.empty(), config, ": save_loc is missing (or give --save)");
   if (!given("--lr")) fc.schedule.lr = c.learning_rate;
   if (!given("--weight-decay")) fc.adam.weight_decay = c.weight_decay;
-  if (!given("--grad-max-norm")) fc.grad_max_norm = c.grad_max_norm;
+  if (!given("--grad-max-norm")) {
+    fc.grad_max_norm = c.grad_max_norm;
+    fc.grad_clip_dynamic = c.grad_clip_dynamic;
+  }
   if (!given("--accum")) fc.accum = c.grad_accum_every * c.train_batch_size;  // one sample per micro-batch
   if (!given("--ema")) fc.ema = c.use_ema;
   if (!given("--activation-checkpoint")) fc.activation_checkpoint = c.activation_checkpoint ? "blocks" : "none";
@@ -121,24 +158,37 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
             " x ", epoch_steps, " optimizer steps per epoch is more than 2^40 steps");
   if (!given("--steps")) fc.steps = c.epochs * epoch_steps;
   if (!given("--schedule") && c.use_scheduler) {
-    // CREDIT steps linear-warmup-cosine once per batch: the config's warmup_steps and
-    // total_steps count batches, so optimizer step j takes the lr of the batch that ends it.
-    // Given on the command line they count optimizer steps (both then come from the flags).
-    fc.schedule.kind = ScheduleKind::LinearWarmupCosine;
+    // the config's steps count batches (optimizer step j takes the lr of the batch that ends it)
+    // or epochs; given on the command line warmup and total steps count optimizer steps (both
+    // then come from the flags)
+    const Schedule flags = fc.schedule;  // the command line's values
+    fc.schedule = credit_schedule(c, A, epoch_batches);
+    fc.schedule.lr = flags.lr;  // the config's learning_rate unless --lr was given (set above)
+    Schedule& sc = fc.schedule;
     const bool w = given("--warmup-steps"), t = given("--total-steps");
-    WXE_CHECK(w == t, "--warmup-steps and --total-steps with ", config,
-              "'s scheduler: give both (on the command line they count optimizer steps, in the config batches)");
-    if (!w) {
-      fc.schedule.warmup_steps = c.warmup_steps;
-      fc.schedule.total_steps = c.total_steps;
-      fc.schedule.accum_batches = A;
-      fc.schedule.epoch_batches = epoch_batches;
-      if (A > 1 && epoch_batches % A)
-        note("wxe: warning: %s: trainer.batches_per_epoch %lld is not a multiple of grad_accum_every %lld: CREDIT's "
-             "last optimizer step of an epoch sums fewer batches, wxe's sums %d micro-batches (the lr is CREDIT's)\n",
-             config.c_str(), (long long)epoch_batches, (long long)A, fc.accum);
+    if (sc.kind == ScheduleKind::LinearWarmupCosine) {
+      WXE_CHECK(w == t, "--warmup-steps and --total-steps with ", config,
+                "'s scheduler: give both (on the command line they count optimizer steps, in the config batches)");
+      if (w) {
+        sc.warmup_steps = flags.warmup_steps;
+        sc.total_steps = flags.total_steps;
+        sc.accum_batches = 1;
+        sc.epoch_batches = 0;
+      }
+    } else {
+      WXE_CHECK(!w && !t, "--warmup-steps / --total-steps: ", config, "'s scheduler is ", c.scheduler_type,
+                " (they set linear-warmup-cosine)");
+      if (sc.kind == ScheduleKind::CosineRestarts && given("--lr") && lead)
+        note("wxe: warning: %s: cosine-annealing-restarts runs from min_lr to max_lr; --lr is not used\n", config.c_str());
+      if (sc.kind == ScheduleKind::Plateau && !(c.valid_start && c.valid_end) && lead)
+        note("wxe: warning: %s: plateau without validation dates steps on each epoch's mean training loss\n",
+             config.c_str());
     }
-    if (!given("--min-lr")) fc.schedule.min_lr = c.min_lr;
+    if (A > 1 && epoch_batches % A)
+      note("wxe: warning: %s: trainer.batches_per_epoch %lld is not a multiple of grad_accum_every %lld: CREDIT's "
+           "last optimizer step of an epoch sums fewer batches, wxe's sums %d micro-batches (the lr is CREDIT's)\n",
+           config.c_str(), (long long)epoch_batches, (long long)A, fc.accum);
+    if (given("--min-lr")) sc.min_lr = flags.min_lr;
   }
   if (!given("--resume") && c.load_weights && c.load_optimizer) fc.resume = true;
   if (!given("--weights") && c.load_weights && !c.load_optimizer) {
@@ -147,16 +197,36 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
               (fs::path(fc.save) / "latest").string(), " is missing)");
     fc.weights = (fs::path(latest) / "model.safetensors").string();
   }
+  const LossFunction vloss = credit_validation_loss(c);
   if (!given("--loss")) {
+    fc.loss = loss_function(c.training_loss.name, c.training_loss.delta);
     fc.plain_mse = !c.use_latitude_weights && !c.use_variable_weights;
     // latitudes at 0 degrees weigh every row 1 (cos(0) normalised)
     fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
     fc.channel_weights.clear();
-    if (c.use_variable_weights)
-      for (const ChannelInfo& ch : data->target_channels())
-        fc.channel_weights.push_back(c.variable_weights.count(ch.var) ? c.variable_weights.at(ch.var) : 1.0);
+    if (c.use_variable_weights) {
+      const size_t nl = data->config().levels.size();
+      std::set<std::string> used;
+      for (const ChannelInfo& ch : data->target_channels()) {
+        auto it = c.variable_weights.find(ch.var);
+        double wv = 1.0;
+        if (it != c.variable_weights.end()) {
+          used.insert(ch.var);
+          const std::vector<double>& v = it->second;
+          WXE_CHECK(v.size() == 1 || (ch.is3d && v.size() == nl), config, ": loss.variable_weights.", ch.var, ": ",
+                    v.size(), " values, expected one", ch.is3d ? str(" or one per level (", nl, ")") : std::string());
+          wv = v.size() == 1 ? v[0] : v[ch.level_index];
+        } else if (lead && ch.level_index == 0) {
+          note("wxe: warning: %s: loss.variable_weights has no weight for '%s': 1\n", config.c_str(), ch.var.c_str());
+        }
+        fc.channel_weights.push_back(wv);
+      }
+      for (const auto& kv : c.variable_weights)
+        WXE_CHECK(used.count(kv.first), config, ": loss.variable_weights.", kv.first,
+                  ": no such target variable in the data (prognostic and diagnostic variables are weighted)");
+    }
   }
-  if (c.valid_start && c.valid_end) validation(c, data, fc, c.valid_forecast_len > 0 ? c.valid_forecast_len : L);
+  if (c.valid_start && c.valid_end) validation(c, data, fc, c.valid_forecast_len > 0 ? c.valid_forecast_len : L, vloss);
   if (lead) {
     fs::create_directories(fc.save);
     write_file_atomic((fs::path(fc.save) / "channel_schema.yaml").string(), data->channel_schema_yaml());

@@ -28,7 +28,80 @@ std::vector<double> regular_latitudes(int64_t h) {
   return lat;
 }
 
-double weighted_mse(const Tensor& pred, const Tensor& target, const LossWeights& w, Tensor* grad, double grad_scale) {
+namespace {
+const std::pair<const char*, LossKind> kLosses[] = {
+    {"mse", LossKind::MSE},         {"mae", LossKind::MAE},     {"msle", LossKind::MSLE},
+    {"huber", LossKind::Huber},     {"logcosh", LossKind::LogCosh}, {"xtanh", LossKind::XTanh},
+    {"xsigmoid", LossKind::XSigmoid}};
+
+// The loss of one element and its derivative by p (double).
+inline double element_loss(const LossFunction& f, double p, double t, double& dp) {
+  switch (f.kind) {
+    case LossKind::MSE: {
+      const double d = p - t;
+      dp = 2 * d;
+      return d * d;
+    }
+    case LossKind::MAE: {
+      const double d = p - t;
+      dp = (double)((d > 0) - (d < 0));
+      return std::fabs(d);
+    }
+    case LossKind::MSLE: {
+      const double lp = std::log(std::fabs(p) + 1), lt = std::log(std::fabs(t) + 1);
+      dp = 2 * (lp - lt) * (double)((p > 0) - (p < 0)) / (std::fabs(p) + 1);
+      return (lp - lt) * (lp - lt);
+    }
+    case LossKind::Huber: {
+      const double d = p - t, a = std::fabs(d);
+      if (a < f.delta) {
+        dp = d;
+        return 0.5 * d * d;
+      }
+      dp = f.delta * (double)((d > 0) - (d < 0));
+      return f.delta * (a - 0.5 * f.delta);
+    }
+    case LossKind::LogCosh: {
+      const double e = t - p + 1e-12, a = std::fabs(e);
+      dp = -std::tanh(e);
+      return a + std::log1p(std::exp(-2 * a)) - M_LN2;  // log(cosh(e)) without overflow
+    }
+    case LossKind::XTanh: {
+      const double e = t - p + 1e-12, th = std::tanh(e);
+      dp = -(th + e * (1 - th * th));
+      return e * th;
+    }
+    case LossKind::XSigmoid: {
+      const double e = t - p + 1e-12, s = 1 / (1 + std::exp(-e));
+      dp = -(2 * s + 2 * e * s * (1 - s) - 1);
+      return 2 * e * s - e;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+LossFunction loss_function(const std::string& name, double delta) {
+  std::string known;
+  for (const auto& [n, k] : kLosses) {
+    if (name == n) {
+      WXE_CHECK(k != LossKind::Huber || (delta > 0 && std::isfinite(delta)), "loss huber: delta ", delta,
+                " must be positive");
+      return {k, delta};
+    }
+    known += std::string(known.empty() ? "" : ", ") + n;
+  }
+  fail("loss '", name, "' is not implemented (", known, ")");
+}
+
+const char* loss_name(LossKind k) {
+  for (const auto& [n, kind] : kLosses)
+    if (kind == k) return n;
+  return "?";
+}
+
+double weighted_loss(const Tensor& pred, const Tensor& target, const LossWeights& w, const LossFunction& f,
+                     Tensor* grad, double grad_scale) {
   WXE_CHECK(pred.dtype == DType::F32 && target.dtype == DType::F32, "loss: pred is ", dtype_name(pred.dtype),
             " and target ", dtype_name(target.dtype), ", expected float32");
   WXE_CHECK(pred.shape == target.shape, "loss: pred ", shape_str(pred.shape), " and target ", shape_str(target.shape),
@@ -64,16 +137,24 @@ double weighted_mse(const Tensor& pred, const Tensor& target, const LossWeights&
   const float* p = pred.data<float>();
   const float* t = target.data<float>();
   float* g = grad ? grad->data<float>() : nullptr;
-  const double gscale = 2.0 * grad_scale / (double)n;  // d/dpred of mean(w d^2) = 2 w d / n
+  const double gscale = grad_scale / (double)n;  // d/dpred of mean(w l) = w l' / n
   std::vector<double> part(rows);
 #pragma omp parallel for schedule(static) if (n >= (1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     const double wr = row_weight(r);
     double s = 0;
-    for (int64_t j = r * row_len, e = std::min(n, j + row_len); j < e; ++j) {
-      const double d = (double)p[j] - (double)t[j];
-      s += d * d;
-      if (g) g[j] = (float)(gscale * wr * d);
+    if (f.kind == LossKind::MSE) {  // the common case, kept a plain loop
+      for (int64_t j = r * row_len, e = std::min(n, j + row_len); j < e; ++j) {
+        const double d = (double)p[j] - (double)t[j];
+        s += d * d;
+        if (g) g[j] = (float)(gscale * wr * 2 * d);
+      }
+    } else {
+      for (int64_t j = r * row_len, e = std::min(n, j + row_len); j < e; ++j) {
+        double dp;
+        s += element_loss(f, (double)p[j], (double)t[j], dp);
+        if (g) g[j] = (float)(gscale * wr * dp);
+      }
     }
     part[r] = s * wr;
   }

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+
+#include "engine/io/json.h"
 
 namespace wxe {
 
@@ -107,13 +110,212 @@ int64_t Schedule::schedule_step(int64_t step) const {
   return step / per_epoch * epoch_batches + std::min((step % per_epoch + 1) * accum_batches, epoch_batches) - 1;
 }
 
+int64_t Schedule::epoch_of(int64_t step) const {
+  return epoch_batches > 0 ? schedule_step(step) / epoch_batches : 0;
+}
+
+namespace {
+const std::pair<const char*, ScheduleKind> kSchedules[] = {
+    {"constant", ScheduleKind::Constant},
+    {"linear-warmup-cosine", ScheduleKind::LinearWarmupCosine},
+    {"cosine-annealing", ScheduleKind::CosineAnnealing},
+    {"cosine-annealing-restarts", ScheduleKind::CosineRestarts},
+    {"lambda", ScheduleKind::Lambda},
+    {"plateau", ScheduleKind::Plateau}};
+
+}  // namespace
+
+double credit_lambda_phase1(int64_t epoch) {
+  if (epoch < 10) return (double)epoch / 10;
+  return 0.5 * (1 + std::cos(M_PI * (double)(epoch - 10) / 90));
+}
+
+const char* schedule_name(ScheduleKind k) {
+  for (const auto& [n, kind] : kSchedules)
+    if (kind == k) return n;
+  return "?";
+}
+
+ScheduleKind schedule_kind(const std::string& name) {
+  std::string known;
+  for (const auto& [n, k] : kSchedules) {
+    if (name == n) return k;
+    known += std::string(known.empty() ? "" : ", ") + n;
+  }
+  fail("learning-rate schedule '", name, "' is not known (", known, ")");
+}
+
 double Schedule::lr_at(int64_t optimizer_step) const {
   WXE_CHECK(optimizer_step >= 0, "learning-rate schedule: step ", optimizer_step, " is negative");
   if (kind == ScheduleKind::Constant) return lr;
   const int64_t step = schedule_step(optimizer_step);
-  if (step < warmup_steps) return lr * (double)step / (double)warmup_steps;
-  const double p = std::min(1.0, (double)(step - warmup_steps) / (double)std::max<int64_t>(1, total_steps - warmup_steps));
-  return min_lr + (lr - min_lr) * 0.5 * (1 + std::cos(M_PI * p));
+  const int64_t epoch = epoch_of(optimizer_step);
+  switch (kind) {
+    case ScheduleKind::LinearWarmupCosine: {
+      if (step < warmup_steps) return lr * (double)step / (double)warmup_steps;
+      const double p =
+          std::min(1.0, (double)(step - warmup_steps) / (double)std::max<int64_t>(1, total_steps - warmup_steps));
+      return min_lr + (lr - min_lr) * 0.5 * (1 + std::cos(M_PI * p));
+    }
+    case ScheduleKind::CosineAnnealing: {
+      // torch's chainable form, from the lr of the epoch before (last_epoch = epoch)
+      double cur = lr;
+      const double T = (double)t_max;
+      for (int64_t e = 1; e <= epoch; ++e) {
+        const int64_t m = ((e - 1 - t_max) % (2 * t_max) + 2 * t_max) % (2 * t_max);  // Python's %
+        if (m == 0)
+          cur = cur + (lr - eta_min) * (1 - std::cos(M_PI / T)) / 2;
+        else
+          cur = (1 + std::cos(M_PI * (double)e / T)) / (1 + std::cos(M_PI * (double)(e - 1) / T)) * (cur - eta_min) +
+                eta_min;
+      }
+      return cur;
+    }
+    case ScheduleKind::CosineRestarts:
+      return restarts_at(step).lr;
+    case ScheduleKind::Lambda:
+      // LambdaLR stepped at the start of every epoch and again at its end: epoch e runs at 2e + 1
+      return lr * credit_lambda_phase1(2 * epoch + 1);
+    case ScheduleKind::Plateau:
+      return plateau_after(epoch).lr;
+    case ScheduleKind::Constant:
+      break;
+  }
+  return lr;
+}
+
+Schedule::Restarts Schedule::restarts_at(int64_t step) const {
+  // construction steps once (step_in_cycle 0) and sets the lr to min_lr; each batch steps once
+  Restarts r;
+  r.cur_cycle_steps = first_cycle_steps;
+  r.step_in_cycle = step;
+  while (r.step_in_cycle >= r.cur_cycle_steps) {
+    const int64_t next = (int64_t)((double)(r.cur_cycle_steps - warmup_steps) * cycle_mult) + warmup_steps;
+    if (next == r.cur_cycle_steps) {  // every later cycle as long: jump over them
+      r.cycle += r.step_in_cycle / r.cur_cycle_steps;
+      r.step_in_cycle %= r.cur_cycle_steps;
+      break;
+    }
+    r.step_in_cycle -= r.cur_cycle_steps;
+    ++r.cycle;
+    r.cur_cycle_steps = next;
+  }
+  r.max_lr = max_lr * std::pow(gamma, (double)r.cycle);
+  const double mx = r.max_lr;
+  const int64_t in = r.step_in_cycle, cur = r.cur_cycle_steps;
+  if (step == 0)
+    r.lr = min_lr;
+  else if (in < warmup_steps)
+    r.lr = (mx - min_lr) * (double)in / (double)warmup_steps + min_lr;
+  else
+    r.lr = min_lr + (mx - min_lr) * (1 + std::cos(M_PI * (double)(in - warmup_steps) / (double)(cur - warmup_steps))) / 2;
+  return r;
+}
+
+Schedule::Plateau Schedule::plateau_after(int64_t epochs) const {
+  WXE_CHECK((int64_t)epoch_metrics.size() >= epochs, "plateau schedule: the metric of epoch ",
+            (int64_t)epoch_metrics.size() + 1, " is missing (", epochs, " epochs ended)");
+  Plateau p;
+  p.lr = lr;
+  p.best = plateau_max ? -INFINITY : INFINITY;
+  for (int64_t e = 0; e < epochs; ++e) {
+    const double a = epoch_metrics[e];
+    const bool better = plateau_max ? (plateau_abs ? a > p.best + threshold : a > p.best * (threshold + 1))
+                                    : (plateau_abs ? a < p.best - threshold : a < p.best * (1 - threshold));
+    if (better) {
+      p.best = a;
+      p.num_bad_epochs = 0;
+    } else {
+      ++p.num_bad_epochs;
+    }
+    if (p.cooldown_counter > 0) {
+      --p.cooldown_counter;
+      p.num_bad_epochs = 0;
+    }
+    if (p.num_bad_epochs > patience) {
+      const double next = std::max(p.lr * factor, min_lr);
+      if (p.lr - next > plateau_eps) p.lr = next;
+      p.cooldown_counter = cooldown;
+      p.num_bad_epochs = 0;
+    }
+  }
+  return p;
+}
+
+namespace {
+std::string num17(double d) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%.17g", d);
+  return b;
+}
+}  // namespace
+
+std::map<std::string, std::string> schedule_metadata(const Schedule& s) {
+  std::string metrics;
+  for (double m : s.epoch_metrics) metrics += (metrics.empty() ? "" : ",") + num17(m);
+  return {{"schedule", schedule_name(s.kind)},
+          {"lr", num17(s.lr)},
+          {"min_lr", num17(s.min_lr)},
+          {"warmup_steps", std::to_string(s.warmup_steps)},
+          {"total_steps", std::to_string(s.total_steps)},
+          {"accum_batches", std::to_string(s.accum_batches)},
+          {"epoch_batches", std::to_string(s.epoch_batches)},
+          {"t_max", std::to_string(s.t_max)},
+          {"eta_min", num17(s.eta_min)},
+          {"first_cycle_steps", std::to_string(s.first_cycle_steps)},
+          {"cycle_mult", num17(s.cycle_mult)},
+          {"max_lr", num17(s.max_lr)},
+          {"gamma", num17(s.gamma)},
+          {"plateau_mode", s.plateau_max ? "max" : "min"},
+          {"threshold_mode", s.plateau_abs ? "abs" : "rel"},
+          {"factor", num17(s.factor)},
+          {"threshold", num17(s.threshold)},
+          {"plateau_eps", num17(s.plateau_eps)},
+          {"patience", std::to_string(s.patience)},
+          {"cooldown", std::to_string(s.cooldown)},
+          {"epoch_metrics", metrics}};
+}
+
+Schedule schedule_from_metadata(const std::map<std::string, std::string>& meta, const std::string& where) {
+  Schedule s;
+  auto get = [&](const char* k) { return meta.count(k) ? meta.at(k) : std::string(); };
+  auto d = [&](const char* k, double& v) {
+    if (!get(k).empty()) v = parse_double(get(k), str(where, ": metadata '", k, "'"));
+  };
+  auto i = [&](const char* k, int64_t& v) {
+    if (!get(k).empty()) v = parse_int64(get(k), str(where, ": metadata '", k, "'"));
+  };
+  if (!get("schedule").empty()) s.kind = schedule_kind(get("schedule"));
+  d("lr", s.lr);
+  d("min_lr", s.min_lr);
+  i("warmup_steps", s.warmup_steps);
+  i("total_steps", s.total_steps);
+  i("accum_batches", s.accum_batches);
+  i("epoch_batches", s.epoch_batches);
+  i("t_max", s.t_max);
+  d("eta_min", s.eta_min);
+  i("first_cycle_steps", s.first_cycle_steps);
+  d("cycle_mult", s.cycle_mult);
+  d("max_lr", s.max_lr);
+  d("gamma", s.gamma);
+  s.plateau_max = get("plateau_mode") == "max";
+  s.plateau_abs = get("threshold_mode") == "abs";
+  d("factor", s.factor);
+  d("threshold", s.threshold);
+  d("plateau_eps", s.plateau_eps);
+  i("patience", s.patience);
+  i("cooldown", s.cooldown);
+  const std::string m = get("epoch_metrics");
+  for (size_t a = 0; a < m.size();) {
+    size_t b = m.find(',', a);
+    if (b == std::string::npos) b = m.size();
+    s.epoch_metrics.push_back(parse_double(m.substr(a, b - a), str(where, ": metadata 'epoch_metrics'")));
+    a = b + 1;
+  }
+  WXE_CHECK(s.warmup_steps >= 0 && s.total_steps >= 0 && s.accum_batches >= 1 && s.epoch_batches >= 0 && s.t_max >= 1 &&
+                s.first_cycle_steps >= 1 && s.cycle_mult >= 1 && s.warmup_steps < (int64_t)1 << 40,
+            where, ": the schedule's metadata is out of range");
+  return s;
 }
 
 double grad_norm_squared(const std::vector<const Tensor*>& grads) {

@@ -6,6 +6,8 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "engine/exec/train_kernels.h"
@@ -49,12 +51,34 @@ class AdamW {
   std::vector<Tensor> m_, v_;  // per parameter, shaped like it
 };
 
-enum class ScheduleKind { Constant, LinearWarmupCosine };
+// CREDIT's schedulers (credit/scheduler.py) as its gen2 trainer steps them: linear-warmup-cosine
+// and cosine-annealing-restarts after every batch, cosine-annealing, lambda and plateau at the end
+// of every epoch (lambda also at its start: CREDIT's train_one_epoch steps it once more).
+enum class ScheduleKind { Constant, LinearWarmupCosine, CosineAnnealing, CosineRestarts, Lambda, Plateau };
+// "constant", "linear-warmup-cosine", "cosine-annealing", "cosine-annealing-restarts", "lambda",
+// "plateau"; the reverse is an error for an unknown name.
+const char* schedule_name(ScheduleKind k);
+// CREDIT's lr_lambda_phase1(epoch) (num_epochs 100, warmup_epochs 10): the lambda schedule's factor.
+double credit_lambda_phase1(int64_t epoch);
+ScheduleKind schedule_kind(const std::string& name);
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::Constant;
   double lr = 1e-3, min_lr = 0;
   int64_t warmup_steps = 0, total_steps = 1;
+  // cosine-annealing: torch's CosineAnnealingLR(T_max, eta_min), its recursive form
+  int64_t t_max = 1;
+  double eta_min = 0;
+  // cosine-annealing-restarts: CREDIT's CosineAnnealingWarmupRestarts (warmup_steps and min_lr
+  // above; its lr starts at min_lr and rises to max_lr, trainer.learning_rate is not used)
+  int64_t first_cycle_steps = 1;
+  double cycle_mult = 1, max_lr = 0.1, gamma = 1;
+  // plateau: torch's ReduceLROnPlateau on the metric of each epoch that ended (epoch_metrics,
+  // one per epoch: the validation loss, or the training loss without validation)
+  bool plateau_max = false, plateau_abs = false;
+  double factor = 0.1, threshold = 1e-4, plateau_eps = 1e-8;
+  int64_t patience = 10, cooldown = 0;
+  std::vector<double> epoch_metrics;
   // Counting in batches, as CREDIT's trainer steps its scheduler once per batch (micro-batch)
   // while the optimizer steps every `accum_batches` batches and at the end of each epoch of
   // `epoch_batches` batches (0: no epochs). 1: the schedule counts optimizer steps.
@@ -62,12 +86,36 @@ struct Schedule {
   // The schedule's step at optimizer step `step`: step itself, or with accum_batches > 1 the
   // index of the batch that ends it (CREDIT's scheduler.last_epoch at that optimizer.step()).
   int64_t schedule_step(int64_t step) const;
+  // The epoch (0-based) of optimizer step `step` (0 without epochs).
+  int64_t epoch_of(int64_t step) const;
+  bool per_epoch() const {
+    return kind == ScheduleKind::CosineAnnealing || kind == ScheduleKind::Lambda || kind == ScheduleKind::Plateau;
+  }
   // lr of optimizer step `step` (0-based: the first update is step 0), at s = schedule_step(step).
   // LinearWarmupCosine: s < warmup: lr * s / warmup (so 0 at s 0);
   // else p = min(1, (s - warmup) / max(1, total - warmup)),
   //      min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi p)).
+  // The others as CREDIT computes them (see the fields above); plateau from epoch_metrics of the
+  // epochs before step's (an error when one is missing).
   double lr_at(int64_t step) const;
+  // The scheduler's own state at batch (per-batch kinds) or epoch (per-epoch kinds) `s`, for
+  // lr_at and for CREDIT's scheduler_state_dict (train/credit_checkpoint.h).
+  struct Restarts {
+    int64_t step_in_cycle = 0, cur_cycle_steps = 0, cycle = 0;
+    double max_lr = 0, lr = 0;
+  };
+  Restarts restarts_at(int64_t s) const;
+  struct Plateau {
+    double lr = 0, best = 0;
+    int64_t num_bad_epochs = 0, cooldown_counter = 0;
+  };
+  Plateau plateau_after(int64_t epochs) const;  // after the metrics of the first `epochs` epochs
 };
+
+// A schedule as checkpoint metadata ("schedule", its parameters, "epoch_metrics"; doubles to
+// 17 digits) and back (what a key lacks keeps its default; errors name `where`).
+std::map<std::string, std::string> schedule_metadata(const Schedule& s);
+Schedule schedule_from_metadata(const std::map<std::string, std::string>& meta, const std::string& where);
 
 // torch.nn.utils.clip_grad_norm_(norm_type=2): total = sqrt(sum over all grads of g^2),
 // accumulated in double. With max_norm > 0 the factor is max_norm / (total + 1e-6) in float32

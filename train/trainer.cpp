@@ -203,10 +203,12 @@ void Trainer::check_same_plan() {
       {"--resume", str(cfg_.resume)}, {"--accum", str(cfg_.accum)}, {"--forecast-len", str(cfg_.forecast_len)},
       {"--prognostic", str(cfg_.prognostic)}, {"--data (its samples)", str(data_fp_)},
       {"--lr / --schedule / --warmup-steps / --total-steps / --min-lr",
-       str((int)s.kind, num(s.lr), num(s.min_lr), s.warmup_steps, "/", s.total_steps, "/", s.accum_batches, "/", s.epoch_batches)},
+       str((int)s.kind, num(s.lr), num(s.min_lr), s.warmup_steps, "/", s.total_steps, "/", s.accum_batches, "/",
+           s.epoch_batches, "/", s.t_max, num(s.eta_min), s.first_cycle_steps, num(s.cycle_mult), num(s.max_lr),
+           num(s.gamma), s.plateau_max, s.plateau_abs, num(s.factor), num(s.threshold), s.patience, "/", s.cooldown)},
       {"AdamW's betas, eps or --weight-decay", str(num(a.beta1), num(a.beta2), num(a.eps), num(a.weight_decay))},
-      {"--grad-max-norm", num(cfg_.grad_max_norm)}, {"--ema / --ema-decay", str(cfg_.ema, num(cfg_.ema_decay))},
-      {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse)},
+      {"--grad-max-norm", str(num(cfg_.grad_max_norm), cfg_.grad_clip_dynamic)}, {"--ema / --ema-decay", str(cfg_.ema, num(cfg_.ema_decay))},
+      {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse, (int)cfg_.loss.kind, num(cfg_.loss.delta))},
       {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device},
       {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}, {"--precision", cfg_.precision},
       {"--sequence-parallel", str(cfg_.sequence_parallel)}};
@@ -288,7 +290,7 @@ StepLog Trainer::step() {
       // rollout step, no backward kernel reading the output), else a tensor of its own
       const bool over = k + 1 == cfg_.forecast_len && !exec_->backward_reads_output(0);
       gout[0] = over ? outs[0] : Tensor(DType::F32, outs[0].shape);
-      loss_sum += weighted_mse(outs[0], s.targets[k], loss_w_, &gout[0], 1.0 / cfg_.accum);
+      loss_sum += weighted_loss(outs[0], s.targets[k], loss_w_, cfg_.loss, &gout[0], 1.0 / cfg_.accum);
       // The backward needs none of the whole-grid tensors the loss read: the target goes, the
       // prediction stays only as the next rollout step's input, and the loss gradient is the
       // executor's (not copied). On every rank each is as large as the model's output.
@@ -346,8 +348,9 @@ StepLog Trainer::step() {
     throw NonFiniteLoss(str("step ", step_ + 1, ": the loss is ", log.loss, " and the gradient norm ", log.grad_norm,
                             "; stopped before updating the parameters"));
   }
-  if (cfg_.grad_max_norm > 0) {  // torch.nn.utils.clip_grad_norm_
-    const float factor = (float)cfg_.grad_max_norm / (float)(log.grad_norm + 1e-6);
+  if (cfg_.grad_max_norm > 0 || cfg_.grad_clip_dynamic) {  // torch.nn.utils.clip_grad_norm_
+    const double max_norm = cfg_.grad_clip_dynamic ? log.grad_norm : cfg_.grad_max_norm;
+    const float factor = (float)max_norm / (float)(log.grad_norm + 1e-6);
     if (factor < 1.f && !in_place) k.scale(gflat, zS_, factor);
     for (size_t p = 0; factor < 1.f && in_place && p < trainable_.size(); ++p)
       k.scale(grads[p].data<float>(), zn_[p], factor);

@@ -53,6 +53,10 @@ struct FinetuneConfig {
   AdamWConfig adam;
   Schedule schedule;               // its lr is the base lr
   double grad_max_norm = 1.0;      // <= 0: no clipping
+  // CREDIT's grad_max_norm: dynamic: clip_grad_norm_ to the gradient's own global norm each step
+  // (a factor norm / (norm + 1e-6)); grad_max_norm is then not used
+  bool grad_clip_dynamic = false;
+  LossFunction loss;               // the elementwise loss (train/loss.h), weighted as plain_mse says
   bool ema = false;
   // "blocks": each attention and feed-forward block's inner activations are recomputed in the
   // backward instead of kept (engine/passes/passes.h checkpoint_segments; on the CPU and devices);
@@ -134,6 +138,9 @@ class Trainer {
   // any mesh (one process too) resumes from. Collective under a mesh.
   std::string save_checkpoint();
   int64_t steps_done() const { return step_; }
+  const Schedule& schedule() const { return cfg_.schedule; }
+  // A plateau schedule's metric of the epoch that just ended (kept in checkpoints).
+  void record_epoch_metric(double m) { cfg_.schedule.epoch_metrics.push_back(m); }
   const HostArena& arena() const { return arena_; }
   // Trained parameters by name (training names: SN layers legacy, others Linear layout), as
   // this rank holds them (tensor-parallel shards). On a device, the device's values are copied

@@ -1,0 +1,382 @@
+// CREDIT's registries (credit/losses, credit/scheduler.py, credit/preblock, credit/postblock) as
+// wxe reads them from a config: each loss's gradient against central differences of its value,
+// the config keys of every scheduler and block and their errors, the elementwise transforms on
+// the era5_tiny data against their formulas and round trips. The golden files CREDIT itself made
+// (tests/data/credit_registry, models/make_credit_registry_fixture.py) are checked in
+// credit_golden_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "data/credit_config.h"
+#include "data/era5.h"
+#include "test_util.h"
+#include "train/loss.h"
+#include "train/optim.h"
+
+namespace fs = std::filesystem;
+using namespace wxe;
+using namespace wxe::test;
+
+namespace {
+
+const std::string kDir = data_path("tests/data/era5_tiny");
+
+// era5_tiny's config.yml with absolute paths, each (from, to) replaced, written as NAME.yml.
+std::string config_with(const std::string& name, const std::vector<std::pair<std::string, std::string>>& repl) {
+  std::string text = slurp(kDir + "/config.yml");
+  for (const char* f : {"\"era5_%Y.*\"", "\"forcing_%Y.nc\"", "\"static.nc\"", "\"scaler.json\""})
+    for (size_t p = text.find(f); p != std::string::npos; p = text.find(f, p + 1)) text.insert(p + 1, kDir + "/");
+  for (auto& [a, b] : repl) {
+    const size_t p = text.find(a);
+    EXPECT_NE(p, std::string::npos) << a;
+    if (p != std::string::npos) text.replace(p, a.size(), b);
+  }
+  const std::string path = tmp_path(name + ".yml");
+  spit(path, text);
+  return path;
+}
+
+bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+bool any_has(const std::vector<std::string>& w, const std::string& sub) {
+  for (const std::string& x : w)
+    if (has(x, sub)) return true;
+  return false;
+}
+
+}  // namespace
+
+// Every elementwise loss: its gradient against central differences of its own value (double),
+// weighted by latitude and channel, at points away from the kinks (|p - t| not near 0 or delta).
+TEST(CreditLosses, GradientsMatchFiniteDifferences) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.5f);
+  const Shape shape = {2, 3, 1, 4, 5};
+  Tensor p(DType::F32, shape), t(DType::F32, shape);
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    t.data<float>()[i] = nd(rng);
+    float d = nd(rng);
+    if (std::fabs(d) < 0.05f) d = 0.3f;                       // away from mae's kink at 0
+    if (std::fabs(std::fabs(d) - 0.5f) < 0.05f) d *= 1.3f;   // and huber's at delta 0.5
+    p.data<float>()[i] = t.data<float>()[i] + d;
+    if (std::fabs(p.data<float>()[i]) < 0.05f) p.data<float>()[i] += 0.2f;  // msle's kink at 0
+  }
+  LossWeights w;
+  w.lat_weights = latitude_weights({60, 20, -20, -60});
+  w.channel_weights = {0.5, 1.0, 2.0};
+  for (const char* name : {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"}) {
+    const LossFunction f = loss_function(name, 0.5);
+    Tensor g;
+    const double l0 = weighted_loss(p, t, w, f, &g, 3.0);
+    EXPECT_GT(l0, 0) << name;
+    for (int64_t i = 0; i < p.numel(); i += 7) {
+      Tensor q = p.clone();
+      const float x = q.data<float>()[i], h = 1e-2f;
+      q.data<float>()[i] = x + h;
+      const double lp = weighted_loss(q, t, w, f);
+      q.data<float>()[i] = x - h;
+      const double lm = weighted_loss(q, t, w, f);
+      const double fd = 3.0 * (lp - lm) / (double)((x + h) - (x - h));
+      EXPECT_NEAR(g.data<float>()[i], fd, 2e-3 * std::fabs(fd) + 1e-7) << name << " element " << i;
+    }
+  }
+  // mse through weighted_loss equals the weighted MSE
+  EXPECT_DOUBLE_EQ(weighted_loss(p, t, w, loss_function("mse")), weighted_mse(p, t, w));
+  EXPECT_TRUE(has(error_of([] { loss_function("KCRPS"); }), "loss 'KCRPS' is not implemented (mse, mae"));
+}
+
+// CREDIT's formulas at a few points (the registry's definitions, credit/losses/gen_1).
+TEST(CreditLosses, ValuesFollowCreditsDefinitions) {
+  Tensor p(DType::F32, {1, 1, 1, 1, 2}), t(DType::F32, {1, 1, 1, 1, 2});
+  p.data<float>()[0] = 2.0f, p.data<float>()[1] = -1.0f;
+  t.data<float>()[0] = 0.5f, t.data<float>()[1] = 0.0f;
+  auto L = [&](const char* n, double delta = 1.0) { return weighted_loss(p, t, LossWeights{}, loss_function(n, delta)); };
+  const double e0 = 0.5 - 2.0, e1 = 1.0;  // target - pred
+  EXPECT_NEAR(L("mse"), (e0 * e0 + e1 * e1) / 2, 1e-12);
+  EXPECT_NEAR(L("mae"), (1.5 + 1.0) / 2, 1e-12);
+  EXPECT_NEAR(L("huber"), ((1.5 - 0.5) + 0.5) / 2, 1e-12);  // 1.5 >= delta 1: delta (|d| - delta/2); 1.0 too
+  EXPECT_NEAR(L("huber", 2.0), (0.5 * 2.25 + 0.5) / 2, 1e-12);
+  EXPECT_NEAR(L("msle"), (std::pow(std::log(3.0) - std::log(1.5), 2) + std::pow(std::log(2.0), 2)) / 2, 1e-9);
+  EXPECT_NEAR(L("logcosh"), (std::log(std::cosh(e0)) + std::log(std::cosh(e1))) / 2, 1e-9);
+  EXPECT_NEAR(L("xtanh"), (e0 * std::tanh(e0) + e1 * std::tanh(e1)) / 2, 1e-9);
+  auto xs = [](double e) { return 2 * e / (1 + std::exp(-e)) - e; };
+  EXPECT_NEAR(L("xsigmoid"), (xs(e0) + xs(e1)) / 2, 1e-9);
+}
+
+// The loss section: every registry name, its parameters, validation_loss, per-level variable
+// weights; what stays unimplemented is an error naming the key and saying what to do.
+TEST(CreditConfigRegistry, LossSection) {
+  CreditConfig c = read_credit_config(config_with(
+      "loss_huber", {{"training_loss: \"mse\"", "training_loss: \"huber\"\n  training_loss_parameters: {delta: 0.25}\n"
+                                                "  validation_loss: \"logcosh\""},
+                     {"use_variable_weights: false", "use_variable_weights: true\n  variable_weights: {T: [1, 2], SP: 3}"}}));
+  EXPECT_EQ(c.training_loss.name, "huber");
+  EXPECT_EQ(c.training_loss.delta, 0.25);
+  EXPECT_TRUE(c.has_validation_loss);
+  EXPECT_EQ(c.validation_loss.name, "logcosh");
+  EXPECT_EQ(c.variable_weights["T"], (std::vector<double>{1, 2}));
+  EXPECT_EQ(c.variable_weights["SP"], (std::vector<double>{3}));
+  for (const char* n : {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"})
+    EXPECT_EQ(read_credit_config(config_with("loss_n", {{"\"mse\"", std::string("\"") + n + "\""}})).training_loss.name, n);
+  struct Case {
+    std::string from, to, want;
+  };
+  const std::vector<Case> cases = {
+      {"training_loss: \"mse\"", "training_loss: \"KCRPS\"", "loss.training_loss: 'KCRPS' is an ensemble CRPS loss"},
+      {"training_loss: \"mse\"", "training_loss: \"spectral\"", "loss.training_loss: 'spectral' is not implemented"},
+      {"training_loss: \"mse\"", "training_loss: \"mse\"\n  use_spectral_loss: true", "loss.use_spectral_loss"},
+      {"training_loss: \"mse\"", "training_loss: \"mse\"\n  training_loss_parameters: {delta: 2}",
+       "only huber takes a delta"},
+      {"training_loss: \"mse\"", "type: base", "use the flat keys"},
+      {"use_ema: false", "use_ema: false\n  ensemble_size: 2", "trainer.ensemble_size: 2 (ensemble training"},
+  };
+  for (const Case& k : cases) {
+    const std::string e = error_of([&] { read_credit_config(config_with("loss_bad", {{k.from, k.to}})); });
+    EXPECT_TRUE(has(e, k.want)) << k.to << " -> " << e;
+  }
+}
+
+// trainer.grad_max_norm: dynamic and each scheduler's section, with CREDIT's defaults.
+TEST(CreditConfigRegistry, TrainerSection) {
+  CreditConfig c = read_credit_config(config_with("dyn", {{"grad_max_norm: 1.0", "grad_max_norm: 'dynamic'"}}));
+  EXPECT_TRUE(c.grad_clip_dynamic);
+  const std::string restarts =
+      "use_scheduler: true\n  scheduler:\n    scheduler_type: cosine-annealing-restarts\n    first_cycle_steps: 250\n"
+      "    cycle_mult: 6.0\n    max_lr: 5.0e-04\n    min_lr: 5.0e-07\n    warmup_steps: 249\n    gamma: 0.7\n  use_ema";
+  c = read_credit_config(config_with("restarts", {{"use_ema", restarts}}));
+  EXPECT_EQ(c.scheduler_type, "cosine-annealing-restarts");
+  EXPECT_EQ(c.first_cycle_steps, 250);
+  EXPECT_EQ(c.cycle_mult, 6.0);
+  EXPECT_EQ(c.max_lr, 5e-4);
+  EXPECT_EQ(c.min_lr, 5e-7);
+  EXPECT_EQ(c.warmup_steps, 249);
+  EXPECT_EQ(c.gamma, 0.7);
+  c = read_credit_config(config_with(
+      "cosine", {{"use_ema", "use_scheduler: true\n  scheduler:\n    scheduler_type: cosine-annealing\n    T_max: 7\n"
+                             "    eta_min: 1.0e-6\n  use_ema"}}));
+  EXPECT_EQ(c.t_max, 7);
+  EXPECT_EQ(c.eta_min, 1e-6);
+  c = read_credit_config(config_with(
+      "plateau", {{"use_ema", "use_scheduler: true\n  scheduler:\n    scheduler_type: plateau\n    mode: max\n"
+                              "    factor: 0.5\n    patience: 2\n    threshold_mode: abs\n  use_ema"}}));
+  EXPECT_EQ(c.plateau_mode, "max");
+  EXPECT_EQ(c.plateau_factor, 0.5);
+  EXPECT_EQ(c.plateau_patience, 2);
+  EXPECT_EQ(c.plateau_threshold_mode, "abs");
+  EXPECT_EQ(c.min_lr, 0);  // ReduceLROnPlateau's default, not linear-warmup-cosine's
+  c = read_credit_config(config_with(
+      "lambda", {{"use_ema", "use_scheduler: true\n  scheduler:\n    scheduler_type: lambda\n    T_max: 3\n  use_ema"}}));
+  EXPECT_TRUE(any_has(c.warnings, "trainer.scheduler.T_max: ignored"));
+  struct Case {
+    std::string to, want;
+  };
+  const std::vector<Case> cases = {
+      {"use_scheduler: true\n  scheduler:\n    scheduler_type: cosine\n  use_ema", "'cosine' is not one of CREDIT's"},
+      {"use_scheduler: true\n  scheduler:\n    scheduler_type: cosine-annealing\n  use_ema", "T_max: missing"},
+      {"use_scheduler: true\n  scheduler:\n    scheduler_type: cosine-annealing-restarts\n    first_cycle_steps: 5\n"
+       "    warmup_steps: 5\n  use_ema",
+       "warmup_steps: 5 is not below first_cycle_steps 5"},
+      {"use_scheduler: true\n  scheduler:\n    scheduler_type: plateau\n    factor: 1.0\n  use_ema", "factor: must be below 1"},
+      {"use_scheduler: true\n  scheduler:\n    scheduler_type: plateau\n    mode: up\n  use_ema", "'up' is not min or max"},
+  };
+  for (const Case& k : cases) {
+    const std::string e = error_of([&] { read_credit_config(config_with("sched_bad", {{"use_ema", k.to}})); });
+    EXPECT_TRUE(has(e, k.want)) << k.to << " -> " << e;
+  }
+}
+
+// Schedules against CREDIT's definitions at points worked by hand.
+TEST(CreditSchedules, HandWorkedPoints) {
+  Schedule s;
+  s.kind = ScheduleKind::CosineRestarts;
+  s.first_cycle_steps = 10;
+  s.warmup_steps = 2;
+  s.max_lr = 1.0;
+  s.min_lr = 0.1;
+  s.gamma = 0.5;
+  s.cycle_mult = 2.0;
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.1);                 // construction sets min_lr
+  EXPECT_DOUBLE_EQ(s.lr_at(1), 0.9 * 1 / 2 + 0.1);   // warm-up
+  EXPECT_DOUBLE_EQ(s.lr_at(2), 1.0);                 // the cycle's top
+  EXPECT_NEAR(s.lr_at(6), 0.1 + 0.9 * (1 + std::cos(M_PI * 4 / 8)) / 2, 1e-15);
+  EXPECT_DOUBLE_EQ(s.lr_at(10), 0.1);                // cycle 1 (length (10-2)*2+2 = 18), max 0.5
+  EXPECT_DOUBLE_EQ(s.lr_at(12), 0.5);
+  EXPECT_DOUBLE_EQ(s.lr_at(28), 0.1);                // cycle 2 starts at 10 + 18
+  EXPECT_DOUBLE_EQ(s.lr_at(30), 0.25);
+  s.cycle_mult = 1.0;                                // equal cycles: the jump over them
+  EXPECT_NEAR(s.lr_at(5 * 10 + 2), std::pow(0.5, 5), 1e-15);
+  EXPECT_NEAR(s.lr_at(1000 * 10 + 6), 0.1 + (std::pow(0.5, 1000) - 0.1) * (1 + std::cos(M_PI / 2)) / 2, 1e-15);
+  Schedule c;
+  c.kind = ScheduleKind::CosineAnnealing;
+  c.lr = 1.0;
+  c.t_max = 4;
+  c.epoch_batches = 3;
+  EXPECT_DOUBLE_EQ(c.lr_at(2), 1.0);                                  // epoch 0
+  EXPECT_NEAR(c.lr_at(3), (1 + std::cos(M_PI / 4)) / 2, 1e-15);       // epoch 1
+  EXPECT_NEAR(c.lr_at(4 * 3), 0.0, 1e-15);                            // epoch T_max
+  EXPECT_NEAR(c.lr_at(8 * 3), 1.0, 1e-12);                            // and back up at 2 T_max
+  Schedule l;
+  l.kind = ScheduleKind::Lambda;
+  l.lr = 2.0;
+  l.epoch_batches = 5;
+  EXPECT_DOUBLE_EQ(l.lr_at(0), 2.0 * 0.1);  // epoch 0 runs at lambda(1)
+  EXPECT_DOUBLE_EQ(l.lr_at(5), 2.0 * 0.3);  // epoch 1 at lambda(3)
+  Schedule p;
+  p.kind = ScheduleKind::Plateau;
+  p.lr = 1.0;
+  p.factor = 0.5;
+  p.patience = 1;
+  p.epoch_batches = 2;
+  p.epoch_metrics = {1.0, 1.0, 1.0, 0.5, 0.5, 0.5};
+  EXPECT_DOUBLE_EQ(p.lr_at(2 * 2), 1.0);   // one bad epoch: within patience
+  EXPECT_DOUBLE_EQ(p.lr_at(3 * 2), 0.5);   // two: reduced
+  EXPECT_DOUBLE_EQ(p.lr_at(5 * 2), 0.5);   // 0.5 improved, then one bad epoch
+  EXPECT_DOUBLE_EQ(p.lr_at(6 * 2), 0.25);  // two
+  p.epoch_metrics.push_back(0.5);
+  EXPECT_DOUBLE_EQ(p.lr_at(7 * 2), 0.25);
+  EXPECT_TRUE(has(error_of([&] { p.lr_at(9 * 2); }), "the metric of epoch 8 is missing"));
+  // metadata round trip, exact
+  Schedule r = schedule_from_metadata(schedule_metadata(p), "test");
+  EXPECT_EQ(r.epoch_metrics, p.epoch_metrics);
+  EXPECT_EQ(r.lr_at(7 * 2), p.lr_at(7 * 2));
+  r = schedule_from_metadata(schedule_metadata(s), "test");
+  for (int64_t k : {0, 1, 7, 99, 12345}) EXPECT_EQ(r.lr_at(k), s.lr_at(k)) << k;
+}
+
+// Pre- and postblocks: parsed in the config's order, the rules and options CREDIT takes, and
+// what wxe refuses (a transform after the scaler) with the block named.
+TEST(CreditConfigRegistry, TransformBlocks) {
+  const std::string blocks =
+      "preblocks:\n"
+      "  fill:\n    type: fill_values\n    args:\n      variables: ['era5/prognostic/2d/SP']\n"
+      "      rules:\n        - {search: nan, fill: 0.0}\n        - {search: 0.0, op: \"<\", fill: 1.0}\n"
+      "  log:\n    type: log_transform\n    args:\n      variables: ['era5/prognostic/3d/T']\n      base: 10\n"
+      "      eps: 1.0e-3\n      data_types: ['input']\n"
+      "  sq:\n    type: sqrt_transform\n    args:\n      variables: 'era5/diagnostic/2d/tp'\n"
+      "  norm:\n";
+  CreditConfig c = read_credit_config(config_with("blocks", {{"preblocks:\n  norm:\n", blocks}}));
+  ASSERT_EQ(c.pre_transforms.size(), 3u);
+  EXPECT_EQ(c.pre_transforms[0].kind, PointTransform::Fill);
+  ASSERT_EQ(c.pre_transforms[0].rules.size(), 2u);
+  EXPECT_TRUE(c.pre_transforms[0].rules[0].nan);
+  EXPECT_EQ(c.pre_transforms[0].rules[1].op, "<");
+  EXPECT_EQ(c.pre_transforms[1].base, 10);
+  EXPECT_EQ(c.pre_transforms[1].eps, 1e-3);
+  EXPECT_EQ(c.pre_transforms[1].data_types, (std::vector<std::string>{"input"}));
+  // a plain string selects nothing in CREDIT (it iterates its characters): the same, said
+  EXPECT_TRUE(any_has(c.warnings, "preblocks.sq.args.variables: 'era5/diagnostic/2d/tp' is a string, not a list"));
+  Era5Data d(c);
+  for (const ChannelInfo& ch : d.target_channels()) EXPECT_TRUE(ch.var != "tp" || ch.pre.empty());
+  for (const ChannelInfo& ch : d.input_channels()) EXPECT_EQ(ch.pre.size(), ch.var == "T" || ch.var == "SP" ? 1u : 0u) << ch.var;
+  for (const ChannelInfo& ch : d.target_channels()) EXPECT_EQ(ch.pre.size(), ch.var == "SP" ? 1u : 0u) << ch.var;
+  const std::string after = "preblocks:\n  norm:\n    type: \"bridgescaler_transform\"\n    args:\n      scaler_path: \"" +
+                            kDir + "/scaler.json\"\n  log:\n    type: log_transform\n    args:\n      variables: []\n";
+  std::string e = error_of([&] {
+    read_credit_config(config_with("after", {{"preblocks:\n  norm:\n    type: \"bridgescaler_transform\"\n    args:\n"
+                                              "      scaler_path: \"" + kDir + "/scaler.json\"\n", after}}));
+  });
+  EXPECT_TRUE(has(e, "preblocks.log: log_transform after the scaler is not implemented")) << e;
+  e = error_of([&] {
+    read_credit_config(config_with("badrule", {{"preblocks:\n  norm:\n", "preblocks:\n  f:\n    type: fill_values\n    args:\n"
+                                                                        "      rules:\n        - {search: 1, op: \"=~\", fill: 0}\n  norm:\n"}}));
+  });
+  EXPECT_TRUE(has(e, "preblocks.f.args.rules[0].op: '=~' is not one of")) << e;
+  e = error_of([&] {
+    read_credit_config(config_with("twin", {{"preblocks:", "postblocks:\n  per_step:\n    rt:\n      type: reconstruct\n"
+                                                           "      args:\n        in_key: y\n        out_key: y_target_processed\n"
+                                                           "preblocks:"}}));
+  });
+  EXPECT_TRUE(has(e, "postblocks.per_step.rt: postblock 'reconstruct' writes the target twin")) << e;
+  // forecast reads the same config: the loss's target twin and the training keys are no error
+  const std::string fc = config_with(
+      "forecast_only", {{"preblocks:", "postblocks:\n  per_step:\n    rt:\n      type: reconstruct\n      args:\n"
+                                       "        in_key: y\n        out_key: y_target_processed\npreblocks:"},
+                        {"grad_max_norm: 1.0", "grad_max_norm: 'whatever'"},
+                        {"training_loss: \"mse\"", "type: base"}});
+  EXPECT_TRUE(has(error_of([&] { read_credit_config(fc); }), "target twin"));
+  EXPECT_EQ(error_of([&] { read_credit_config(fc, /*training=*/false); }), "<no error>");
+}
+
+// The transforms on real reads: input channels through log and fill before the scaler, the
+// targets' postblocks undo them, and a rollout's feedback takes the prediction through the
+// postblocks and back through the input preblocks.
+TEST(CreditTransforms, EraTinyRoundTrips) {
+  const std::string blocks =
+      "postblocks:\n  per_step:\n    rec:\n      type: reconstruct\n"
+      "    ex:\n      type: exp_transform\n      args:\n        variables: ['era5/prognostic/3d/T']\n        eps: 1.0e-3\n"
+      "    sq:\n      type: square_transform\n      args:\n        variables: ['era5/prognostic/2d/SP']\n"
+      "preblocks:\n"
+      "  log:\n    type: log_transform\n    args:\n      variables: ['era5/prognostic/3d/T']\n      eps: 1.0e-3\n"
+      "  sq:\n    type: sqrt_transform\n    args:\n      variables: ['era5/prognostic/2d/SP']\n"
+      "  norm:\n";
+  Era5Data plain(read_credit_config(kDir + "/config.yml"));
+  Era5Data d(read_credit_config(config_with("roundtrip", {{"preblocks:\n  norm:\n", blocks}})));
+  const int64_t t = parse_datetime("2020-12-31T18", "t");
+  Tensor x0 = plain.input(t), x = d.input(t), y = d.target(t), y0 = plain.target(t);
+  const int64_t hw = x.numel() / x.shape[1];
+  for (size_t k = 0; k < d.input_channels().size(); ++k) {
+    const ChannelInfo& c = d.input_channels()[k];
+    for (int64_t i = 0; i < hw; i += 17) {
+      // the physical value from the untransformed read, transformed by the formula, normalised
+      const float phys = x0.data<float>()[k * hw + i] * (float)c.std + (float)c.mean;
+      float want = phys;
+      if (c.var == "T") want = std::log(phys + 1e-3f) - (float)std::log(1e-3);
+      if (c.var == "SP") want = std::sqrt(phys);
+      want = (want - (float)c.mean) / (float)c.std;
+      EXPECT_NEAR(x.data<float>()[k * hw + i], want, 1e-5 * std::fabs(want) + 1e-5) << c.var << " " << i;
+    }
+  }
+  // targets: de-normalised through the postblocks back to the physical values
+  Tensor back = y.clone(), phys = y0.clone();
+  d.denormalise_target(back);
+  plain.denormalise_target(phys);
+  for (int64_t i = 0; i < back.numel(); ++i)
+    // (log T normalised by raw T's statistics is far from 0: float32 keeps ~1e-5 of it)
+    ASSERT_NEAR(back.data<float>()[i], phys.data<float>()[i], 1e-4 * std::fabs(phys.data<float>()[i]) + 1e-4) << i;
+  // rollout: the target as a prediction, fed back, equals the input the data reads at that time
+  Tensor fed = d.prediction_to_input(y);
+  Tensor want = d.input(t);
+  for (int k = 0; k < d.prognostic_channels(); ++k)
+    for (int64_t i = 0; i < hw; ++i)
+      ASSERT_NEAR(fed.data<float>()[k * hw + i], want.data<float>()[k * hw + i], 1e-4) << "channel " << k << " " << i;
+}
+
+// fill_values: every rule matched on the original value, the last match wins, numeric rules never
+// match NaN; NaN left after the blocks is an error naming the variable and the block.
+TEST(CreditTransforms, FillValuesRules) {
+  PointTransform f;
+  f.kind = PointTransform::Fill;
+  f.rules = {{true, "==", 0, -1.0}, {false, "<", 0.0, 0.0}, {false, "<=", -5.0, 7.0}, {false, "==", 2.0, 9.0}};
+  float v[] = {NAN, -1.f, -6.f, 2.f, 3.f};
+  f.apply(v, 5);
+  EXPECT_EQ(v[0], -1.f);  // NaN rule; the numeric ones never match NaN
+  EXPECT_EQ(v[1], 0.f);
+  EXPECT_EQ(v[2], 7.f);   // < 0 and <= -5: the last wins
+  EXPECT_EQ(v[3], 9.f);
+  EXPECT_EQ(v[4], 3.f);
+  PointTransform l;
+  l.kind = PointTransform::Log;
+  l.base = 2;
+  l.eps = 0.5;
+  float w[] = {0.f, 1.5f};
+  l.apply(w, 2);
+  EXPECT_FLOAT_EQ(w[0], 0.f);  // log(0 + eps) - log(eps)
+  EXPECT_FLOAT_EQ(w[1], 2.f);
+  PointTransform e = l;
+  e.kind = PointTransform::Exp;
+  e.apply(w, 2);
+  EXPECT_FLOAT_EQ(w[1], 1.5f);
+  // a log of negative values: NaN after the block, an error naming it
+  const std::string blocks =
+      "preblocks:\n  lg:\n    type: log_transform\n    args:\n      variables: ['era5/static/2d/LSM']\n      eps: 1.0e-30\n"
+      "  sh:\n    type: fill_values\n    args:\n      variables: ['era5/static/2d/LSM']\n"
+      "      rules:\n        - {search: -1.0e30, op: \">\", fill: -7.0}\n"
+      "  lg2:\n    type: log_transform\n    args:\n      variables: ['era5/static/2d/LSM']\n"
+      "  norm:\n";
+  Era5Data d(read_credit_config(config_with("nanlog", {{"preblocks:\n  norm:\n", blocks}})));
+  const std::string err = error_of([&] { d.input(parse_datetime("2020-12-31T18", "t")); });
+  EXPECT_TRUE(has(err, "variable 'LSM'") && has(err, "NaN or inf after preblocks.lg2")) << err;
+}
