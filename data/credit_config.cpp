@@ -259,6 +259,18 @@ struct Reader {
     return strings(n, key);
   }
 
+  // A postblock's type and arguments as one line, to compare the prediction's chain with the twin's.
+  std::string block_line(const std::string& type, const YAML::Node& a) {
+    std::string line = type;
+    if (a && a.IsMap())
+      for (auto it = a.begin(); it != a.end(); ++it) {
+        const std::string k = it->first.as<std::string>();
+        if (k == "key" || k == "in_key" || k == "out_key" || k == "detach") continue;
+        line += " " + k + "=" + (k == "scaler_path" ? path(it->second, "") : YAML::Dump(it->second));
+      }
+    return line;
+  }
+
   PointTransform point_transform(const std::string& type, const std::string& p, const YAML::Node& a, bool pre) {
     PointTransform t;
     t.block = p;
@@ -277,7 +289,7 @@ struct Reader {
         if (d != "input" && d != "target") fail(where(p + ".args.data_types"), ": '", d, "' is not input or target");
     } else {
       const std::string key = get<std::string>(a["key"], p + ".args.key", "y_processed");
-      if (key != "y_processed")
+      if (key != "y_processed" && key != "y_target_processed")
         fail(where(p + ".args.key"), ": '", key, "' (only y_processed: a target twin serves loss.type base, which "
              "wxe does not implement)");
     }
@@ -358,20 +370,24 @@ struct Reader {
         // blocks writing y_target_processed serve loss.type base, which wxe does not implement
         const std::string key = is_map(a, p + ".args") ? get<std::string>(a["key"], p + ".args.key", "y_processed") : "y_processed";
         const std::string out = a && a.IsMap() ? get<std::string>(a["out_key"], p + ".args.out_key", "y_processed") : "y_processed";
-        if (k == "per_step" && type == "reconstruct" && out == "y_processed") {
+        const bool twin = key == "y_target_processed" || out == "y_target_processed";
+        if (twin && !training) continue;  // the loss's target twin: nothing a forecast computes
+        if (k == "per_step" && type == "reconstruct" && (out == "y_processed" || out == "y_target_processed")) {
           known(a, p + ".args.", {"detach", "in_key", "out_key"});
+          if (twin && c->twin_block.empty()) c->twin_block = p;
+        } else if (k == "per_step" && twin && (type == "bridgescaler_transform" || type == "exp_transform" ||
+                                               type == "square_transform")) {
+          if (type != "bridgescaler_transform") point_transform(type, p, a, false);  // its checks
+          c->twin_chain.push_back(block_line(type, a));
         } else if (k == "per_step" && type == "bridgescaler_transform" && key == "y_processed") {
           if (!c->post_transforms.empty())
             fail(where(p), ": the inverse scaler after ", c->post_transforms.back().block,
                  " is not implemented (put exp_transform / square_transform after the scaler)");
           scaler_block(a, p, "inverse_transform", c->post_scaler_json, c->post_scaler_vars, nullptr);
+          c->pred_chain.push_back(block_line(type, a));
         } else if (k == "per_step" && (type == "exp_transform" || type == "square_transform") && key == "y_processed") {
           c->post_transforms.push_back(point_transform(type, p, a, false));
-        } else if ((key == "y_target_processed" || out == "y_target_processed") && !training) {
-          continue;  // the loss's target twin: nothing a forecast computes
-        } else if (key == "y_target_processed" || out == "y_target_processed") {
-          fail(where(p), ": postblock '", type, "' writes the target twin y_target_processed, which only CREDIT's "
-               "loss.type base reads (not implemented: use loss.training_loss with the flat loss keys)");
+          c->pred_chain.push_back(block_line(type, a));
         } else {
           fail(where(p + ".type"), ": postblock '", type, "' is not implemented (per_step: reconstruct, "
                "bridgescaler_transform, exp_transform, square_transform)");
@@ -530,16 +546,92 @@ struct Reader {
     return ls;
   }
 
+  // loss.type base: its args (credit/losses/base.py BaseLoss's constructor arguments)
+  void base_loss(const YAML::Node& l) {
+    known(l, "loss.", {"type", "args"});
+    const YAML::Node a = l["args"];
+    const std::string k = "loss.args.";
+    BaseLossSpec& b = c->base_loss;
+    b.on = true;
+    if (is_map(a, "loss.args")) {
+      known(a, k, {"training_loss", "base_loss_parameters", "validation_loss", "validation_loss_parameters",
+                   "base_loss_overrides", "var_weighting", "scaler_path", "variable_weights", "normalize_weights",
+                   "include_computed_diagnostics", "use_latitude_weights", "latitude_weights"});
+      auto spec = [&](const YAML::Node& name, const YAML::Node& params, const std::string& key) {
+        LossSpec ls;
+        ls.name = get<std::string>(name, key, "mse");
+        static const std::set<std::string> elementwise = {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"};
+        if (!elementwise.count(ls.name))
+          fail(where(key), ": '", ls.name, "' is not implemented as BaseLoss's univariate loss (mse, mae, msle, "
+               "huber, logcosh, xtanh, xsigmoid)");
+        if (is_map(params, key + "_parameters")) {
+          known(params, key + "_parameters.", {"reduction", "delta"});
+          ls.delta = ranged<double>(params["delta"], key + "_parameters.delta", 1.0, 1e-30, 1e30);
+        }
+        return ls;
+      };
+      b.training = spec(a["training_loss"], a["base_loss_parameters"], k + "training_loss");
+      b.has_validation = a["validation_loss"] && !a["validation_loss"].IsNull();
+      if (b.has_validation) b.validation = spec(a["validation_loss"], a["validation_loss_parameters"], k + "validation_loss");
+      const YAML::Node ov = a["base_loss_overrides"];
+      if (is_map(ov, k + "base_loss_overrides"))
+        for (auto it = ov.begin(); it != ov.end(); ++it) {
+          const std::string vk = it->first.as<std::string>(), ok = k + "base_loss_overrides." + vk;
+          is_map(it->second, ok);
+          known(it->second, ok + ".", {"loss", "parameters"});
+          b.overrides[vk] = spec(it->second["loss"], it->second["parameters"], ok + ".loss");
+        }
+      b.weighting = get<std::string>(a["var_weighting"], k + "var_weighting", "inverse_variance");
+      if (b.weighting == "learnable")
+        fail(where(k + "var_weighting"), ": 'learnable' (Kendall-Gal weights trained with the model) is not "
+             "implemented (inverse_variance, manual, none)");
+      if (b.weighting != "inverse_variance" && b.weighting != "manual" && b.weighting != "none")
+        fail(where(k + "var_weighting"), ": '", b.weighting, "' is not one of inverse_variance, manual, none");
+      b.scaler_path = path(a["scaler_path"], k + "scaler_path");
+      if (b.weighting == "inverse_variance" && b.scaler_path.empty())
+        fail(where(k + "scaler_path"), ": missing (var_weighting inverse_variance reads the target variances there)");
+      const YAML::Node vw = a["variable_weights"];
+      if (is_map(vw, k + "variable_weights"))
+        for (auto it = vw.begin(); it != vw.end(); ++it)
+          b.manual[it->first.as<std::string>()] =
+              ranged<double>(it->second, k + "variable_weights." + it->first.as<std::string>(), 1.0, 0, 1e30);
+      b.normalize = get<bool>(a["normalize_weights"], k + "normalize_weights", true);
+      b.use_latitude_weights = get<bool>(a["use_latitude_weights"], k + "use_latitude_weights", false);
+      if (a["latitude_weights"])
+        c->warnings.push_back(where(k + "latitude_weights") +
+                              ": ignored (wxe weighs rows by cos(latitude) of the data's own latitudes)");
+    } else {
+      fail(where("loss.args"), ": missing (loss.type base takes its settings there)");
+    }
+    // the scored prediction and its target twin must come through the same postblocks
+    if (c->twin_block.empty())
+      fail(where("postblocks.per_step"), ": loss.type base needs the target twin: a reconstruct block with in_key y "
+           "and out_key y_target_processed, then the prediction's postblocks again with key y_target_processed");
+    if (c->twin_chain != c->pred_chain)
+      fail(where(c->twin_block), ": the target twin's postblocks (", c->twin_chain.size(),
+           " after reconstruct) differ from the prediction's (", c->pred_chain.size(),
+           "): wxe scores both through the prediction's chain, so they must be the same blocks with the same arguments");
+    c->use_latitude_weights = b.use_latitude_weights;
+    c->training_loss = b.training;
+  }
+
   void loss(const YAML::Node& l) {
     if (!is_map(l, "loss")) return;
     known(l, "loss.", {"training_loss", "validation_loss", "training_loss_parameters", "validation_loss_parameters",
                        "use_latitude_weights", "latitude_weights", "use_variable_weights", "variable_weights",
                        "use_power_loss", "use_spectral_loss", "spectral_lambda_reg", "spectral_wavenum_init", "type",
                        "args"});
-    // CREDIT 2026's loss.type base scores physical-unit postblock outputs: another loss
-    if (l["type"]) fail(where("loss.type"), ": '", printable(get<std::string>(l["type"], "loss.type", "")),
-                        "' (CREDIT 2026's BaseLoss in physical units) is not implemented: use the flat keys "
-                        "loss.training_loss, use_latitude_weights, use_variable_weights");
+    if (l["type"]) {
+      const std::string type = get<std::string>(l["type"], "loss.type", "");
+      if (type != "base")
+        fail(where("loss.type"), ": '", printable(type), "' is not implemented (base, or the flat keys "
+             "loss.training_loss, use_latitude_weights, use_variable_weights)");
+      base_loss(l);
+      return;
+    }
+    if (!c->twin_chain.empty() || !c->twin_block.empty())
+      fail(where(c->twin_block.empty() ? "postblocks" : c->twin_block), ": the target twin y_target_processed "
+           "is read only by CREDIT's loss.type base (this config's loss has the flat keys)");
     c->training_loss = loss_spec(l, "training_loss");
     c->has_validation_loss = (bool)l["validation_loss"];
     if (c->has_validation_loss) c->validation_loss = loss_spec(l, "validation_loss");

@@ -34,14 +34,29 @@ struct PointTransform {
     double search = 0, fill = 0;
   };
   std::vector<Rule> rules;  // Fill: all matched on the original values, the last match wins
-  // y = f(x) on n float32 values in place, as CREDIT's blocks compute on float32 tensors
-  void apply(float* x, int64_t n) const;
+  // y = f(x) on n float32 values in place, as CREDIT's blocks compute on float32 tensors; with d,
+  // also d[i] *= f'(x[i]) (the chain rule through the block)
+  void apply(float* x, int64_t n, float* d = nullptr) const;
 };
 
 // A loss of CREDIT's registry (credit/losses): mse, mae, msle, huber, logcosh, xtanh, xsigmoid.
 struct LossSpec {
   std::string name = "mse";
   double delta = 1.0;  // huber's
+};
+
+// CREDIT 2026's loss.type base (credit/losses/base.py BaseLoss): each target variable scored in
+// physical units (through the postblocks) against the target twin the same postblocks make of the
+// target, per-variable means combined with inverse-variance (or manual, or no) weights.
+struct BaseLossSpec {
+  bool on = false;
+  LossSpec training, validation;
+  bool has_validation = false;
+  std::map<std::string, LossSpec> overrides;  // base_loss_overrides, by variable key
+  std::string weighting = "inverse_variance";  // inverse_variance, manual, none
+  std::string scaler_path;                     // the target variances (inverse_variance)
+  std::map<std::string, double> manual;        // variable_weights, by variable key
+  bool normalize = true, use_latitude_weights = false;
 };
 
 struct CreditConfig {
@@ -98,6 +113,11 @@ struct CreditConfig {
   std::map<std::string, std::vector<double>> variable_weights;  // by variable name: one value, or one per level
   // preblocks before the scaler, postblocks after the inverse scaler, in the config's order
   std::vector<PointTransform> pre_transforms, post_transforms;
+  BaseLossSpec base_loss;
+  // the per_step postblocks after reconstruct, on the prediction and on the target twin
+  // (y_target_processed), each as a line of its type and arguments
+  std::vector<std::string> pred_chain, twin_chain;
+  std::string twin_block;  // the first block of the twin chain, for messages
   std::vector<std::string> warnings;               // unknown keys, one line each
 };
 

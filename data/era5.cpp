@@ -176,6 +176,18 @@ void read_bridgescaler(const std::string& file, const std::vector<std::string>& 
 
 }  // namespace
 
+std::map<std::string, double> scaler_target_variances(const std::string& file) {
+  std::map<std::string, Stats> side[2];
+  read_bridgescaler(file, {}, side);
+  std::map<std::string, double> out;
+  for (const auto& [name, st] : side[1]) {
+    double v = 0;
+    for (double sd : st.second) v += sd * sd;
+    out[name] = v / (double)std::max<size_t>(st.second.size(), 1);
+  }
+  return out;
+}
+
 void Era5Data::load_scaler() {
   // per side (0 input, 1 target) and variable: mean and std per configured level (3D) or one value
   std::map<std::string, Stats> side[2], post[2];
@@ -278,14 +290,16 @@ namespace {
 // float32 element math as torch computes it on CREDIT's float32 tensors (Python floats rounded
 // to float32 where they meet a tensor)
 template <class T>
-void apply_transform(const PointTransform& p, T* x, int64_t n) {
+void apply_transform(const PointTransform& p, T* x, int64_t n, T* d) {
   const T e = (T)p.eps;
   const T le = (T)(p.base == 0 ? std::log(p.eps) : p.base == 2 ? std::log2(p.eps) : std::log10(p.eps));
+  const T ln_b = p.base == 0 ? (T)1 : (T)std::log((double)p.base);
   switch (p.kind) {
     case PointTransform::Fill:
       for (int64_t i = 0; i < n; ++i) {
         const T v = x[i];
         T out = v;
+        bool hit = false;
         for (const PointTransform::Rule& r : p.rules) {  // every rule matched on the original value, the last wins
           bool m;
           if (r.nan) {
@@ -295,42 +309,56 @@ void apply_transform(const PointTransform& p, T* x, int64_t n) {
             m = !std::isnan(v) && (r.op == "==" ? v == s : r.op == "!=" ? v != s : r.op == "<" ? v < s
                                   : r.op == "<=" ? v <= s : r.op == ">" ? v > s : v >= s);
           }
-          if (m) out = (T)r.fill;
+          if (m) {
+            out = (T)r.fill;
+            hit = true;
+          }
         }
         x[i] = out;
+        if (d && hit) d[i] = 0;  // a constant where a rule replaced the value
       }
       break;
     case PointTransform::Log:
       for (int64_t i = 0; i < n; ++i) {
         const T v = x[i] + e;
+        if (d) d[i] *= (T)1 / (v * ln_b);
         x[i] = (p.base == 0 ? std::log(v) : p.base == 2 ? std::log2(v) : std::log10(v)) - le;
       }
       break;
     case PointTransform::Sqrt:
-      for (int64_t i = 0; i < n; ++i) x[i] = std::sqrt(x[i]);
+      for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::sqrt(x[i]);
+        if (d) d[i] *= (T)0.5 / x[i];
+      }
       break;
     case PointTransform::Exp:
       for (int64_t i = 0; i < n; ++i) {
         const T v = x[i] + le;
-        x[i] = (p.base == 0 ? std::exp(v) : p.base == 2 ? std::exp2(v) : std::pow((T)10, v)) - e;
+        const T y = p.base == 0 ? std::exp(v) : p.base == 2 ? std::exp2(v) : std::pow((T)10, v);
+        if (d) d[i] *= y * ln_b;
+        x[i] = y - e;
       }
       break;
     case PointTransform::Square:
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] * x[i];
+      for (int64_t i = 0; i < n; ++i) {
+        if (d) d[i] *= 2 * x[i];
+        x[i] = x[i] * x[i];
+      }
       break;
   }
 }
 }  // namespace
 
-void PointTransform::apply(float* x, int64_t n) const { apply_transform(*this, x, n); }
+void PointTransform::apply(float* x, int64_t n, float* d) const { apply_transform(*this, x, n, d); }
 
 // A target channel's n normalised values to physical units: x * post_std + post_mean, then its
 // postblocks, in float32 as CREDIT's inverse scaler computes with bridgescaler's float32
 // statistics (two roundings: this file is compiled without FMA contraction).
-static void denormalise_channel(const ChannelInfo& c, float* p, int64_t n) {
+static void denormalise_channel(const ChannelInfo& c, float* p, int64_t n, float* d = nullptr) {
   const float s = (float)c.post_std, m = (float)c.post_mean;
   for (int64_t i = 0; i < n; ++i) p[i] = p[i] * s + m;
-  for (const PointTransform* t : c.post) t->apply(p, n);
+  if (d) std::fill(d, d + n, s);
+  for (const PointTransform* t : c.post) t->apply(p, n, d);
 }
 
 Tensor Era5Data::prediction_to_input(const Tensor& y) const {
@@ -529,10 +557,12 @@ void Era5Data::set_forcing(Tensor& x, int64_t t) const {
   read_channels(in_, t, x.data<float>(), "dynamic_forcing");
 }
 
-void Era5Data::denormalise_target(Tensor& y) const {
+void Era5Data::denormalise_target(Tensor& y, Tensor* dy) const {
   WXE_ASSERT(h_ && y.numel() == (int64_t)out_.size() * h_ * w_);
   float* p = y.data<float>();
-  for (size_t k = 0; k < out_.size(); ++k) denormalise_channel(out_[k], p + k * h_ * w_, h_ * w_);
+  if (dy && !(dy->defined() && dy->shape == y.shape && dy->dtype == DType::F32)) *dy = Tensor(DType::F32, y.shape);
+  for (size_t k = 0; k < out_.size(); ++k)
+    denormalise_channel(out_[k], p + k * h_ * w_, h_ * w_, dy ? dy->data<float>() + k * h_ * w_ : nullptr);
 }
 
 void Era5Data::read_metadata(int64_t t) const {

@@ -58,8 +58,9 @@ class Era5Data {
   // Overwrites x's dynamic-forcing channels with time t's (normalised).
   void set_forcing(Tensor& x, int64_t t) const;
   // y (1, C_out, ...) normalised -> physical units (post_mean, post_std, then the post
-  // transforms), in place.
-  void denormalise_target(Tensor& y) const;
+  // transforms), in place; with dy, also d physical / d normalised per element (CREDIT's
+  // BaseLoss differentiates through these postblocks).
+  void denormalise_target(Tensor& y, Tensor* dy = nullptr) const;
   // A prediction's prognostic channels as the next step's input takes them: y itself where the
   // target (postblock) and input statistics agree and no transform applies, else through the
   // postblocks to physical values and the input side's preblocks back, as CREDIT's rollout does
@@ -98,6 +99,10 @@ class Era5Data {
   mutable std::map<std::string, std::unique_ptr<DataFile>> files_;
   mutable std::map<std::string, std::vector<int64_t>> times_;  // file -> its times (s since 1970)
 };
+
+// The target side of a bridgescaler file: each variable's variance, the mean over its levels (CREDIT
+// BaseLoss's inverse-variance weights), by variable name.
+std::map<std::string, double> scaler_target_variances(const std::string& file);
 
 // Training samples over [t0, t1] every timestep: sample i starts at t = t0 + (history_len - 1
 // + i) * dt; input the window ending at t, targets of the forecast_len steps after it,

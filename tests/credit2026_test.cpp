@@ -175,7 +175,7 @@ TEST(Credit2026, HostileConfigValuesNameTheKey) {
       {"learning_rate: 1.0e-4", "learning_rate: .nan", "trainer.learning_rate"},
       {"use_ema: false", "use_ema: true\n  ema_decay: 2", "trainer.ema_decay: 2 is not in"},
       {"forecast_len: 1", "forecast_len: 1\n  valid_forecast_len: 0", "data.valid_forecast_len: 0 is not in"},
-      {"training_loss: \"mse\"", "type: base\n  training_loss: \"mse\"", "loss.type: 'base' (CREDIT 2026's BaseLoss in physical units) is not implemented"},
+      {"training_loss: \"mse\"", "type: base\n  training_loss: \"mse\"", "loss.args: missing (loss.type base takes its settings there)"},
   };
   for (const Case& c : cases) {
     const std::string e = error_of([&] { read_credit_config(config_with("hostile", {{c.from, c.to}})); });

@@ -196,3 +196,62 @@ TEST(CreditGolden, PreAndPostblocksMatchCredit) {
   // ulp grows to 4e-6 of T after the square (1e-6 for the well-scaled channels)
   expect_close(post, read_npy(kReg + "transforms_post.npy"), "postblocks", 1e-5);
 }
+
+// CREDIT 2026's loss.type base on the era5_tiny sample (models/make_credit_baseloss_fixture.py):
+// physical units through the postblocks (scaler, exp, square), inverse-variance and manual
+// weights normalised to mean 1, latitude weights, an mae override for tp; the training value and
+// d loss / d pred back through the postblocks, and the validation criterion's value (huber 0.5).
+TEST(CreditGolden, BaseLossMatchesCredit) {
+  const Json ref = read_json("baseloss.json");
+  const std::string cfg = kReg + "baseloss.yml";
+  FinetuneConfig fc;
+  finetune_from_config(cfg, fc, [](const std::string&) { return false; }, false);
+  ASSERT_TRUE((bool)fc.to_physical);
+  const CreditConfig c = read_credit_config(cfg);
+  ASSERT_TRUE(c.base_loss.on);
+  const Tensor pred = read_npy(kReg + "baseloss_pred.npy"), target = read_npy(kReg + "baseloss_target.npy");
+  LossWeights w;
+  w.lat_weights = latitude_weights(fc.lat);
+  w.channel_weights = fc.channel_weights;
+  Tensor p = pred.clone(), t = target.clone(), d, g;
+  fc.to_physical(p, &d);
+  fc.to_physical(t, nullptr);
+  const double got = weighted_loss(p, t, w, fc.loss, &g, 1.0, fc.channel_losses);
+  const double want = num(*ref.get("training")->get("value"));
+  EXPECT_NEAR(got, want, 1e-5 * want);
+  for (int64_t i = 0; i < g.numel(); ++i) g.data<float>()[i] *= d.data<float>()[i];
+  // per channel within 1e-6 relative L2, but T's two (sqrt(T) normalised by raw T's statistics sits
+  // at -36, where torch's float32 sqrt of the variance, 1 ulp from the correctly rounded one, moves
+  // the physical value by 2e-5 relative: see PreAndPostblocksMatchCredit) within 1e-4
+  const Tensor rg = read_npy(kReg + "baseloss_grad.npy");
+  ASSERT_EQ(rg.shape, g.shape);
+  const int64_t C = g.shape[1], hw = g.numel() / C;
+  for (int64_t ch = 0; ch < C; ++ch) {
+    double dd = 0, rr = 0;
+    for (int64_t i = 0; i < hw; ++i) {
+      const double a = g.data<float>()[ch * hw + i], b = rg.data<float>()[ch * hw + i];
+      dd += (a - b) * (a - b);
+      rr += b * b;
+    }
+    EXPECT_LE(std::sqrt(dd / rr), ch < 2 ? 1e-4 : 1e-6) << "channel " << ch;
+  }
+  // the validation criterion: its loss where no override says otherwise
+  std::vector<LossFunction> per = fc.channel_losses;
+  const LossFunction v = credit_validation_loss(c);
+  for (size_t k = 0; k < per.size(); ++k)
+    if (!c.base_loss.overrides.count(var_key(c.source, Era5Data(c).target_channels()[k]))) per[k] = v;
+  const double vgot = weighted_loss(p, t, w, v, nullptr, 1.0, per);
+  const double vwant = num(*ref.get("validation")->get("value"));
+  EXPECT_NEAR(vgot, vwant, 1e-5 * vwant);
+  // a twin chain that is not the prediction's: an error naming the block
+  std::string text = slurp(cfg);
+  const size_t at = text.find("square_t_target:");
+  ASSERT_NE(at, std::string::npos);
+  text.erase(at, text.find("variables:", at) - at + std::string("variables:").size());
+  text.insert(at, "other:\n      type: bridgescaler_transform\n      args:\n        scaler_path: x.json\n        variables:");
+  const std::string bad = kReg + "baseloss_bad_tmp.yml";
+  spit(bad, text);
+  const std::string e = error_of([&] { read_credit_config(bad); });
+  std::remove(bad.c_str());
+  EXPECT_TRUE(e.find("the target twin's postblocks") != std::string::npos) << e;
+}

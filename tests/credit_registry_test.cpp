@@ -130,7 +130,9 @@ TEST(CreditConfigRegistry, LossSection) {
       {"training_loss: \"mse\"", "training_loss: \"mse\"\n  use_spectral_loss: true", "loss.use_spectral_loss"},
       {"training_loss: \"mse\"", "training_loss: \"mse\"\n  training_loss_parameters: {delta: 2}",
        "only huber takes a delta"},
-      {"training_loss: \"mse\"", "type: base", "use the flat keys"},
+      {"training_loss: \"mse\"", "type: base", "loss.args: missing"},
+      {"training_loss: \"mse\"", "type: gradient", "loss.type: 'gradient' is not implemented"},
+      {"training_loss: \"mse\"", "type: base\n  args: {var_weighting: learnable}", "'learnable'"},
       {"use_ema: false", "use_ema: false\n  ensemble_size: 2", "trainer.ensemble_size: 2 (ensemble training"},
   };
   for (const Case& k : cases) {
@@ -289,14 +291,15 @@ TEST(CreditConfigRegistry, TransformBlocks) {
                                                            "      args:\n        in_key: y\n        out_key: y_target_processed\n"
                                                            "preblocks:"}}));
   });
-  EXPECT_TRUE(has(e, "postblocks.per_step.rt: postblock 'reconstruct' writes the target twin")) << e;
+  EXPECT_TRUE(has(e, "postblocks.per_step.rt: the target twin y_target_processed is read only by CREDIT's loss.type base"))
+      << e;
   // forecast reads the same config: the loss's target twin and the training keys are no error
   const std::string fc = config_with(
       "forecast_only", {{"preblocks:", "postblocks:\n  per_step:\n    rt:\n      type: reconstruct\n      args:\n"
                                        "        in_key: y\n        out_key: y_target_processed\npreblocks:"},
                         {"grad_max_norm: 1.0", "grad_max_norm: 'whatever'"},
                         {"training_loss: \"mse\"", "type: base"}});
-  EXPECT_TRUE(has(error_of([&] { read_credit_config(fc); }), "target twin"));
+  EXPECT_TRUE(has(error_of([&] { read_credit_config(fc); }), "trainer.grad_max_norm"));
   EXPECT_EQ(error_of([&] { read_credit_config(fc, /*training=*/false); }), "<no error>");
 }
 

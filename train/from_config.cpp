@@ -23,6 +23,15 @@ namespace {
 // units, as CREDIT's valid_loss, valid_rmse/<var_key>, valid_bias/<var_key> columns.
 void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneConfig& fc, int L,
                 const LossFunction& vloss) {
+  // BaseLoss validates with its validation loss (or the training one) in physical units, the same
+  // per-variable overrides
+  std::vector<LossFunction> per_channel = fc.channel_losses;
+  if (c.base_loss.on && c.base_loss.has_validation)
+    for (size_t k = 0; k < per_channel.size(); ++k) {
+      auto o = c.base_loss.overrides.find(var_key(c.source, data->target_channels()[k]));
+      if (o == c.base_loss.overrides.end()) per_channel[k] = vloss;
+    }
+  const bool physical = (bool)fc.to_physical;
   std::shared_ptr<SampleSource> vs = open_era5_samples(data, c.valid_start, c.valid_end, L);
   WXE_CHECK(vs->size() > 0, c.file, ": no validation samples of ", L,
             " steps in valid_start_datetime..valid_end_datetime");
@@ -45,7 +54,8 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   const int np = data->prognostic_channels();
   const size_t nv = keys.size();
   fc.validate_every = fc.steps / std::max<int64_t>(1, c.epochs);
-  fc.validate = [vs, data, w, n, L, np, nv, var_of, vloss](const std::function<Tensor(const Tensor&)>& predict) {
+  fc.validate = [vs, data, w, n, L, np, nv, var_of, vloss, per_channel,
+                 physical](const std::function<Tensor(const Tensor&)>& predict) {
     double loss = 0;
     std::vector<double> sq(nv), sum(nv), cnt(nv);
     for (int64_t i = 0; i < n; ++i) {
@@ -57,10 +67,11 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
           feed_back(x, data->prediction_to_input(y), np);
         }
         y = predict(x);
-        loss += weighted_loss(y, s.targets[k], w, vloss);
         Tensor p = y.clone(), t = s.targets[k].clone();
         data->denormalise_target(p);
         data->denormalise_target(t);
+        loss += physical ? weighted_loss(p, t, w, vloss, nullptr, 1.0, per_channel)
+                         : weighted_loss(y, s.targets[k], w, vloss, nullptr, 1.0, per_channel);
         const int64_t hw = p.numel() / p.shape[1];
         for (int64_t ch = 0; ch < p.shape[1]; ++ch)
           for (int64_t j = 0; j < hw; ++j) {
@@ -107,6 +118,10 @@ Schedule credit_schedule(const CreditConfig& c, int64_t accum, int64_t epoch_bat
 }
 
 LossFunction credit_validation_loss(const CreditConfig& c) {
+  if (c.base_loss.on) {
+    const LossSpec& l = c.base_loss.has_validation ? c.base_loss.validation : c.base_loss.training;
+    return loss_function(l.name, l.delta);
+  }
   if (c.has_validation_loss) return loss_function(c.validation_loss.name, c.validation_loss.delta);
   if (c.use_latitude_weights || c.use_variable_weights) return loss_function("mae");
   return loss_function(c.training_loss.name, c.training_loss.delta);
@@ -198,7 +213,58 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     fc.weights = (fs::path(latest) / "model.safetensors").string();
   }
   const LossFunction vloss = credit_validation_loss(c);
-  if (!given("--loss")) {
+  if (!given("--loss") && c.base_loss.on) {
+    // CREDIT's BaseLoss: each target variable's mean loss in physical units, combined with weights
+    // w_v (manual / variance, normalised to mean 1): channel c of variable v weighs
+    // w_v * C / (V * levels_v) in the mean over all elements
+    const BaseLossSpec& b = c.base_loss;
+    const std::vector<ChannelInfo>& tc = data->target_channels();
+    std::map<std::string, double> variances;
+    if (b.weighting == "inverse_variance") variances = scaler_target_variances(b.scaler_path);
+    std::vector<std::string> keys;
+    std::map<std::string, int> levels;
+    for (const ChannelInfo& ch : tc) {
+      const std::string key = var_key(c.source, ch);
+      if (!levels[key]++) keys.push_back(key);
+    }
+    for (const auto& kv : b.manual)
+      WXE_CHECK(levels.count(kv.first), config, ": loss.args.variable_weights.", kv.first,
+                ": no such target variable (keys as ", keys.front(), ")");
+    for (const auto& kv : b.overrides)
+      WXE_CHECK(levels.count(kv.first), config, ": loss.args.base_loss_overrides.", kv.first,
+                ": no such target variable (keys as ", keys.front(), ")");
+    std::map<std::string, double> wv;
+    double sum = 0;
+    for (const std::string& key : keys) {
+      const double manual = b.manual.count(key) ? b.manual.at(key) : 1.0;
+      double w = manual;
+      if (b.weighting == "inverse_variance") {
+        const std::string name = key.substr(key.rfind('/') + 1);
+        if (variances.count(name)) {
+          w = manual / std::max(variances.at(name), 1e-12);
+        } else if (lead) {
+          note("wxe: warning: %s: loss.args.scaler_path %s has no target variance of '%s': weight %g\n",
+               config.c_str(), b.scaler_path.c_str(), key.c_str(), manual);
+        }
+      }
+      wv[key] = w;
+      sum += w;
+    }
+    if (b.normalize && sum > 0)
+      for (auto& kv : wv) kv.second /= sum / (double)keys.size();
+    fc.loss = loss_function(b.training.name, b.training.delta);
+    fc.plain_mse = false;
+    fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
+    fc.channel_weights.clear();
+    fc.channel_losses.clear();
+    for (const ChannelInfo& ch : tc) {
+      const std::string key = var_key(c.source, ch);
+      fc.channel_weights.push_back(wv[key] * (double)tc.size() / ((double)keys.size() * levels[key]));
+      auto o = b.overrides.find(key);
+      fc.channel_losses.push_back(o != b.overrides.end() ? loss_function(o->second.name, o->second.delta) : fc.loss);
+    }
+    fc.to_physical = [data](Tensor& y, Tensor* d) { data->denormalise_target(y, d); };
+  } else if (!given("--loss")) {
     fc.loss = loss_function(c.training_loss.name, c.training_loss.delta);
     fc.plain_mse = !c.use_latitude_weights && !c.use_variable_weights;
     // latitudes at 0 degrees weigh every row 1 (cos(0) normalised)

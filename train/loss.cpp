@@ -101,14 +101,14 @@ const char* loss_name(LossKind k) {
 }
 
 double weighted_loss(const Tensor& pred, const Tensor& target, const LossWeights& w, const LossFunction& f,
-                     Tensor* grad, double grad_scale) {
+                     Tensor* grad, double grad_scale, const std::vector<LossFunction>& per_channel) {
   WXE_CHECK(pred.dtype == DType::F32 && target.dtype == DType::F32, "loss: pred is ", dtype_name(pred.dtype),
             " and target ", dtype_name(target.dtype), ", expected float32");
   WXE_CHECK(pred.shape == target.shape, "loss: pred ", shape_str(pred.shape), " and target ", shape_str(target.shape),
             " differ in shape");
   const int64_t n = pred.numel();
   WXE_CHECK(n > 0, "loss: pred ", shape_str(pred.shape), " is empty");
-  const bool weighted = !w.lat_weights.empty() || !w.channel_weights.empty();
+  const bool weighted = !w.lat_weights.empty() || !w.channel_weights.empty() || !per_channel.empty();
   // Weighted: rows of W elements (pred is (B, C, mid..., H, W)), each with one weight
   // lat[h] * chan[c]. Plain: fixed blocks of weight 1. Either way every row's sum is a
   // partial, summed in order: the same result for any thread count.
@@ -124,6 +124,8 @@ double weighted_loss(const Tensor& pred, const Tensor& target, const LossWeights
               " latitude weights for pred ", shape_str(pred.shape), " with H = ", H);
     WXE_CHECK(w.channel_weights.empty() || (int64_t)w.channel_weights.size() == C, "loss: ", w.channel_weights.size(),
               " channel weights for pred ", shape_str(pred.shape), " with C = ", C);
+    WXE_CHECK(per_channel.empty() || (int64_t)per_channel.size() == C, "loss: ", per_channel.size(),
+              " channel losses for pred ", shape_str(pred.shape), " with C = ", C);
   }
   const int64_t rows = (n + row_len - 1) / row_len;
   auto row_weight = [&](int64_t r) {
@@ -143,7 +145,8 @@ double weighted_loss(const Tensor& pred, const Tensor& target, const LossWeights
   for (int64_t r = 0; r < rows; ++r) {
     const double wr = row_weight(r);
     double s = 0;
-    if (f.kind == LossKind::MSE) {  // the common case, kept a plain loop
+    const LossFunction& fr = per_channel.empty() ? f : per_channel[(r / (H * mid)) % C];
+    if (fr.kind == LossKind::MSE) {  // the common case, kept a plain loop
       for (int64_t j = r * row_len, e = std::min(n, j + row_len); j < e; ++j) {
         const double d = (double)p[j] - (double)t[j];
         s += d * d;
@@ -152,7 +155,7 @@ double weighted_loss(const Tensor& pred, const Tensor& target, const LossWeights
     } else {
       for (int64_t j = r * row_len, e = std::min(n, j + row_len); j < e; ++j) {
         double dp;
-        s += element_loss(f, (double)p[j], (double)t[j], dp);
+        s += element_loss(fr, (double)p[j], (double)t[j], dp);
         if (g) g[j] = (float)(gscale * wr * dp);
       }
     }

@@ -41,8 +41,10 @@ const char* loss_name(LossKind k);
 // writes dloss/dpred (float32, pred's shape; allocated when *grad is not already that) scaled
 // by `grad_scale`; *grad may be pred itself (each element is read before its gradient is
 // written). pred and target are float32.
+// per_channel: channel c's loss (CREDIT's BaseLoss base_loss_overrides); empty: f for all.
 double weighted_loss(const Tensor& pred, const Tensor& target, const LossWeights& w, const LossFunction& f,
-                     Tensor* grad = nullptr, double grad_scale = 1.0);
+                     Tensor* grad = nullptr, double grad_scale = 1.0,
+                     const std::vector<LossFunction>& per_channel = {});
 inline double weighted_mse(const Tensor& pred, const Tensor& target, const LossWeights& w, Tensor* grad = nullptr,
                            double grad_scale = 1.0) {
   return weighted_loss(pred, target, w, LossFunction{}, grad, grad_scale);

@@ -208,7 +208,7 @@ void Trainer::check_same_plan() {
            num(s.gamma), s.plateau_max, s.plateau_abs, num(s.factor), num(s.threshold), s.patience, "/", s.cooldown)},
       {"AdamW's betas, eps or --weight-decay", str(num(a.beta1), num(a.beta2), num(a.eps), num(a.weight_decay))},
       {"--grad-max-norm", str(num(cfg_.grad_max_norm), cfg_.grad_clip_dynamic)}, {"--ema / --ema-decay", str(cfg_.ema, num(cfg_.ema_decay))},
-      {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse, (int)cfg_.loss.kind, num(cfg_.loss.delta))},
+      {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse, (int)cfg_.loss.kind, num(cfg_.loss.delta), cfg_.channel_losses.size(), (bool)cfg_.to_physical)},
       {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device},
       {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}, {"--precision", cfg_.precision},
       {"--sequence-parallel", str(cfg_.sequence_parallel)}};
@@ -290,7 +290,18 @@ StepLog Trainer::step() {
       // rollout step, no backward kernel reading the output), else a tensor of its own
       const bool over = k + 1 == cfg_.forecast_len && !exec_->backward_reads_output(0);
       gout[0] = over ? outs[0] : Tensor(DType::F32, outs[0].shape);
-      loss_sum += weighted_loss(outs[0], s.targets[k], loss_w_, cfg_.loss, &gout[0], 1.0 / cfg_.accum);
+      if (cfg_.to_physical) {  // scored in physical units, the gradient back through the postblocks
+        Tensor p = outs[0].clone(), dp, g;
+        cfg_.to_physical(p, &dp);
+        cfg_.to_physical(s.targets[k], nullptr);
+        loss_sum += weighted_loss(p, s.targets[k], loss_w_, cfg_.loss, &g, 1.0 / cfg_.accum, cfg_.channel_losses);
+        float* go = gout[0].data<float>();
+        const float *a = g.data<float>(), *b = dp.data<float>();
+        for (int64_t i = 0; i < g.numel(); ++i) go[i] = a[i] * b[i];
+      } else {
+        loss_sum += weighted_loss(outs[0], s.targets[k], loss_w_, cfg_.loss, &gout[0], 1.0 / cfg_.accum,
+                                  cfg_.channel_losses);
+      }
       // The backward needs none of the whole-grid tensors the loss read: the target goes, the
       // prediction stays only as the next rollout step's input, and the loss gradient is the
       // executor's (not copied). On every rank each is as large as the model's output.

@@ -57,6 +57,11 @@ struct FinetuneConfig {
   // (a factor norm / (norm + 1e-6)); grad_max_norm is then not used
   bool grad_clip_dynamic = false;
   LossFunction loss;               // the elementwise loss (train/loss.h), weighted as plain_mse says
+  std::vector<LossFunction> channel_losses;  // per output channel (empty: `loss` for all)
+  // Set: the loss scores physical values (CREDIT's loss.type base): prediction and target go
+  // through it (normalised -> physical in place; with the second argument also d physical /
+  // d normalised per element) before the loss, and the gradient comes back through it.
+  std::function<void(Tensor&, Tensor*)> to_physical;
   bool ema = false;
   // "blocks": each attention and feed-forward block's inner activations are recomputed in the
   // backward instead of kept (engine/passes/passes.h checkpoint_segments; on the CPU and devices);
