@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The folders are layers (README "Source layout"): every #include "x/..." of a source file must
+# The folders are layers (docs/internals/layering.md): every #include "x/..." of a source file must
 # name a folder its layer may use. Fails listing each include that reaches up or sideways.
 # Usage: layering_test.sh SOURCE_DIR
 set -u

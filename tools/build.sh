@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Installs what the build needs (Debian 12 packages, via apt, only if missing) and builds
-# wxe and its tests into build/. Usage: tools/build.sh [extra cmake args]
+# into build/: one target when its name comes first (`tools/build.sh wxe`: the command line
+# only), else everything (wxe, the tests, the fuzz binary).
+# Usage: tools/build.sh [TARGET] [extra cmake args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+target=()
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  target=(--target "$1")
+  shift
+fi
 packages=(build-essential cmake libprotobuf-dev protobuf-compiler libonnx-dev libdnnl-dev
           libcli11-dev libgtest-dev zlib1g-dev libopenmpi-dev openmpi-bin
           libplplot-dev plplot-driver-cairo libnetcdf-dev libyaml-cpp-dev
@@ -19,4 +26,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(nproc)" "${target[@]}"
