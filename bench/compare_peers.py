@@ -3,16 +3,16 @@
 
 Usage (the Python peers need the venv described in models/export_credit.py):
 
-    /root/wxe-venv/bin/python bench/compare_peers.py MODEL.onnx INPUT.npy \\
+    $WXE_PYTHON bench/compare_peers.py MODEL.onnx INPUT.npy \\
         [--threads N] [--runs R] [--wxe build/wxe] \\
         [--torch-model {crossformer_tiny,wxformer_tiny,wxformer_v2026}] \\
         [--torch-weights FILE] [--expected Y.npy] [--peers wxe,ort,torch] [--json OUT] [--device cpu|cuda]
         [--wxe-arg=--precision --wxe-arg=bf16 --torch-bf16]   (bf16 on both sides)
 
     e.g. at 1 and 2 threads on the benchmark model:
-    F=/work/shared/fixtures/credit
+    F=${WXE_FIXTURES:-../shared/fixtures/credit}
     for t in 1 2; do
-      /root/wxe-venv/bin/python bench/compare_peers.py $F/wxformer_v2026_snbaked_opset17.onnx \\
+      $WXE_PYTHON bench/compare_peers.py $F/wxformer_v2026_snbaked_opset17.onnx \\
           $F/wxformer_v2026_x.npy --threads $t --torch-model wxformer_v2026 \\
           --expected $F/wxformer_v2026_y.npy
     done

@@ -3,13 +3,13 @@
 
 Usage (the PyTorch side needs the venv described in models/export_credit.py):
 
-    /root/wxe-venv/bin/python bench/compare_train.py \\
+    $WXE_PYTHON bench/compare_train.py \\
         [--models crossformer_tiny,wxformer_tiny,wxformer_v2026] [--threads 1,2] \\
         [--runs R] [--wxe build/wxe] [--engines wxe,torch] [--busy N] [--json OUT]
 
     e.g. the tiny models at 1 and 2 threads, then the benchmark model with fewer runs:
-    /root/wxe-venv/bin/python bench/compare_train.py --models crossformer_tiny,wxformer_tiny
-    /root/wxe-venv/bin/python bench/compare_train.py --models wxformer_v2026 --runs 3
+    $WXE_PYTHON bench/compare_train.py --models crossformer_tiny,wxformer_tiny
+    $WXE_PYTHON bench/compare_train.py --models wxformer_v2026 --runs 3
 
 One training step = forward, loss, backward, global-norm clipping, AdamW step, zero_grad,
 at batch 1. Each engine runs in its own fresh process (one per model and thread count);
@@ -71,9 +71,9 @@ from compare_peers import (  # noqa: E402
     run_child,
 )
 
-FIXTURES = os.environ.get("WXE_FIXTURES", "/work/shared/fixtures/credit")
+FIXTURES = os.environ.get("WXE_FIXTURES", os.path.join(REPO, "..", "shared", "fixtures", "credit"))
 TESTDATA = os.environ.get("WXE_TESTDATA", os.path.join(REPO, "tests", "data"))
-PRODUCTION_DIR = os.environ.get("WXE_PRODUCTION", "/tmp/wxe_production")
+PRODUCTION_DIR = os.environ.get("WXE_PRODUCTION", os.path.join(REPO, "build", "wxe_production"))
 
 # name -> (onnx for wxe, input .npy, checkpoint or None, PyTorch uses spectral norm)
 MODELS = {

@@ -4,7 +4,7 @@ a tiny config, export it with both torch.onnx exporters (TorchScript: dynamo=Fal
 dynamo=True, opset 18), list the op types of each export and compare them with the ONNX ops
 wxe reads (the arity table in importers/onnx/onnx_import.cpp).
 
-    /root/wxe-venv/bin/python models/audit_zoo.py [--types crossformer,nextgen_wxformer] \
+    $WXE_PYTHON models/audit_zoo.py [--types crossformer,nextgen_wxformer] \
         [--out /tmp/zoo] [--json /tmp/zoo/audit.json] [--from-json /tmp/zoo/audit.json]
 
 Prints one Markdown table (model type x exporter -> op types, those wxe lacks in bold) that

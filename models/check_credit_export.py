@@ -27,8 +27,8 @@ nextgen [--wxe build/wxe] [--mpirun mpirun]
     the scheduler's state equals a LinearWarmupCosineScheduler stepped as often, the optimizer
     takes a step. With --mpirun the same run at tp 2 converts and loads too.
 
-    /work/venv/bin/python models/check_credit_export.py roundtrip crossformer_tiny
-    /work/venv/bin/python models/check_credit_export.py nextgen
+    $WXE_PYTHON models/check_credit_export.py roundtrip crossformer_tiny
+    $WXE_PYTHON models/check_credit_export.py nextgen
 """
 import argparse
 import os

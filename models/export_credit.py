@@ -9,21 +9,22 @@ tested against the op sets newer exporters emit.
 Setup (a venv OUTSIDE the repository; PyPI only; torch pulls several GB of
 CUDA wheels even on a CPU-only machine, which is fine outside the repo):
 
-    python3 -m venv /root/wxe-venv
-    /root/wxe-venv/bin/pip install torch onnx onnxruntime onnxscript safetensors numpy \
+    python3 -m venv "$WXE_VENV"      # e.g. WXE_VENV=../wxe-venv, beside the checkout
+    "$WXE_VENV"/bin/pip install torch onnx onnxruntime onnxscript safetensors numpy \
         einops pyyaml xarray pandas cftime torchvision torch-harmonics \
         segmentation-models-pytorch
     # miles-credit's declared deps (cartopy, pygrib, zarr, ...) are not needed to
     # build the models; install it without them:
-    /root/wxe-venv/bin/pip install --no-deps miles-credit
+    "$WXE_VENV"/bin/pip install --no-deps miles-credit
+    export WXE_PYTHON="$WXE_VENV"/bin/python   # the Python every script's usage line names
 
 Run (from the repository root):
 
-    /root/wxe-venv/bin/python models/export_credit.py                  # the set kept in tests/data
-    /root/wxe-venv/bin/python models/export_credit.py --all --out /tmp/x  # also wxformer_tiny/ts
-    /root/wxe-venv/bin/python models/export_credit.py --models wxformer_tiny --exporters ts
-    /root/wxe-venv/bin/python models/export_credit.py --report /tmp/exports.md
-    /root/wxe-venv/bin/python models/export_credit.py --analyze-only  # re-analyse existing files
+    $WXE_PYTHON models/export_credit.py                  # the set kept in tests/data
+    $WXE_PYTHON models/export_credit.py --all --out /tmp/x  # also wxformer_tiny/ts
+    $WXE_PYTHON models/export_credit.py --models wxformer_tiny --exporters ts
+    $WXE_PYTHON models/export_credit.py --report /tmp/exports.md
+    $WXE_PYTHON models/export_credit.py --analyze-only  # re-analyse existing files
 
 Outputs, in --out (default tests/data):
 

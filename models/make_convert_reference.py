@@ -14,7 +14,7 @@ tests/data/crossformer_tiny_seed1_snbaked.onnx: a graph from one initialization 
 the fixture checkpoint's weights, must give the checkpoint's outputs.
 
 Run with the venv described in models/export_credit.py:
-    /root/wxe-venv/bin/python models/make_convert_reference.py [--fixtures ../shared/fixtures/credit]
+    $WXE_PYTHON models/make_convert_reference.py [--fixtures ../shared/fixtures/credit]
 """
 import argparse
 import os

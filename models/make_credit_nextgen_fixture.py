@@ -20,7 +20,7 @@ Writes tests/data/credit_nextgen/:
                     spectral-norm Linear: "param.K.NAME" (the parameters after update K, K = 0
                     the start) and "shadow.K.NAME" (the tracker's shadow after update K)
 
-    /work/venv/bin/python models/make_credit_nextgen_fixture.py
+    $WXE_PYTHON models/make_credit_nextgen_fixture.py
 Checked by `models/check_credit_export.py nextgen` (by hand: it needs torch and CREDIT).
 """
 import json

@@ -7,7 +7,7 @@ in eval mode after three train-mode forwards, as a trained checkpoint has it).
 
 Small: dim (8, 16, 32, 64), dim_head 4, depth (1, 1, 1, 1), 64x64 grid, padding 16/16 (96x96 padded).
 Writes tests/data/wxformer_mirror.onnx, wxformer_mirror_x.npy, _y.npy.
-    /work/venv/bin/python models/make_domain_fixture.py
+    $WXE_PYTHON models/make_domain_fixture.py
 """
 import os
 import warnings

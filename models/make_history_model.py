@@ -10,7 +10,7 @@ exporter (opset 17); onnxruntime checks the export against PyTorch.
 Outputs in tests/data/era5_tiny/: model_history2.onnx, model_history2_x.npy (torch.randn,
 seed 0), model_history2_y.npy (PyTorch eval output).
 
-Usage (venv of models/export_credit.py): /root/wxe-venv/bin/python models/make_history_model.py
+Usage (venv of models/export_credit.py): $WXE_PYTHON models/make_history_model.py
 """
 import os
 import sys

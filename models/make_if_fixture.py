@@ -7,7 +7,7 @@ production grid. wxe folds that If once the input shape is bound.
 
 Small: dim (4, 8, 16, 32), dim_head 4, depth 1, no spectral norm, 32x64 grid, padding 16/16.
 Writes tests/data/crossformer_mirror_if.onnx, crossformer_mirror_if_x.npy, _y.npy.
-    /root/wxe-venv/bin/python models/make_if_fixture.py
+    $WXE_PYTHON models/make_if_fixture.py
 """
 import collections
 import os

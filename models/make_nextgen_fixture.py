@@ -6,7 +6,7 @@ TorchScript exporter. dim 32, dim_head 8 (4 heads), windows 2, batch 2, 8x8 grid
 
 Writes tests/data/nextgen_block.onnx, nextgen_block_x.npy, nextgen_block_y.npy and
 nextgen_block.safetensors (its state dict: names as CREDIT writes them).
-    /root/wxe-venv/bin/python models/make_nextgen_fixture.py
+    $WXE_PYTHON models/make_nextgen_fixture.py
 """
 import os
 import warnings

@@ -7,7 +7,7 @@ spectral norm (the fixture tests the ops and the plan, not the norm), seed 0, ev
 
 Writes tests/data/nextgen_model_ts.onnx, nextgen_model_dynamo.onnx, nextgen_model_x.npy,
 nextgen_model_y.npy.
-    /root/wxe-venv/bin/python models/make_nextgen_model_fixture.py [--no-dynamo]
+    $WXE_PYTHON models/make_nextgen_model_fixture.py [--no-dynamo]
 """
 import collections
 import os

@@ -12,18 +12,19 @@ for wxformer_v2026 in bench/compare_train.py); random weights, torch.manual_seed
 The files are about 1 GB: they are generated, never committed. Run (the venv of
 models/export_credit.py; about 3 minutes and 8 GB on 2 cores):
 
-    /root/wxe-venv/bin/python models/make_production_model.py --out /tmp/wxe_production
+    $WXE_PYTHON models/make_production_model.py [--out DIR]
 
-Outputs in --out:
+Outputs in --out (default $WXE_PRODUCTION, else build/wxe_production, where
+bench/compare_train.py looks for them):
 
     crossformer_640.onnx   torch.onnx.export (TorchScript exporter, opset 17), weights inside
     crossformer_640_x.npy  float32 input (1, 74, 1, 640, 1280), torch.manual_seed(1) randn
 
 Then, e.g. (checkpointing on is CREDIT's default):
 
-    build/wxe bench /tmp/wxe_production/crossformer_640.onnx --input /tmp/wxe_production/crossformer_640_x.npy \\
+    build/wxe bench build/wxe_production/crossformer_640.onnx --input build/wxe_production/crossformer_640_x.npy \\
         --train --runs 1 --threads 2
-    WXE_PRODUCTION=/tmp/wxe_production /root/wxe-venv/bin/python bench/compare_train.py \\
+    $WXE_PYTHON bench/compare_train.py \\
         --models crossformer_640 --threads 2 --runs 1 --checkpoint
 """
 
@@ -45,7 +46,8 @@ STEMS = {"crossformer_640": "crossformer_640", "wxformer_v2026": "wxformer_v2026
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.environ.get("WXE_PRODUCTION", "/tmp/wxe_production"))
+    p.add_argument("--out", default=os.environ.get("WXE_PRODUCTION", os.path.join(os.path.dirname(HERE), "build",
+                                                                                  "wxe_production")))
     p.add_argument("--model", choices=sorted(STEMS), default="crossformer_640",
                    help="wxformer_v2026: the 1-degree WXFormer with random weights (for a machine "
                    "without shared/fixtures; compare_train.py reads it with WXE_FIXTURES=OUT)")

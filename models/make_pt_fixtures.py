@@ -5,7 +5,7 @@ tests/safetensors_test.cpp. PyTorch is the oracle: every expected value comes fr
 Run from the repository root with a Python that has torch, numpy and safetensors
 (e.g. the venv described in models/export_credit.py):
 
-    /root/wxe-venv/bin/python models/make_pt_fixtures.py [--out tests/data/pt]
+    $WXE_PYTHON models/make_pt_fixtures.py [--out tests/data/pt]
 
 Outputs (all tiny, a few kilobytes each), in --out:
 

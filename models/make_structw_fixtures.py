@@ -17,7 +17,7 @@ trainer format: torch.save({"model_state_dict": state_dict})) holds other weight
 and `*_y.npy` is model B's output on `*_x.npy`: a test that loads the checkpoint and matches y
 has put every tensor of B where it belongs (the export's own values would give another y).
 
-    /root/wxe-venv/bin/python models/make_structw_fixtures.py [--extra DIR]
+    $WXE_PYTHON models/make_structw_fixtures.py [--extra DIR]
 
 --extra DIR writes, instead, the same models through the other exporter (and a wxformer) to
 DIR, for checking by hand: `wxe infer DIR/NAME.onnx -i DIR/NAME_x.npy -w DIR/NAME_checkpoint.pt

@@ -7,7 +7,7 @@ activations at the scale of a trained model.
 Writes tests/data/crossformer_tp_snbaked.onnx (TorchScript exporter, opset 17, dynamic batch),
 tests/data/crossformer_tp_x.npy (2, 7, 1, 32, 64) and tests/data/crossformer_tp_y.npy
 (PyTorch eval output). Run with the venv of models/export_credit.py:
-    /root/wxe-venv/bin/python models/make_tp_fixture.py
+    $WXE_PYTHON models/make_tp_fixture.py
 """
 import os
 import sys

@@ -7,10 +7,10 @@ models/export_credit.py) and writes small fixtures into tests/data/train/.
 
 Run (from the repository root; ~1.5 min on one core, ~3.5 min with --check):
 
-    /root/wxe-venv/bin/python models/make_train_fixtures.py            # writes tests/data/train
-    /root/wxe-venv/bin/python models/make_train_fixtures.py --check    # + rerun into a temp dir,
-                                                                       #   compare bytes
-    /root/wxe-venv/bin/python models/make_train_fixtures.py --traj-models crossformer_tiny,wxformer_tiny
+    $WXE_PYTHON models/make_train_fixtures.py            # writes tests/data/train
+    $WXE_PYTHON models/make_train_fixtures.py --check    # + rerun into a temp dir,
+                                                         #   compare bytes
+    $WXE_PYTHON models/make_train_fixtures.py --traj-models crossformer_tiny,wxformer_tiny
 
 Made with torch 2.15.0 (CPU), miles-credit 2026.2.0, safetensors 0.8.0, numpy 2.4.6
 (torch-harmonics 0.9.3: the 0.9.1 wheel does not load under torch 2.15). The script runs
@@ -185,7 +185,8 @@ GRAD_MAX_NORM = 1.0
 # Extra run whose clipping is active (see Part 2b in the docstring).
 TRAJ_CLIP_MODEL, TRAJ_CLIP_NORM, TRAJ_CLIP_TAG = "crossformer_tiny", 0.3, "_clip0.3"
 
-ONNX_SRC = "/work/shared/fixtures/credit/wxformer_tiny_opset17.onnx"
+# the exported tiny WXFormer (the same file as the shared fixtures' wxformer_tiny_opset17.onnx)
+ONNX_SRC = os.path.join(REPO, "tests", "data", "wxformer_tiny_opset17.onnx")
 
 
 # --------------------------------------------------------------------------- pieces

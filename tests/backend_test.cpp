@@ -16,6 +16,7 @@
 #include "engine/io/npy.h"
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
+#include "tests/fixtures.h"
 #include "tests/grad_check.h"
 #include "tests/host_backend.h"
 #include "tests/test_util.h"
@@ -386,13 +387,11 @@ std::vector<ModelCase> credit_models() {
     m.x = data_path(m.x);
     m.y = data_path(m.y);
   }
-  std::vector<std::string> dirs = {data_path("../shared/fixtures/credit/"), "/work/shared/fixtures/credit/"};
-  if (const char* env = std::getenv("WXE_FIXTURES")) dirs.insert(dirs.begin(), std::string(env) + "/");
-  for (auto& d : dirs)
-    if (std::filesystem::exists(d + "wxformer_v2026_snbaked_opset17.onnx")) {
-      r.push_back({d + "wxformer_v2026_snbaked_opset17.onnx", d + "wxformer_v2026_x.npy", d + "wxformer_v2026_y.npy"});
-      break;
-    }
+  // the benchmark-size model where the CREDIT fixtures outside the repository are ($WXE_FIXTURES)
+  if (credit_fixtures_present({"wxformer_v2026_snbaked_opset17.onnx", "wxformer_v2026_x.npy", "wxformer_v2026_y.npy"})) {
+    const std::string d = credit_fixtures_dir();
+    r.push_back({d + "wxformer_v2026_snbaked_opset17.onnx", d + "wxformer_v2026_x.npy", d + "wxformer_v2026_y.npy"});
+  }
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include "engine/io/npy.h"
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
+#include "tests/fixtures.h"
 #include "tests/test_util.h"
 
 using namespace wxe;
@@ -110,16 +111,13 @@ TEST(EndToEnd, PyTorch2Exports) {
   EXPECT_GE(n, 1) << "no PyTorch 2.x exports in tests/data";
 }
 
-// The benchmark-size model, from the shared fixtures when present: $WXE_FIXTURES, or
-// ../shared/fixtures/credit beside the checkout, or /work/shared/fixtures/credit (a user's
-// clone has none of them: skipped).
+// The benchmark-size model, from the CREDIT fixtures outside the repository when present
+// ($WXE_FIXTURES, tests/fixtures.h; a user's clone has none: skipped, naming the variable).
 TEST(EndToEnd, WxformerV2026) {
-  std::vector<std::string> dirs = {data_path("../shared/fixtures/credit/"), "/work/shared/fixtures/credit/"};
-  if (const char* env = std::getenv("WXE_FIXTURES")) dirs.insert(dirs.begin(), std::string(env) + "/");
-  std::string dir;
-  for (auto& d : dirs)
-    if (dir.empty() && std::filesystem::exists(d + "wxformer_v2026_snbaked_opset17.onnx")) dir = d;
-  if (dir.empty()) GTEST_SKIP() << "no shared fixtures";
+  const std::string onnx = "wxformer_v2026_snbaked_opset17.onnx";
+  if (!credit_fixtures_present({onnx, "wxformer_v2026_x.npy", "wxformer_v2026_y.npy"}))
+    GTEST_SKIP() << credit_fixture_skip(onnx);
+  const std::string dir = credit_fixtures_dir();
   Tensor y = run_model(dir + "wxformer_v2026_snbaked_opset17.onnx", dir + "wxformer_v2026_x.npy", KernelKind::Fast);
   Tensor ref = read_npy(dir + "wxformer_v2026_y.npy");
   EXPECT_LE(rel_l2(y, ref), 1e-5);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "engine/io/npy.h"
+#include "tests/fixtures.h"
 #include "tests/test_util.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "importers/torch/zip.h"
@@ -388,11 +389,13 @@ TEST(TorchCheckpoint, MutationFuzzNeverCrashes) {
   EXPECT_GT(errors, 0);
 }
 
-// The real CREDIT checkpoints (shared fixtures), when present.
+// The real CREDIT checkpoints (the CREDIT fixtures outside the repository, $WXE_FIXTURES), when
+// present.
 void check_real(const std::string& model) {
-  std::string dir = "/work/shared/fixtures/credit/";
+  const std::string dir = credit_fixtures_dir();
   std::string ckpt = dir + model + "_checkpoint.pt", keys = dir + model + "_state_dict_keys.txt";
-  if (!std::filesystem::exists(ckpt) || !std::filesystem::exists(keys)) GTEST_SKIP() << ckpt << " not present";
+  if (!credit_fixtures_present({model + "_checkpoint.pt", model + "_state_dict_keys.txt"}))
+    GTEST_SKIP() << credit_fixture_skip(model + "_checkpoint.pt");
   std::vector<std::string> other;
   StateDict sd = read_torch_state_dict(ckpt, &other);
   EXPECT_NE(std::find(other.begin(), other.end(), "optimizer_state_dict"), other.end());

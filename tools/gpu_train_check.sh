@@ -3,7 +3,7 @@
 # v2026 training step profile and memory (with and without checkpointing), and one training
 # step against PyTorch on the GPU for the tiny models and v2026 (bench/compare_train.py
 # --device cuda). Stage first, here: tools/gpu_stage.sh .dev; tools/credit_stub.sh .credstub
-# /root/wxe-venv/bin/python; copy this script to .dev/; then run `bash .dev/gpu_train_check.sh`
+# $WXE_PYTHON; copy this script to .dev/; then run `bash .dev/gpu_train_check.sh`
 # there with .dev and .credstub carried. Logs and JSON go to $OUT. The working tree that travels
 # must stay under 64 MiB: move tests/data and models/wxformer_tiny out of it (and `git rm -r
 # --cached` them) for the call, and back after; this script links the staged copies in.
