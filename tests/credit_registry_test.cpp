@@ -9,10 +9,13 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <sstream>
 
 #include "data/credit_config.h"
 #include "data/era5.h"
 #include "test_util.h"
+#include "train/finetune.h"
+#include "train/from_config.h"
 #include "train/loss.h"
 #include "train/optim.h"
 
@@ -382,4 +385,58 @@ TEST(CreditTransforms, FillValuesRules) {
   Era5Data d(read_credit_config(config_with("nanlog", {{"preblocks:\n  norm:\n", blocks}})));
   const std::string err = error_of([&] { d.input(parse_datetime("2020-12-31T18", "t")); });
   EXPECT_TRUE(has(err, "variable 'LSM'") && has(err, "NaN or inf after preblocks.lg2")) << err;
+}
+
+// A plateau schedule in a fine-tuning run: each epoch's validation loss (training_log.csv) steps it
+// at the epoch's end, as CREDIT's trainer; a run resumed mid-way keeps the metrics it had seen
+// (the checkpoint holds them) and logs the same learning rates.
+TEST(CreditSchedules, PlateauFollowsTheValidationLossAndResumes) {
+  const std::string plateau =
+      "use_scheduler: true\n  scheduler:\n    scheduler_type: plateau\n    factor: 0.5\n    patience: 0\n"
+      "    threshold: 0.5\n  use_ema";  // patience 0, a 50 % threshold: every epoch that is not far better halves
+  const std::string cfg = config_with("plateau_run", {{"use_ema", plateau}, {"epochs: 1", "epochs: 3"}});
+  auto run = [&](const std::string& save, int64_t steps, bool resume) {
+    FinetuneConfig fc;
+    fc.model = data_path("models/wxformer_tiny/model.onnx");
+    fc.save = save;
+    fc.steps = steps;
+    fc.resume = resume;
+    fc.progress = false;
+    finetune_from_config(cfg, fc, [](const std::string& f) { return f == "--save" || f == "--steps" || f == "--resume"; },
+                         true);
+    EXPECT_EQ(fc.schedule.kind, ScheduleKind::Plateau);
+    fc.validate_every = 2;  // an epoch is 2 steps (batches_per_epoch), also when --steps cuts the run short
+    EXPECT_EQ(run_finetune(fc), 0);
+    return fc;
+  };
+  auto column = [](const std::string& log, int col) {
+    std::vector<std::string> out;
+    std::istringstream in(slurp(log));
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::string cell;
+      std::istringstream ls(line);
+      for (int i = 0; i <= col; ++i) std::getline(ls, cell, ',');
+      out.push_back(cell);
+    }
+    return out;
+  };
+  const std::string a = tmp_path("plateau_a"), b = tmp_path("plateau_b");
+  fs::remove_all(a);
+  fs::remove_all(b);
+  const FinetuneConfig fc = run(a, 6, false);
+  const std::vector<std::string> lr = column(a + "/training_log.csv", 2), valid = column(a + "/training_log.csv", 6);
+  ASSERT_EQ(lr.size(), 6u);
+  // the schedule replayed on the logged validation losses of epochs 1 and 2
+  Schedule s = fc.schedule;
+  s.epoch_metrics = {std::stod(valid[1]), std::stod(valid[3])};
+  for (int64_t k = 0; k < 6; ++k) EXPECT_DOUBLE_EQ(std::stod(lr[k]), s.lr_at(k)) << "step " << k + 1;
+  EXPECT_EQ(std::stod(lr[0]), 1e-4);
+  // resumed from step 3 (mid-epoch 2): the same learning rates
+  run(b, 3, false);
+  run(b, 6, true);
+  EXPECT_EQ(column(b + "/training_log.csv", 2), lr);
+  fs::remove_all(a);
+  fs::remove_all(b);
 }
