@@ -121,7 +121,7 @@ struct Reader {
     return fs::path(p).is_absolute() ? p : (fs::path(c->dir) / p).lexically_normal().string();
   }
 
-  void group(const YAML::Node& n, const std::string& key, VarGroup& g) {
+  void group(const YAML::Node& n, const std::string& key, VarGroup& g, bool files = true) {
     if (!is_map(n, key)) return;
     known(n, key + ".", {"vars_3D", "vars_2D", "path", "filename_time_format"});
     g.vars_3D = strings(n["vars_3D"], key + ".vars_3D");
@@ -135,7 +135,7 @@ struct Reader {
       if (star == std::string::npos) fail(where(key + ".filename_time_format"), ": the path has no '*' to put it in");
       g.path.replace(star, 1, tf + "*");  // era5_* -> era5_%Y*: era5_2020.nc
     }
-    if (!g.empty() && g.path.empty()) fail(where(key + ".path"), ": missing");
+    if (files && !g.empty() && g.path.empty()) fail(where(key + ".path"), ": missing");
   }
 
   void data(const YAML::Node& d) {
@@ -145,32 +145,62 @@ struct Reader {
                        "mean_path", "std_path", "scaler_path"});
     const YAML::Node src = d["source"];
     if (!src || !src.IsMap() || src.size() == 0) fail(where("data.source"), ": missing");
-    if (src.size() != 1)
-      fail(where("data.source"), ": ", src.size(), " sources; wxe reads one (several sources are not implemented)");
-    c->source = src.begin()->first.as<std::string>();
-    const std::string p = "data.source." + c->source;
-    const YAML::Node s = src.begin()->second;
-    is_map(s, p);
-    known(s, p + ".", {"dataset_type", "level_coord", "levels", "variables", "history_len", "grid_type"});
-    c->dataset_type = get<std::string>(s["dataset_type"], p + ".dataset_type", "local");
-    if (c->dataset_type != "local")
-      fail(where(p + ".dataset_type"), ": '", c->dataset_type, "' is not implemented (wxe reads 'local' netCDF/zarr files)");
-    c->level_coord = get<std::string>(s["level_coord"], p + ".level_coord", "level");
-    c->levels = get<std::vector<double>>(s["levels"], p + ".levels", {});
-    for (double l : c->levels)
-      if (!std::isfinite(l)) fail(where(p + ".levels"), ": ", l, " is not a level");
-    const YAML::Node v = s["variables"];
-    is_map(v, p + ".variables");
-    known(v, p + ".variables.", {"prognostic", "diagnostic", "dynamic_forcing", "static"});
-    group(v["prognostic"], p + ".variables.prognostic", c->prognostic);
-    group(v["diagnostic"], p + ".variables.diagnostic", c->diagnostic);
-    group(v["dynamic_forcing"], p + ".variables.dynamic_forcing", c->dynamic_forcing);
-    group(v["static"], p + ".variables.static", c->statics);
-    if (c->prognostic.empty()) fail(where(p + ".variables.prognostic"), ": no variables");
-    const bool any3d = !c->prognostic.vars_3D.empty() || !c->diagnostic.vars_3D.empty() ||
-                       !c->dynamic_forcing.vars_3D.empty() || !c->statics.vars_3D.empty();
-    if (any3d && c->levels.empty()) fail(where(p + ".levels"), ": 3D variables need a list of levels");
-    c->history_len = get<int>(s["history_len"], p + ".history_len", get<int>(d["history_len"], "data.history_len", 1));
+    int history = 0;  // a source's own history_len (CREDIT reads the first's)
+    std::map<std::string, std::string> var_source;
+    for (auto it = src.begin(); it != src.end(); ++it) {
+      SourceConfig sc;
+      sc.name = it->first.as<std::string>();
+      const std::string p = "data.source." + sc.name;
+      const YAML::Node s = it->second;
+      is_map(s, p);
+      sc.dataset_type = get<std::string>(s["dataset_type"], p + ".dataset_type", "local");
+      if (sc.dataset_type == "tisr") {
+        known(s, p + ".", {"dataset_type", "variables", "num_integration_steps", "lat_spec", "lon_spec",
+                           "latlon_grid_path", "tsi_source", "integration_period", "history_len"});
+        for (auto jt = s.begin(); jt != s.end(); ++jt) {
+          const std::string k = jt->first.as<std::string>();
+          if (k == "variables" || k == "dataset_type") continue;
+          sc.args[k] = k == "latlon_grid_path" ? path(jt->second, p + "." + k) : YAML::Dump(jt->second);
+        }
+      } else if (sc.dataset_type == "local") {
+        known(s, p + ".", {"dataset_type", "level_coord", "levels", "variables", "history_len", "grid_type"});
+      } else {
+        fail(where(p + ".dataset_type"), ": '", sc.dataset_type, "' is not implemented (local netCDF/zarr files, and "
+             "tisr; for ", sc.dataset_type, " data, convert it to files per year and use 'local')");
+      }
+      sc.level_coord = get<std::string>(s["level_coord"], p + ".level_coord", "level");
+      sc.levels = get<std::vector<double>>(s["levels"], p + ".levels", {});
+      for (double l : sc.levels)
+        if (!std::isfinite(l)) fail(where(p + ".levels"), ": ", l, " is not a level");
+      const YAML::Node v = s["variables"];
+      is_map(v, p + ".variables");
+      known(v, p + ".variables.", {"prognostic", "diagnostic", "dynamic_forcing", "static"});
+      group(v["prognostic"], p + ".variables.prognostic", sc.prognostic, sc.dataset_type == "local");
+      group(v["diagnostic"], p + ".variables.diagnostic", sc.diagnostic, sc.dataset_type == "local");
+      group(v["dynamic_forcing"], p + ".variables.dynamic_forcing", sc.dynamic_forcing, sc.dataset_type == "local");
+      group(v["static"], p + ".variables.static", sc.statics, sc.dataset_type == "local");
+      if (sc.dataset_type == "tisr" &&
+          (!sc.prognostic.empty() || !sc.diagnostic.empty() || !sc.statics.empty() || !sc.dynamic_forcing.vars_3D.empty() ||
+           sc.dynamic_forcing.vars_2D.size() != 1))
+        fail(where(p + ".variables"), ": a tisr source has one 2D dynamic_forcing variable and nothing else");
+      const bool any3d = !sc.prognostic.vars_3D.empty() || !sc.diagnostic.vars_3D.empty() ||
+                         !sc.dynamic_forcing.vars_3D.empty() || !sc.statics.vars_3D.empty();
+      if (any3d && sc.levels.empty()) fail(where(p + ".levels"), ": 3D variables need a list of levels");
+      for (const VarGroup* g : {&sc.prognostic, &sc.diagnostic, &sc.dynamic_forcing, &sc.statics})
+        for (const auto* vars : {&g->vars_3D, &g->vars_2D})
+          for (const std::string& var : *vars) {
+            auto [at, fresh] = var_source.emplace(var, sc.name);
+            if (!fresh && at->second != sc.name)
+              fail(where(p + ".variables"), ": variable '", var, "' is also in source ", at->second,
+                   " (a variable name in several sources is not implemented)");
+          }
+      if (s["history_len"] && !history) history = get<int>(s["history_len"], p + ".history_len", 1);
+      c->sources.push_back(std::move(sc));
+    }
+    bool prognostic = false;
+    for (const SourceConfig& sc : c->sources) prognostic = prognostic || !sc.prognostic.empty();
+    if (!prognostic) fail(where("data.source"), ": no source has prognostic variables");
+    c->history_len = history ? history : get<int>(d["history_len"], "data.history_len", 1);
     if (c->history_len < 1 || c->history_len > 1000)
       fail(where("data.history_len"), ": ", c->history_len, " is not in [1, 1000]");
     if (d["valid_history_len"] && get<int>(d["valid_history_len"], "data.valid_history_len", 1) != c->history_len)

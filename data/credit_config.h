@@ -59,13 +59,20 @@ struct BaseLossSpec {
   bool normalize = true, use_latitude_weights = false;
 };
 
-struct CreditConfig {
-  std::string file, dir;                 // the config file and its folder
-  std::string source = "era5";           // data.source's one key
+// data.source.<name>: one source of variables (CREDIT's gen2 dataset types local and tisr).
+struct SourceConfig {
+  std::string name = "era5";
   std::string dataset_type = "local";
   std::string level_coord = "level";
-  std::vector<double> levels;            // level coordinate values selected for 3D variables
+  std::vector<double> levels;  // level coordinate values selected for 3D variables
   VarGroup prognostic, diagnostic, dynamic_forcing, statics;
+  // dataset_type tisr (computed top-of-atmosphere solar radiation): its arguments as given
+  std::map<std::string, std::string> args;
+};
+
+struct CreditConfig {
+  std::string file, dir;                 // the config file and its folder
+  std::vector<SourceConfig> sources;     // data.source, in the config's order (CREDIT's channel order)
   int64_t start = 0, end = 0;            // data.start_datetime / end_datetime, seconds since 1970 (UTC)
   int64_t valid_start = 0, valid_end = 0;  // data.valid_start/end_datetime; 0: no validation
   int64_t timestep = 6 * 3600;           // data.timestep, seconds

@@ -56,30 +56,53 @@ std::string strftime_utc(const std::string& tmpl, int64_t t) {
 }  // namespace
 
 Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
-  auto add = [&](std::vector<ChannelInfo>& v, const char* type) {
-    const VarGroup& g = group(type);
+  WXE_CHECK(!cfg_.sources.empty(), cfg_.file, ": no data source");
+  auto add = [&](std::vector<ChannelInfo>& v, int s, const char* type) {
+    const VarGroup& g = group(s, type);
     for (const std::string& var : g.vars_3D)
-      for (size_t l = 0; l < cfg_.levels.size(); ++l) v.push_back({var, type, true, (int)l});
-    for (const std::string& var : g.vars_2D) v.push_back({var, type, false, 0});
+      for (size_t l = 0; l < cfg_.sources[s].levels.size(); ++l) {
+        v.push_back({var, type, true, (int)l});
+        v.back().src = s;
+      }
+    for (const std::string& var : g.vars_2D) {
+      v.push_back({var, type, false, 0});
+      v.back().src = s;
+    }
   };
-  for (const char* t : kTypes)
-    if (std::string(t) != "diagnostic") add(in_, t);
-  add(out_, "prognostic");
-  n_prog_ = (int)out_.size();
-  add(out_, "diagnostic");
+  // CREDIT's ChannelSchema: inputs source by source, each prognostic < static < dynamic_forcing;
+  // targets source by source, prognostic then diagnostic
+  for (int s = 0; s < (int)cfg_.sources.size(); ++s)
+    for (const char* t : kTypes)
+      if (std::string(t) != "diagnostic") add(in_, s, t);
+  for (int s = 0; s < (int)cfg_.sources.size(); ++s) {
+    add(out_, s, "prognostic");
+    add(out_, s, "diagnostic");
+  }
+  // the prognostic target channels and the input channels they feed in rollouts
+  for (size_t k = 0; k < out_.size(); ++k) {
+    int64_t at = -1;
+    if (out_[k].field_type == "prognostic")
+      for (size_t i = 0; i < in_.size() && at < 0; ++i)
+        if (in_[i].src == out_[k].src && in_[i].var == out_[k].var && in_[i].level_index == out_[k].level_index &&
+            in_[i].field_type == "prognostic")
+          at = (int64_t)i;
+    feedback_.push_back(at);
+    n_prog_ += at >= 0;
+  }
   load_scaler();
   bind_transforms();
 }
 
-std::string var_key(const std::string& source, const ChannelInfo& c) {
-  return source + "/" + c.field_type + (c.is3d ? "/3d/" : "/2d/") + c.var;
+std::string var_key(const CreditConfig& cfg, const ChannelInfo& c) {
+  return cfg.sources.at(c.src).name + "/" + c.field_type + (c.is3d ? "/3d/" : "/2d/") + c.var;
 }
 
-const VarGroup& Era5Data::group(const std::string& t) const {
-  if (t == "prognostic") return cfg_.prognostic;
-  if (t == "diagnostic") return cfg_.diagnostic;
-  if (t == "static") return cfg_.statics;
-  return cfg_.dynamic_forcing;
+const VarGroup& Era5Data::group(int s, const std::string& t) const {
+  const SourceConfig& sc = cfg_.sources.at(s);
+  if (t == "prognostic") return sc.prognostic;
+  if (t == "diagnostic") return sc.diagnostic;
+  if (t == "static") return sc.statics;
+  return sc.dynamic_forcing;
 }
 
 namespace {
@@ -191,7 +214,6 @@ std::map<std::string, double> scaler_target_variances(const std::string& file) {
 void Era5Data::load_scaler() {
   // per side (0 input, 1 target) and variable: mean and std per configured level (3D) or one value
   std::map<std::string, Stats> side[2], post[2];
-  const size_t nl = cfg_.levels.size();
   if (!cfg_.scaler_json.empty()) {
     read_bridgescaler(cfg_.scaler_json, cfg_.scaler_vars, side);
     // args.data_types: the sides the preblock scales (the other passes through)
@@ -204,16 +226,19 @@ void Era5Data::load_scaler() {
     if (cfg_.mean_nc.empty() || cfg_.std_nc.empty()) fail(cfg_.file, ": the scaler needs both mean_path and std_path");
     std::unique_ptr<DataFile> mfp = open_data_file(cfg_.mean_nc), sfp = open_data_file(cfg_.std_nc);
     DataFile &mf = *mfp, &sf = *sfp;
-    auto levels_of = [&](DataFile& f) { return f.has(cfg_.level_coord) ? f.read(cfg_.level_coord) : std::vector<double>{}; };
-    std::vector<double> mlev = levels_of(mf), slev = levels_of(sf);
-    auto pick = [&](DataFile& f, const std::vector<double>& flev, const std::string& var) {
+    auto levels_of = [&](DataFile& f, const SourceConfig& sc) {
+      return f.has(sc.level_coord) ? f.read(sc.level_coord) : std::vector<double>{};
+    };
+    auto pick = [&](DataFile& f, const SourceConfig& sc, const std::string& var) {
+      const std::vector<double> flev = levels_of(f, sc);
+      const size_t nl = sc.levels.size();
       std::vector<double> v = f.read(var);
       for (double x : v)
         if (!std::isfinite(x)) fail(f.path(), ": variable '", var, "' holds ", x, " (statistics must be finite)");
       if (v.size() <= 1 || v.size() == nl) return v;
       if (flev.size() != v.size()) fail(f.path(), ": variable '", var, "' has ", v.size(), " values for ", nl, " levels");
       std::vector<double> out;
-      for (double l : cfg_.levels) {
+      for (double l : sc.levels) {
         auto it = std::find_if(flev.begin(), flev.end(), [&](double x) { return std::fabs(x - l) < 1e-6; });
         if (it == flev.end()) fail(f.path(), ": variable '", var, "' has no level ", l);
         out.push_back(v[it - flev.begin()]);
@@ -222,7 +247,8 @@ void Era5Data::load_scaler() {
     };
     for (const auto* chans : {&in_, &out_})
       for (const ChannelInfo& c : *chans)
-        if (mf.has(c.var) && sf.has(c.var)) side[0][c.var] = side[1][c.var] = {pick(mf, mlev, c.var), pick(sf, slev, c.var)};
+        if (mf.has(c.var) && sf.has(c.var) && !side[0].count(c.var))
+          side[0][c.var] = side[1][c.var] = {pick(mf, cfg_.sources[c.src], c.var), pick(sf, cfg_.sources[c.src], c.var)};
   }
   // the postblock's inverse scaler: its file's target side (CREDIT's postblock reads only that)
   const bool has_post = !cfg_.post_scaler_json.empty();
@@ -236,7 +262,7 @@ void Era5Data::load_scaler() {
     auto it = stats.find(c.var);
     if (it == stats.end()) return false;
     const auto& [m, s] = it->second;
-    const size_t n = c.is3d ? nl : 1;
+    const size_t n = c.is3d ? cfg_.sources[c.src].levels.size() : 1;
     if (m.size() != n && m.size() != 1)
       fail(file, ": variable '", c.var, "' has ", m.size(), " scaler values, expected ", n, " or 1");
     const size_t k = m.size() == 1 ? 0 : (size_t)c.level_index;
@@ -273,7 +299,7 @@ void Era5Data::bind_transforms() {
         const char* dt = side ? "target" : "input";
         if (!post && std::find(t.data_types.begin(), t.data_types.end(), dt) == t.data_types.end()) continue;
         for (ChannelInfo& c : side ? out_ : in_)
-          if (selected(t.vars, var_key(cfg_.source, c))) {
+          if (selected(t.vars, var_key(cfg_, c))) {
             (post ? c.post : c.pre).push_back(&t);
             any = true;
           }
@@ -363,9 +389,11 @@ static void denormalise_channel(const ChannelInfo& c, float* p, int64_t n, float
 
 Tensor Era5Data::prediction_to_input(const Tensor& y) const {
   bool same = true;
-  for (int k = 0; k < n_prog_; ++k)
-    same = same && out_[k].post_mean == in_[k].mean && out_[k].post_std == in_[k].std && out_[k].post.empty() &&
-           in_[k].pre.empty();
+  for (size_t k = 0; k < out_.size(); ++k) {
+    if (feedback_[k] < 0) continue;
+    const ChannelInfo &o = out_[k], &i = in_[feedback_[k]];
+    same = same && o.post_mean == i.mean && o.post_std == i.std && o.post.empty() && i.pre.empty();
+  }
   if (same) return y;
   // CREDIT's rollout: the prediction de-normalised by the postblock, then normalised by the
   // input-side preblock scaler, in float32
@@ -373,21 +401,25 @@ Tensor Era5Data::prediction_to_input(const Tensor& y) const {
   const int64_t hw = y.numel() / y.shape[0] / y.shape[1];
   float* p = x.data<float>();
   for (int64_t b = 0; b < y.shape[0]; ++b)
-    for (int k = 0; k < n_prog_; ++k) {
-      const float pm = (float)out_[k].post_mean, ps = (float)out_[k].post_std, m = (float)in_[k].mean, s = (float)in_[k].std;
-      float* q = p + (b * y.shape[1] + k) * hw;
-      if (out_[k].post.empty() && in_[k].pre.empty()) {
+    for (size_t k = 0; k < out_.size(); ++k) {
+      if (feedback_[k] < 0) continue;
+      const ChannelInfo &o = out_[k], &in = in_[feedback_[k]];
+      const float pm = (float)o.post_mean, ps = (float)o.post_std, m = (float)in.mean, s = (float)in.std;
+      float* q = p + (b * y.shape[1] + (int64_t)k) * hw;
+      if (o.post.empty() && in.pre.empty()) {
         for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] * ps + pm - m) / s;
         continue;
       }
-      denormalise_channel(out_[k], q, hw);
-      for (const PointTransform* t : in_[k].pre) t->apply(q, hw);
+      denormalise_channel(o, q, hw);
+      for (const PointTransform* t : in.pre) t->apply(q, hw);
       for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] - m) / s;
     }
   return x;
 }
 
-DataFile& Era5Data::file_for(const VarGroup& g, const std::string& type, const std::string& var, int64_t t) const {
+DataFile& Era5Data::file_for(const ChannelInfo& c, int64_t t) const {
+  const VarGroup& g = group(c.src, c.field_type);
+  const std::string &type = c.field_type, &var = c.var, &source = cfg_.sources[c.src].name;
   std::string p = strftime_utc(g.path, t);
   if (p.find('*') != std::string::npos || p.find('?') != std::string::npos) {
     const fs::path dir = fs::path(p).parent_path();
@@ -397,12 +429,12 @@ DataFile& Era5Data::file_for(const VarGroup& g, const std::string& type, const s
       for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir))
         if (glob_match(pat, e.path().filename().string())) hits.push_back(e.path().string());
     if (hits.size() != 1)
-      fail(cfg_.file, ": data.source.", cfg_.source, ".variables.", type, ".path '", g.path, "': ",
+      fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", g.path, "': ",
            hits.empty() ? "no file" : "several files", " match ", p, " (variable '", var, "' at ", format_datetime(t),
            ")");
     p = hits[0];
   } else if (!fs::exists(p)) {
-    fail(cfg_.file, ": data.source.", cfg_.source, ".variables.", type, ".path '", g.path, "': no file ", p,
+    fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", g.path, "': no file ", p,
          " (variable '", var, "' at ", format_datetime(t), ")");
   }
   auto it = files_.find(p);
@@ -431,18 +463,18 @@ size_t Era5Data::time_index(DataFile& f, const std::string& var, int64_t t) cons
 }
 
 void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
-  const VarGroup& g = group(c.field_type);
-  DataFile& f = file_for(g, c.field_type, c.var, t);
+  const SourceConfig& sc = cfg_.sources[c.src];
+  DataFile& f = file_for(c, t);
   if (!f.has(c.var)) fail(f.path(), ": no variable '", c.var, "' (", c.field_type, ")");
   const std::vector<std::string> d = f.dims(c.var);
   const std::vector<int64_t> s = f.shape(c.var);
   const bool stat = c.field_type == "static";
   const bool has_time = !d.empty() && d[0] == "time";
   const size_t want = (c.is3d ? 3 : 2) + (has_time ? 1 : 0);
-  std::string order = c.is3d ? "(time, " + cfg_.level_coord + ", latitude, longitude)" : "(time, latitude, longitude)";
+  std::string order = c.is3d ? "(time, " + sc.level_coord + ", latitude, longitude)" : "(time, latitude, longitude)";
   if (stat) order += " or without time";
   const size_t o = has_time ? 1 : 0;
-  if ((!has_time && !stat) || d.size() != want || (c.is3d && d[o] != cfg_.level_coord) || !is_lat(d[d.size() - 2]) ||
+  if ((!has_time && !stat) || d.size() != want || (c.is3d && d[o] != sc.level_coord) || !is_lat(d[d.size() - 2]) ||
       !is_lon(d.back())) {
     std::string got;
     for (auto& x : d) got += (got.empty() ? "" : ", ") + x;
@@ -471,13 +503,13 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   }
   size_t lev = 0;
   if (c.is3d) {
-    if (!f.has(cfg_.level_coord)) fail(f.path(), ": variable '", c.var, "': no coordinate '", cfg_.level_coord, "'");
-    std::vector<double> ls = f.read(cfg_.level_coord);
-    const double want_l = cfg_.levels[c.level_index];
+    if (!f.has(sc.level_coord)) fail(f.path(), ": variable '", c.var, "': no coordinate '", sc.level_coord, "'");
+    std::vector<double> ls = f.read(sc.level_coord);
+    const double want_l = sc.levels[c.level_index];
     auto it = std::find_if(ls.begin(), ls.end(), [&](double x) { return std::fabs(x - want_l) < 1e-6; });
-    if (it == ls.end()) fail(f.path(), ": variable '", c.var, "' has no level ", want_l, " in '", cfg_.level_coord, "'");
+    if (it == ls.end()) fail(f.path(), ": variable '", c.var, "' has no level ", want_l, " in '", sc.level_coord, "'");
     lev = (size_t)(it - ls.begin());
-    if (level_units_.empty()) level_units_ = f.attr(cfg_.level_coord, "units");
+    if (level_units_.empty()) level_units_ = f.attr(sc.level_coord, "units");
     start.push_back(lev);
     count.push_back(1);
   }
@@ -495,10 +527,10 @@ void Era5Data::check_finite(const ChannelInfo& c, const std::vector<const PointT
   const size_t bad = (size_t)std::count_if(p, p + n, [](float x) { return !std::isfinite(x); });
   if (!bad) return;
   // NaN (a zarr fill_value, a gap) or inf would make the loss or the forecast NaN
-  const std::string where = str("variable '", c.var, "'", c.is3d ? str(" level ", cfg_.levels[c.level_index]) : "",
+  const std::string where = str("variable '", c.var, "'", c.is3d ? str(" level ", cfg_.sources[c.src].levels[c.level_index]) : "",
                                 " at ", format_datetime(t));
   if (ts.empty())
-    fail(file_for(group(c.field_type), c.field_type, c.var, t).path(), ": ", where, ": ", bad, " of ", n, " values are missing (NaN, inf or the fill value)");
+    fail(file_for(c, t).path(), ": ", where, ": ", bad, " of ", n, " values are missing (NaN, inf or the fill value)");
   fail(cfg_.file, ": ", where, ": ", bad, " of ", n, " values are NaN or inf after ", ts.back()->block,
        " (missing values, or a log or sqrt of a negative value: a fill_values block before it replaces them)");
 }
@@ -534,7 +566,7 @@ Tensor Era5Data::input(int64_t t) const {
   if (!h_) {  // read one channel to learn the grid
     std::vector<float> tmp(1);
     const ChannelInfo& c = in_[0];
-    DataFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
+    DataFile& f = file_for(c, t);
     if (!f.has(c.var)) fail(f.path(), ": no variable '", c.var, "' (", c.field_type, ")");
     const std::vector<int64_t> s = f.shape(c.var);
     tmp.resize((size_t)(s.size() >= 2 ? s[s.size() - 2] * s.back() : 1));
@@ -569,7 +601,7 @@ void Era5Data::read_metadata(int64_t t) const {
   for (const ChannelInfo& c : out_) {
     if (meta_.count(c.var)) continue;
     try {
-      DataFile& f = file_for(group(c.field_type), c.field_type, c.var, t);
+      DataFile& f = file_for(c, t);
       if (f.has(c.var)) meta_[c.var] = {f.attr(c.var, "units"), f.attr(c.var, "long_name")};
     } catch (const Error&) {
     }
@@ -591,8 +623,8 @@ std::string Era5Data::channel_schema_yaml() const {
     for (size_t k = 0; k < chans.size(); ++k) {
       const ChannelInfo& c = chans[k];
       if (c.is3d && c.level_index) continue;  // one entry per variable
-      s += "- var_key: " + cfg_.source + "/" + c.field_type + (c.is3d ? "/3d/" : "/2d/") + c.var + "\n";
-      s += "  n_levels: " + std::to_string(c.is3d ? cfg_.levels.size() : 1) + "\n  n_time: 1\n";
+      s += "- var_key: " + var_key(cfg_, c) + "\n";
+      s += "  n_levels: " + std::to_string(c.is3d ? cfg_.sources[c.src].levels.size() : 1) + "\n  n_time: 1\n";
     }
     return s;
   };
@@ -654,9 +686,18 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
   const CreditConfig& c = data.config();
   int dt, dl = -1, dy, dx;
   nc_check(nc_def_dim(id_, "time", (size_t)steps, &dt), tmp_);
-  bool any3d = false;
-  for (auto& ch : data.target_channels()) any3d = any3d || ch.is3d;
-  if (any3d) nc_check(nc_def_dim(id_, "level", c.levels.size(), &dl), tmp_);
+  // one level axis: the levels of the 3D targets' source (several sources' 3D targets must agree)
+  const SourceConfig* lev = nullptr;
+  for (auto& ch : data.target_channels())
+    if (ch.is3d) {
+      const SourceConfig& sc = c.sources[ch.src];
+      if (lev && sc.levels != lev->levels)
+        fail(path, ": the 3D targets of sources ", lev->name, " and ", sc.name, " have different levels (one "
+             "forecast file holds one level axis)");
+      lev = &sc;
+    }
+  const bool any3d = lev != nullptr;
+  if (any3d) nc_check(nc_def_dim(id_, "level", lev->levels.size(), &dl), tmp_);
   nc_check(nc_def_dim(id_, "latitude", data.lat().size(), &dy), tmp_);
   nc_check(nc_def_dim(id_, "longitude", data.lon().size(), &dx), tmp_);
   int vt, vl = -1, vy, vx;
@@ -667,7 +708,7 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
   if (any3d) {
     nc_check(nc_def_var(id_, "level", NC_DOUBLE, 1, &dl, &vl), tmp_);
     put_text(id_, vl, "units", data.level_units(), tmp_);
-    put_text(id_, vl, "long_name", c.level_coord, tmp_);
+    put_text(id_, vl, "long_name", lev->level_coord, tmp_);
   }
   nc_check(nc_def_var(id_, "latitude", NC_DOUBLE, 1, &dy, &vy), tmp_);
   put_text(id_, vy, "units", "degrees_north", tmp_);
@@ -692,7 +733,7 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
   std::vector<double> hours;
   for (int k = 0; k < steps; ++k) hours.push_back((k + 1) * c.timestep / 3600.0);
   nc_check(nc_put_var_double(id_, vt, hours.data()), tmp_);
-  if (any3d) nc_check(nc_put_var_double(id_, vl, c.levels.data()), tmp_);
+  if (any3d) nc_check(nc_put_var_double(id_, vl, lev->levels.data()), tmp_);
   nc_check(nc_put_var_double(id_, vy, data.lat().data()), tmp_);
   nc_check(nc_put_var_double(id_, vx, data.lon().data()), tmp_);
 }

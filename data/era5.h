@@ -2,9 +2,10 @@
 // CREDIT's ERA5 data (gen2 "local" dataset): netCDF/zarr files per year, channels concatenated
 // exactly as CREDIT does, normalised by the config's scaler; forecasts written as netCDF.
 //
-// Input channels (model input x): prognostic 3D variables variable-major by level, then
-// prognostic 2D, then static (3D, 2D), then dynamic forcing (3D, 2D); targets (y): prognostic
-// then diagnostic, 3D then 2D each (credit/datasets/gen_2/channel_utils.py ChannelSchema).
+// Input channels (model input x), source by source in the config's order: prognostic 3D
+// variables variable-major by level, then prognostic 2D, then static (3D, 2D), then dynamic
+// forcing (3D, 2D); targets (y), source by source: prognostic then diagnostic, 3D then 2D each
+// (credit/datasets/gen_2/channel_utils.py ChannelSchema).
 // Normalisation: (x - mean) / std per variable and level, inputs with the scaler's input side,
 // targets with its target side; variables the scaler lacks pass through unchanged (CREDIT's
 // preblocks). Forecasts are de-normalised with the postblock's inverse scaler (its target side)
@@ -27,7 +28,8 @@ namespace wxe {
 struct ChannelInfo {
   std::string var, field_type;  // field_type: prognostic, diagnostic, static, dynamic_forcing
   bool is3d = false;
-  int level_index = 0;          // into cfg.levels (3D)
+  int level_index = 0;          // into its source's levels (3D)
+  int src = 0;                  // its source, an index into CreditConfig::sources
   // the preblock scaler's statistics of this channel (its input side for input channels, its
   // target side for targets); (0, 1) where it has none
   double mean = 0, std = 1;
@@ -40,7 +42,7 @@ struct ChannelInfo {
 };
 
 // CREDIT's key of a channel's variable: "<source>/<field type>/3d/<var>" (or /2d/).
-std::string var_key(const std::string& source, const ChannelInfo& c);
+std::string var_key(const CreditConfig& cfg, const ChannelInfo& c);
 
 class Era5Data {
  public:
@@ -48,7 +50,10 @@ class Era5Data {
   const CreditConfig& config() const { return cfg_; }
   const std::vector<ChannelInfo>& input_channels() const { return in_; }
   const std::vector<ChannelInfo>& target_channels() const { return out_; }
-  int prognostic_channels() const { return n_prog_; }  // the leading input and target channels
+  int prognostic_channels() const { return n_prog_; }
+  // Per target channel the input channel its prediction feeds in rollouts (prognostic), or -1
+  // (diagnostic). With one source the prognostic channels lead both: k -> k.
+  const std::vector<int64_t>& feedback_map() const { return feedback_; }
   // (1, C_in, 1, H, W) / (1, C_out, 1, H, W), normalised, at time t (seconds since 1970).
   Tensor input(int64_t t) const;
   Tensor target(int64_t t) const;
@@ -84,14 +89,15 @@ class Era5Data {
   void read_var(const ChannelInfo& c, int64_t t, float* out) const;  // (levels or 1, H, W), physical
   // fails naming the variable (and the last transform) where p (H x W) holds NaN or inf
   void check_finite(const ChannelInfo& c, const std::vector<const PointTransform*>& ts, int64_t t, const float* p) const;
-  const VarGroup& group(const std::string& field_type) const;
-  DataFile& file_for(const VarGroup& g, const std::string& field_type, const std::string& var, int64_t t) const;
+  const VarGroup& group(int source, const std::string& field_type) const;
+  DataFile& file_for(const ChannelInfo& c, int64_t t) const;
   size_t time_index(DataFile& f, const std::string& var, int64_t t) const;
   void load_scaler();
   void bind_transforms();
   CreditConfig cfg_;
   std::vector<ChannelInfo> in_, out_;
   int n_prog_ = 0;
+  std::vector<int64_t> feedback_;
   mutable int64_t h_ = 0, w_ = 0;
   mutable std::vector<double> lat_, lon_;
   mutable std::string level_units_;

@@ -22,7 +22,6 @@ namespace wxe {
 void rollout(const Era5Data& data, Tensor x, int64_t init, int steps, const std::function<Tensor(const Tensor&)>& model,
              const std::function<void(int, const Tensor&)>& emit) {
   const int64_t dt = data.config().timestep;
-  const int np = data.prognostic_channels();
   Tensor step = last_step(x);
   const int64_t hw = step.numel() / step.shape[1];
   for (int k = 0; k < steps; ++k) {
@@ -35,7 +34,7 @@ void rollout(const Era5Data& data, Tensor x, int64_t init, int steps, const std:
     if (k + 1 == steps) break;
     // the next step: the prediction's prognostic channels, the statics kept, the forcing read
     step = step.clone();
-    feed_back(step, data.prediction_to_input(y), np);
+    feed_back(step, data.prediction_to_input(y), data.feedback_map());
     data.set_forcing(step, init + (k + 1) * dt);
     x = slide_window(x, step);
   }

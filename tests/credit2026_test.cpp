@@ -62,7 +62,7 @@ bool has_warning(const std::vector<std::string>& w, const std::string& s) {
 // the other keys CREDIT writes are warnings. It normalises as the flat form of the same scaler.
 TEST(Credit2026, ConvertConfigReadsUnchanged) {
   CreditConfig c = read_credit_config(kDir + "/credit2026_convert.yml");
-  EXPECT_EQ(c.source, "ERA5");
+  EXPECT_EQ(c.sources.at(0).name, "ERA5");
   EXPECT_EQ(c.scaler_json, kDir + "/credit2026_convert_pre_scaler.json");
   EXPECT_EQ(c.scaler_vars.size(), 5u);
   EXPECT_EQ(c.post_scaler_json, kDir + "/credit2026_convert_post_scaler.json");

@@ -169,8 +169,8 @@ TEST(CreditGolden, PreAndPostblocksMatchCredit) {
   ASSERT_EQ(y.shape, want_y.shape);
   const Json& in_names = *sample.get("input_channels");
   ASSERT_EQ(in_names.items.size(), d.input_channels().size());
-  auto name_of = [](const ChannelInfo& c) {
-    return var_key("ERA5", c) + (c.is3d ? "_" + std::to_string(c.level_index) : std::string());
+  auto name_of = [&d](const ChannelInfo& c) {
+    return var_key(d.config(), c) + (c.is3d ? "_" + std::to_string(c.level_index) : std::string());
   };
   for (size_t k = 0; k < d.input_channels().size(); ++k) EXPECT_EQ(in_names.items[k].s, name_of(d.input_channels()[k]));
   const Json& out_names = *sample.get("target_channels");
@@ -239,7 +239,7 @@ TEST(CreditGolden, BaseLossMatchesCredit) {
   std::vector<LossFunction> per = fc.channel_losses;
   const LossFunction v = credit_validation_loss(c);
   for (size_t k = 0; k < per.size(); ++k)
-    if (!c.base_loss.overrides.count(var_key(c.source, Era5Data(c).target_channels()[k]))) per[k] = v;
+    if (!c.base_loss.overrides.count(var_key(c, Era5Data(c).target_channels()[k]))) per[k] = v;
   const double vgot = weighted_loss(p, t, w, v, nullptr, 1.0, per);
   const double vwant = num(*ref.get("validation")->get("value"));
   EXPECT_NEAR(vgot, vwant, 1e-5 * vwant);

@@ -13,6 +13,7 @@
 
 #include "data/credit_config.h"
 #include "data/era5.h"
+#include "engine/io/samples.h"
 #include "test_util.h"
 #include "train/finetune.h"
 #include "train/from_config.h"
@@ -439,4 +440,64 @@ TEST(CreditSchedules, PlateauFollowsTheValidationLossAndResumes) {
   EXPECT_EQ(column(b + "/training_log.csv", 2), lr);
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+// Several data sources: CREDIT's channel order (inputs source by source, each prognostic < static
+// < dynamic_forcing; targets source by source, prognostic then diagnostic), each source with its
+// own files, and rollouts feeding each prognostic target channel into its own input channel.
+TEST(CreditSources, SeveralLocalSourcesInCreditsChannelOrder) {
+  const std::string one = kDir + "/config.yml";
+  auto two = [&](const std::string& name, const std::string& a, const std::string& b) {
+    std::string text = slurp(one);
+    const size_t s = text.find("  source:\n"), e = text.find("  start_datetime:");
+    text.replace(s, e - s, "  source:\n" + a + b);
+    text.replace(text.find("\"scaler.json\""), 13, "\"" + kDir + "/scaler.json\"");
+    const std::string path = tmp_path(name + ".yml");
+    spit(path, text);
+    return path;
+  };
+  const std::string d = kDir + "/";
+  const std::string prog = "      variables:\n        prognostic:\n          vars_3D: [\"T\", \"U\"]\n          vars_2D: [\"SP\"]\n"
+                           "          path: \"" + d + "era5_%Y.*\"\n";
+  const std::string lsm = "        static:\n          vars_2D: [\"LSM\"]\n          path: \"" + d + "static.nc\"\n";
+  const std::string tp = "        diagnostic:\n          vars_2D: [\"tp\"]\n          path: \"" + d + "era5_%Y.*\"\n";
+  const std::string tsi = "        dynamic_forcing:\n          vars_2D: [\"tsi\"]\n          path: \"" + d + "forcing_%Y.nc\"\n";
+  const std::string head = "      dataset_type: \"local\"\n      level_coord: \"level\"\n      levels: [500, 850]\n";
+  Era5Data ref(read_credit_config(one));
+  const int64_t t = parse_datetime("2020-12-31T18", "t");
+  // A: prognostic + static, B: diagnostic + forcing: the single source's order and values
+  Era5Data ab(read_credit_config(two("src_ab", "    A:\n" + head + prog + lsm, "    B:\n" + head + "      variables:\n" + tp + tsi)));
+  EXPECT_EQ(ab.input(t).shape, ref.input(t).shape);
+  EXPECT_EQ(rel_l2(ab.input(t), ref.input(t)), 0.0);
+  EXPECT_EQ(rel_l2(ab.target(t), ref.target(t)), 0.0);
+  EXPECT_EQ(var_key(ab.config(), ab.target_channels().back()), "B/diagnostic/2d/tp");
+  // A: static + forcing only, B: prognostic + diagnostic: B's prognostic inputs come after A's
+  Era5Data ba(read_credit_config(two("src_ba", "    A:\n" + head + "      variables:\n" + lsm + tsi,
+                                     "    B:\n" + head + prog + tp)));
+  std::vector<std::string> in;
+  for (const ChannelInfo& c : ba.input_channels()) in.push_back(c.var);
+  EXPECT_EQ(in, (std::vector<std::string>{"LSM", "tsi", "T", "T", "U", "U", "SP"}));
+  EXPECT_EQ(ba.feedback_map(), (std::vector<int64_t>{2, 3, 4, 5, 6, -1}));
+  EXPECT_EQ(ba.prognostic_channels(), 5);
+  const Tensor x = ba.input(t), xr = ref.input(t), y = ba.target(t);
+  const int64_t hw = x.numel() / x.shape[1];
+  for (int64_t k = 0; k < 7; ++k) {  // the same channels, permuted: LSM, tsi first
+    const int64_t from = k < 2 ? 5 + k : k - 2;
+    for (int64_t i = 0; i < hw; ++i) ASSERT_EQ(x.data<float>()[k * hw + i], xr.data<float>()[from * hw + i]) << k;
+  }
+  // a rollout step: the target as the prediction lands on B's prognostic inputs, LSM and tsi stay
+  Tensor step = Tensor::zeros(DType::F32, x.shape);
+  feed_back(step, ba.prediction_to_input(y), ba.feedback_map());
+  for (int64_t k = 0; k < 7; ++k)
+    for (int64_t i = 0; i < hw; i += 31)
+      ASSERT_EQ(step.data<float>()[k * hw + i], k < 2 ? 0.f : y.data<float>()[(k - 2) * hw + i]) << k;
+  // a variable in two sources, and a tisr source with more than its one variable: errors naming them
+  std::string e = error_of([&] { read_credit_config(two("src_dup", "    A:\n" + head + prog, "    B:\n" + head + prog)); });
+  EXPECT_TRUE(has(e, "variable 'T' is also in source A")) << e;
+  e = error_of([&] {
+    read_credit_config(two("src_tisr", "    A:\n" + head + prog, "    S:\n      dataset_type: tisr\n      variables:\n" + lsm));
+  });
+  EXPECT_TRUE(has(e, "data.source.S.variables: a tisr source has one 2D dynamic_forcing variable")) << e;
+  e = error_of([&] { read_credit_config(two("src_hrrr", "    A:\n" + head + prog, "    H:\n      dataset_type: hrrr\n")); });
+  EXPECT_TRUE(has(e, "data.source.H.dataset_type: 'hrrr' is not implemented")) << e;
 }

@@ -136,10 +136,10 @@ void expect_forecast(NcFile& f, const std::vector<Tensor>& ys) {
 
 TEST(CreditConfig, ReadsGen2Keys) {
   CreditConfig c = read_credit_config(kDir + "/config.yml");
-  EXPECT_EQ(c.source, "era5");
-  EXPECT_EQ(c.levels, (std::vector<double>{500, 850}));
-  EXPECT_EQ(c.prognostic.vars_3D, (std::vector<std::string>{"T", "U"}));
-  EXPECT_EQ(c.diagnostic.vars_2D, (std::vector<std::string>{"tp"}));
+  EXPECT_EQ(c.sources.at(0).name, "era5");
+  EXPECT_EQ(c.sources.at(0).levels, (std::vector<double>{500, 850}));
+  EXPECT_EQ(c.sources.at(0).prognostic.vars_3D, (std::vector<std::string>{"T", "U"}));
+  EXPECT_EQ(c.sources.at(0).diagnostic.vars_2D, (std::vector<std::string>{"tp"}));
   EXPECT_EQ(c.timestep, 6 * 3600);
   EXPECT_EQ(c.start, kT0);
   EXPECT_EQ(c.end, kT0 + 36 * 3600);

@@ -107,7 +107,7 @@ TEST(Zarr, CompressedEra5StoreReadsLikeTheUncompressedOne) {
   fs::create_directories(d);
   fs::create_symlink(dir + "/era5_2020.nc", d + "/era5_2020.nc");
   fs::create_directory_symlink(kDir + "/era5_blosc.zarr", d + "/era5_2021.zarr");
-  b.prognostic.path = b.diagnostic.path = d + "/era5_%Y.*";
+  b.sources.at(0).prognostic.path = b.sources.at(0).diagnostic.path = d + "/era5_%Y.*";
   Era5Data da(a), db(b);
   const int64_t t = parse_datetime("2021-01-01T06", "t");
   Tensor xa = da.input(t), xb = db.input(t), ya = da.target(t), yb = db.target(t);
@@ -241,7 +241,7 @@ TEST(Zarr, FillValuesAreMissingDataNotNumbers) {
   meta.replace(p, 5, str(std::setprecision(9), (float)v));
   spit(d + "/era5_2021.zarr/SP/.zarray", meta);
   CreditConfig c = read_credit_config(dir + "/config.yml");
-  c.prognostic.path = c.diagnostic.path = d + "/era5_%Y.*";
+  c.sources.at(0).prognostic.path = c.sources.at(0).diagnostic.path = d + "/era5_%Y.*";
   const std::string e = error_of([&] { Era5Data(c).input(parse_datetime("2021-01-01T00", "t")); });
   EXPECT_NE(e.find("era5_2021.zarr: variable 'SP' at 2021-01-01T00:00:00: 1 of 2048 values are missing"),
             std::string::npos)

@@ -28,7 +28,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   std::vector<LossFunction> per_channel = fc.channel_losses;
   if (c.base_loss.on && c.base_loss.has_validation)
     for (size_t k = 0; k < per_channel.size(); ++k) {
-      auto o = c.base_loss.overrides.find(var_key(c.source, data->target_channels()[k]));
+      auto o = c.base_loss.overrides.find(var_key(c, data->target_channels()[k]));
       if (o == c.base_loss.overrides.end()) per_channel[k] = vloss;
     }
   const bool physical = (bool)fc.to_physical;
@@ -39,7 +39,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   std::vector<std::string> keys;
   std::vector<int> var_of;  // target channel -> index into keys
   for (const ChannelInfo& ch : data->target_channels()) {
-    const std::string key = var_key(c.source, ch);
+    const std::string key = var_key(c, ch);
     if (keys.empty() || keys.back() != key) keys.push_back(key);
     var_of.push_back((int)keys.size() - 1);
   }
@@ -51,10 +51,9 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
     w.lat_weights = latitude_weights(fc.lat.empty() ? data->lat() : fc.lat);
     w.channel_weights = fc.channel_weights;
   }
-  const int np = data->prognostic_channels();
   const size_t nv = keys.size();
   fc.validate_every = fc.steps / std::max<int64_t>(1, c.epochs);
-  fc.validate = [vs, data, w, n, L, np, nv, var_of, vloss, per_channel,
+  fc.validate = [vs, data, w, n, L, nv, var_of, vloss, per_channel,
                  physical](const std::function<Tensor(const Tensor&)>& predict) {
     double loss = 0;
     std::vector<double> sq(nv), sum(nv), cnt(nv);
@@ -64,7 +63,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
       for (int k = 0; k < L; ++k) {
         if (k > 0) {
           x = slide_window(x, s.forcing[k]);
-          feed_back(x, data->prediction_to_input(y), np);
+          feed_back(x, data->prediction_to_input(y), data->feedback_map());
         }
         y = predict(x);
         Tensor p = y.clone(), t = s.targets[k].clone();
@@ -140,7 +139,10 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   fc.data = config;
   fc.open_data = [data, c, L] { return open_era5_samples(data, c.start, c.end, L); };
   fc.to_input = [data](const Tensor& y) { return data->prediction_to_input(y); };
-  if (!given("--prognostic")) fc.prognostic = data->prognostic_channels();
+  if (!given("--prognostic")) {
+    fc.prognostic = data->prognostic_channels();
+    fc.feedback_map = data->feedback_map();
+  }
   if (!given("--save")) fc.save = c.save_loc;
   WXE_CHECK(!fc.save.empty(), config, ": save_loc is missing (or give --save)");
   if (!given("--lr")) fc.schedule.lr = c.learning_rate;
@@ -224,7 +226,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     std::vector<std::string> keys;
     std::map<std::string, int> levels;
     for (const ChannelInfo& ch : tc) {
-      const std::string key = var_key(c.source, ch);
+      const std::string key = var_key(c, ch);
       if (!levels[key]++) keys.push_back(key);
     }
     for (const auto& kv : b.manual)
@@ -258,7 +260,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     fc.channel_weights.clear();
     fc.channel_losses.clear();
     for (const ChannelInfo& ch : tc) {
-      const std::string key = var_key(c.source, ch);
+      const std::string key = var_key(c, ch);
       fc.channel_weights.push_back(wv[key] * (double)tc.size() / ((double)keys.size() * levels[key]));
       auto o = b.overrides.find(key);
       fc.channel_losses.push_back(o != b.overrides.end() ? loss_function(o->second.name, o->second.delta) : fc.loss);
@@ -271,7 +273,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
     fc.channel_weights.clear();
     if (c.use_variable_weights) {
-      const size_t nl = data->config().levels.size();
+
       std::set<std::string> used;
       for (const ChannelInfo& ch : data->target_channels()) {
         auto it = c.variable_weights.find(ch.var);
@@ -279,6 +281,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
         if (it != c.variable_weights.end()) {
           used.insert(ch.var);
           const std::vector<double>& v = it->second;
+          const size_t nl = c.sources[ch.src].levels.size();
           WXE_CHECK(v.size() == 1 || (ch.is3d && v.size() == nl), config, ": loss.variable_weights.", ch.var, ": ",
                     v.size(), " values, expected one", ch.is3d ? str(" or one per level (", nl, ")") : std::string());
           wv = v.size() == 1 ? v[0] : v[ch.level_index];

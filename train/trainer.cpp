@@ -280,7 +280,10 @@ StepLog Trainer::step() {
     for (int k = 0; k < cfg_.forecast_len; ++k) {
       if (k > 0) {  // step k's input slid into the window, its prognostic channels the prediction (detached)
         x = slide_window(x, s.forcing[k]);
-        feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, prognostic);
+        if (!cfg_.feedback_map.empty())
+          feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, cfg_.feedback_map);
+        else
+          feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, prognostic);
       }
       // the last step's input goes to the executor, which frees it after its last use
       std::map<std::string, Tensor> in{{input_name_, k + 1 < cfg_.forecast_len ? x : std::move(x)}};

@@ -47,6 +47,9 @@ struct FinetuneConfig {
   int accum = 1;                   // micro-batches per optimizer step, over all dp groups together
   int forecast_len = 1;            // rollout steps per sample
   int prognostic = -1;             // channels fed back in rollouts; -1: min(C_in, C_out)
+  // With several data sources: per output channel the input channel it feeds in rollouts (-1:
+  // none), instead of the leading `prognostic` channels (data/era5.h feedback_map)
+  std::vector<int64_t> feedback_map;
   // the prediction as the next rollout step's input takes it (unset: as is); from a CREDIT config
   // it re-normalises where the target and input scalers differ (Era5Data::prediction_to_input)
   std::function<Tensor(const Tensor&)> to_input;

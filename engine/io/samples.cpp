@@ -157,10 +157,18 @@ NpyDirInfo read_npy_dir_info(const std::string& dir) {
 }
 
 void feed_back(Tensor& x, const Tensor& pred, int64_t c) {
+  std::vector<int64_t> map(c);
+  for (int64_t k = 0; k < c; ++k) map[k] = k;
+  feed_back(x, pred, map);
+}
+
+void feed_back(Tensor& x, const Tensor& pred, const std::vector<int64_t>& map) {
   auto bad = [&](const std::string& why) {
     fail("rollout: prediction ", shape_str(pred.shape), " cannot be fed back into input ", shape_str(x.shape), why);
   };
-  if (x.rank() != pred.rank() || x.shape[0] != pred.shape[0] || c > x.shape[1] || c > pred.shape[1]) bad("");
+  if (x.rank() != pred.rank() || x.shape[0] != pred.shape[0] || (int64_t)map.size() > pred.shape[1]) bad("");
+  for (int64_t to : map)
+    if (to >= x.shape[1]) bad(str(" (channel ", to, ")"));
   // (B, C, T, ...) inputs take a one-step prediction into their newest step
   const bool last_step = x.rank() == 5 && pred.shape[2] == 1;
   const int64_t T = last_step ? x.shape[2] : 1;
@@ -170,9 +178,10 @@ void feed_back(Tensor& x, const Tensor& pred, int64_t c) {
     inner *= x.shape[d];
   }
   for (int64_t b = 0; b < x.shape[0]; ++b)
-    for (int64_t ch = 0; ch < c; ++ch)
-      std::memcpy(x.data<float>() + ((b * x.shape[1] + ch) * T + T - 1) * inner,
-                  pred.data<float>() + (b * pred.shape[1] + ch) * inner, inner * sizeof(float));
+    for (int64_t ch = 0; ch < (int64_t)map.size(); ++ch)
+      if (map[ch] >= 0)
+        std::memcpy(x.data<float>() + ((b * x.shape[1] + map[ch]) * T + T - 1) * inner,
+                    pred.data<float>() + (b * pred.shape[1] + ch) * inner, inner * sizeof(float));
 }
 
 Tensor slide_window(const Tensor& x, const Tensor& newest) {

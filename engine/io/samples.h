@@ -55,6 +55,8 @@ NpyDirInfo read_npy_dir_info(const std::string& dir);
 // files): its last one is taken.
 // last_step: the newest step of a window (B, C, 1, ...) (x itself without a time dim).
 void feed_back(Tensor& x, const Tensor& pred, int64_t c);
+// The same with a channel map: pred channel k goes to x channel map[k] (-1: not fed back).
+void feed_back(Tensor& x, const Tensor& pred, const std::vector<int64_t>& map);
 Tensor slide_window(const Tensor& x, const Tensor& newest);
 Tensor last_step(const Tensor& x);
 
