@@ -501,3 +501,50 @@ TEST(CreditSources, SeveralLocalSourcesInCreditsChannelOrder) {
   e = error_of([&] { read_credit_config(two("src_hrrr", "    A:\n" + head + prog, "    H:\n      dataset_type: hrrr\n")); });
   EXPECT_TRUE(has(e, "data.source.H.dataset_type: 'hrrr' is not implemented")) << e;
 }
+
+// CREDIT's gen1 flat schema: the v1 config models/make_credit2026_fixture.py gave `credit convert`
+// reads as the config `credit convert` wrote from it (tests/data/era5_tiny/credit2026_convert.yml):
+// the same source, variables, paths, levels, dates, forecast lengths and validation dates; the
+// mean/std netCDF files become the scaler.
+TEST(CreditConfigRegistry, Gen1SchemaReadsAsCreditConvertWritesIt) {
+  const std::string v1 =
+      "save_loc: \"save\"\nseed: 1000\ndata:\n  variables: [\"T\", \"U\"]\n  surface_variables: [\"SP\"]\n"
+      "  dynamic_forcing_variables: [\"tsi\"]\n  static_variables: [\"LSM\"]\n  diagnostic_variables: [\"tp\"]\n"
+      "  save_loc: \"era5_*\"\n  save_loc_dynamic_forcing: \"forcing_*\"\n  save_loc_diagnostic: \"era5_*\"\n"
+      "  save_loc_static: \"static.nc\"\n  mean_path: \"mean.nc\"\n  std_path: \"std.nc\"\n"
+      "  train_years: [2020, 2021]\n  valid_years: [2021, 2021]\n  lead_time_periods: 6\n  level_ids: [500, 850]\n"
+      "  history_len: 1\n  valid_history_len: 1\n  forecast_len: 0\n  valid_forecast_len: 0\n"
+      "model:\n  type: \"crossformer\"\n  levels: 2\ntrainer:\n  type: era5\n  learning_rate: 1.0e-4\n"
+      "loss:\n  training_loss: \"mse\"\n  use_latitude_weights: true\n";
+  const std::string path = kDir + "/gen1_tmp.yml";  // beside the data: its paths are relative
+  spit(path, v1);
+  const CreditConfig a = read_credit_config(path);
+  std::remove(path.c_str());
+  const CreditConfig b = read_credit_config(kDir + "/credit2026_convert.yml");
+  EXPECT_TRUE(any_has(a.warnings, "CREDIT's gen1 flat schema"));
+  ASSERT_EQ(a.sources.size(), 1u);
+  const SourceConfig &x = a.sources[0], &y = b.sources[0];
+  EXPECT_EQ(x.name, y.name);
+  EXPECT_EQ(x.levels, y.levels);
+  EXPECT_EQ(x.level_coord, y.level_coord);
+  for (auto [g, h] : {std::pair{&x.prognostic, &y.prognostic}, {&x.diagnostic, &y.diagnostic},
+                      {&x.dynamic_forcing, &y.dynamic_forcing}, {&x.statics, &y.statics}}) {
+    EXPECT_EQ(g->vars_3D, h->vars_3D);
+    EXPECT_EQ(g->vars_2D, h->vars_2D);
+    EXPECT_EQ(g->path, h->path);
+  }
+  EXPECT_EQ(a.start, b.start);
+  EXPECT_EQ(a.end, b.end);
+  EXPECT_EQ(a.timestep, b.timestep);
+  EXPECT_EQ(a.forecast_len, 1);
+  EXPECT_EQ(a.valid_forecast_len, 1);
+  EXPECT_EQ(a.valid_start, parse_datetime("2021-01-01", "t"));
+  EXPECT_EQ(a.valid_end, parse_datetime("2021-12-31", "t"));
+  EXPECT_EQ(a.mean_nc, kDir + "/mean.nc");
+  // and it reads the data: the same channels as the converted config
+  Era5Data da(a), db(b);
+  ASSERT_EQ(da.input_channels().size(), db.input_channels().size());
+  for (size_t k = 0; k < da.input_channels().size(); ++k) EXPECT_EQ(da.input_channels()[k].var, db.input_channels()[k].var);
+  const int64_t t = parse_datetime("2020-12-31T18", "t");
+  EXPECT_EQ(da.input(t).shape, db.input(t).shape);
+}
