@@ -32,23 +32,6 @@ namespace {
 
 const std::string kDir = data_path("tests/data/era5_tiny");
 
-// The fixture's config.yml with absolute data paths and save_loc in the temp folder, each
-// (from, to) replacement applied, `extra` appended; written to the temp folder.
-std::string config_with(const std::string& name, const std::vector<std::pair<std::string, std::string>>& repl,
-                        const std::string& extra = "") {
-  std::string text = slurp(kDir + "/config.yml");
-  for (const char* f : {"\"era5_%Y.*\"", "\"forcing_%Y.nc\"", "\"static.nc\"", "\"scaler.json\""})
-    for (size_t p = text.find(f); p != std::string::npos; p = text.find(f, p + 1)) text.insert(p + 1, kDir + "/");
-  text.replace(text.find("save_loc: \"save\""), 16, "save_loc: \"" + tmp_path(name + "_save") + "\"");
-  for (auto& [a, b] : repl) {
-    const size_t p = text.find(a);
-    EXPECT_NE(p, std::string::npos) << a;
-    if (p != std::string::npos) text.replace(p, a.size(), b);
-  }
-  const std::string path = tmp_path(name + ".yml");
-  spit(path, text + extra);
-  return path;
-}
 
 bool has_warning(const std::vector<std::string>& w, const std::string& s) {
   for (const std::string& x : w)
@@ -84,7 +67,7 @@ TEST(Credit2026, ConvertConfigReadsUnchanged) {
   EXPECT_EQ(tp.post_std, tp.std);
   // the flat form and the per_step form side by side are an error
   const std::string e = error_of([&] {
-    read_credit_config(config_with("mixed", {{"preblocks:\n", "preblocks:\n  per_step:\n    c:\n      type: \"concat\"\n"}}));
+    read_credit_config(era5_tiny_config("mixed", {{"preblocks:\n", "preblocks:\n  per_step:\n    c:\n      type: \"concat\"\n"}}));
   });
   EXPECT_NE(e.find("preblocks.norm"), std::string::npos) << e;
 }
@@ -123,7 +106,7 @@ TEST(Credit2026, SchedulerLearningRatesAreCredits) {
   for (const Json& k : cases->items) {
     auto num = [&](const char* key) { return k.get(key)->s; };
     SCOPED_TRACE(str("accum ", num("grad_accum_every"), " batches_per_epoch ", num("batches_per_epoch")));
-    const std::string cfg = config_with(
+    const std::string cfg = era5_tiny_config(
         "sched", {{"learning_rate: 1.0e-4", "learning_rate: " + num("learning_rate")},
                   {"grad_accum_every: 1", "grad_accum_every: " + num("grad_accum_every")},
                   {"batches_per_epoch: 2", "batches_per_epoch: " + num("batches_per_epoch")},
@@ -178,7 +161,7 @@ TEST(Credit2026, HostileConfigValuesNameTheKey) {
       {"training_loss: \"mse\"", "type: base\n  training_loss: \"mse\"", "loss.args: missing (loss.type base takes its settings there)"},
   };
   for (const Case& c : cases) {
-    const std::string e = error_of([&] { read_credit_config(config_with("hostile", {{c.from, c.to}})); });
+    const std::string e = error_of([&] { read_credit_config(era5_tiny_config("hostile", {{c.from, c.to}})); });
     EXPECT_NE(e.find(c.want), std::string::npos) << c.to << " -> " << e;
     EXPECT_NE(e.find("hostile.yml"), std::string::npos) << e;
   }
@@ -253,7 +236,7 @@ TEST(Credit2026, FifosInDataFoldersAreErrors) {
   tmpl.replace(tmpl.rfind("2020"), 4, "%Y");
   e = within(nc, [&] {
     return error_of([&] {
-      Era5Data(read_credit_config(config_with("fifo_cfg", {{kDir + "/forcing_%Y.nc", tmpl}}))).input(
+      Era5Data(read_credit_config(era5_tiny_config("fifo_cfg", {{kDir + "/forcing_%Y.nc", tmpl}}))).input(
           parse_datetime("2020-12-31T00", "t"));
     });
   });

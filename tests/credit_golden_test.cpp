@@ -25,25 +25,10 @@ using namespace wxe::test;
 namespace {
 
 const std::string kReg = data_path("tests/data/credit_registry/");
-const std::string kTiny = data_path("tests/data/era5_tiny");
 
 Json read_json(const std::string& file) { return parse_json(slurp(kReg + file), file); }
 double num(const Json& j) { return parse_double(j.s, "json"); }
 
-// era5_tiny's config.yml (absolute paths) with its trainer/loss lines replaced, as NAME.yml.
-std::string config_with(const std::string& name, const std::vector<std::pair<std::string, std::string>>& repl) {
-  std::string text = slurp(kTiny + "/config.yml");
-  for (const char* f : {"\"era5_%Y.*\"", "\"forcing_%Y.nc\"", "\"static.nc\"", "\"scaler.json\""})
-    for (size_t p = text.find(f); p != std::string::npos; p = text.find(f, p + 1)) text.insert(p + 1, kTiny + "/");
-  for (auto& [a, b] : repl) {
-    const size_t p = text.find(a);
-    EXPECT_NE(p, std::string::npos) << a;
-    if (p != std::string::npos) text.replace(p, a.size(), b);
-  }
-  const std::string path = tmp_path(name + ".yml");
-  spit(path, text);
-  return path;
-}
 
 // A JSON scalar as YAML text (numbers and strings; null as ~).
 std::string yaml_scalar(const Json& j) {
@@ -79,7 +64,7 @@ TEST(CreditGolden, LossesMatchCredit) {
     }
     section += weighted ? "\n  use_latitude_weights: true\n  use_variable_weights: true"
                         : "\n  use_latitude_weights: false\n  use_variable_weights: false";
-    CreditConfig c = read_credit_config(config_with(
+    CreditConfig c = read_credit_config(era5_tiny_config(
         "golden_loss", {{"training_loss: \"mse\"\n  use_latitude_weights: true\n  use_variable_weights: false", section}}));
     const LossFunction f =
         validation ? credit_validation_loss(c) : loss_function(c.training_loss.name, c.training_loss.delta);
@@ -111,7 +96,7 @@ TEST(CreditGolden, SchedulersMatchCredit) {
     const Json& sch = *k.get("scheduler");
     for (size_t i = 0; i < sch.keys.size(); ++i) section += "\n    " + sch.keys[i] + ": " + yaml_scalar(sch.items[i]);
     const CreditConfig c = read_credit_config(
-        config_with("golden_sched", {{"learning_rate: 1.0e-4", "learning_rate: " + k.get("learning_rate")->s},
+        era5_tiny_config("golden_sched", {{"learning_rate: 1.0e-4", "learning_rate: " + k.get("learning_rate")->s},
                                      {"use_ema: false", section + "\n  use_ema: false"}}));
     const int64_t per_epoch = (int64_t)num(*k.get("batches_per_epoch")), epochs = (int64_t)num(*k.get("epochs"));
     Schedule s = credit_schedule(c, 1, per_epoch);

@@ -28,20 +28,6 @@ namespace {
 
 const std::string kDir = data_path("tests/data/era5_tiny");
 
-// era5_tiny's config.yml with absolute paths, each (from, to) replaced, written as NAME.yml.
-std::string config_with(const std::string& name, const std::vector<std::pair<std::string, std::string>>& repl) {
-  std::string text = slurp(kDir + "/config.yml");
-  for (const char* f : {"\"era5_%Y.*\"", "\"forcing_%Y.nc\"", "\"static.nc\"", "\"scaler.json\""})
-    for (size_t p = text.find(f); p != std::string::npos; p = text.find(f, p + 1)) text.insert(p + 1, kDir + "/");
-  for (auto& [a, b] : repl) {
-    const size_t p = text.find(a);
-    EXPECT_NE(p, std::string::npos) << a;
-    if (p != std::string::npos) text.replace(p, a.size(), b);
-  }
-  const std::string path = tmp_path(name + ".yml");
-  spit(path, text);
-  return path;
-}
 
 bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
@@ -113,7 +99,7 @@ TEST(CreditLosses, ValuesFollowCreditsDefinitions) {
 // The loss section: every registry name, its parameters, validation_loss, per-level variable
 // weights; what stays unimplemented is an error naming the key and saying what to do.
 TEST(CreditConfigRegistry, LossSection) {
-  CreditConfig c = read_credit_config(config_with(
+  CreditConfig c = read_credit_config(era5_tiny_config(
       "loss_huber", {{"training_loss: \"mse\"", "training_loss: \"huber\"\n  training_loss_parameters: {delta: 0.25}\n"
                                                 "  validation_loss: \"logcosh\""},
                      {"use_variable_weights: false", "use_variable_weights: true\n  variable_weights: {T: [1, 2], SP: 3}"}}));
@@ -124,7 +110,7 @@ TEST(CreditConfigRegistry, LossSection) {
   EXPECT_EQ(c.variable_weights["T"], (std::vector<double>{1, 2}));
   EXPECT_EQ(c.variable_weights["SP"], (std::vector<double>{3}));
   for (const char* n : {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"})
-    EXPECT_EQ(read_credit_config(config_with("loss_n", {{"\"mse\"", std::string("\"") + n + "\""}})).training_loss.name, n);
+    EXPECT_EQ(read_credit_config(era5_tiny_config("loss_n", {{"\"mse\"", std::string("\"") + n + "\""}})).training_loss.name, n);
   struct Case {
     std::string from, to, want;
   };
@@ -140,19 +126,19 @@ TEST(CreditConfigRegistry, LossSection) {
       {"use_ema: false", "use_ema: false\n  ensemble_size: 2", "trainer.ensemble_size: 2 (ensemble training"},
   };
   for (const Case& k : cases) {
-    const std::string e = error_of([&] { read_credit_config(config_with("loss_bad", {{k.from, k.to}})); });
+    const std::string e = error_of([&] { read_credit_config(era5_tiny_config("loss_bad", {{k.from, k.to}})); });
     EXPECT_TRUE(has(e, k.want)) << k.to << " -> " << e;
   }
 }
 
 // trainer.grad_max_norm: dynamic and each scheduler's section, with CREDIT's defaults.
 TEST(CreditConfigRegistry, TrainerSection) {
-  CreditConfig c = read_credit_config(config_with("dyn", {{"grad_max_norm: 1.0", "grad_max_norm: 'dynamic'"}}));
+  CreditConfig c = read_credit_config(era5_tiny_config("dyn", {{"grad_max_norm: 1.0", "grad_max_norm: 'dynamic'"}}));
   EXPECT_TRUE(c.grad_clip_dynamic);
   const std::string restarts =
       "use_scheduler: true\n  scheduler:\n    scheduler_type: cosine-annealing-restarts\n    first_cycle_steps: 250\n"
       "    cycle_mult: 6.0\n    max_lr: 5.0e-04\n    min_lr: 5.0e-07\n    warmup_steps: 249\n    gamma: 0.7\n  use_ema";
-  c = read_credit_config(config_with("restarts", {{"use_ema", restarts}}));
+  c = read_credit_config(era5_tiny_config("restarts", {{"use_ema", restarts}}));
   EXPECT_EQ(c.scheduler_type, "cosine-annealing-restarts");
   EXPECT_EQ(c.first_cycle_steps, 250);
   EXPECT_EQ(c.cycle_mult, 6.0);
@@ -160,12 +146,12 @@ TEST(CreditConfigRegistry, TrainerSection) {
   EXPECT_EQ(c.min_lr, 5e-7);
   EXPECT_EQ(c.warmup_steps, 249);
   EXPECT_EQ(c.gamma, 0.7);
-  c = read_credit_config(config_with(
+  c = read_credit_config(era5_tiny_config(
       "cosine", {{"use_ema", "use_scheduler: true\n  scheduler:\n    scheduler_type: cosine-annealing\n    T_max: 7\n"
                              "    eta_min: 1.0e-6\n  use_ema"}}));
   EXPECT_EQ(c.t_max, 7);
   EXPECT_EQ(c.eta_min, 1e-6);
-  c = read_credit_config(config_with(
+  c = read_credit_config(era5_tiny_config(
       "plateau", {{"use_ema", "use_scheduler: true\n  scheduler:\n    scheduler_type: plateau\n    mode: max\n"
                               "    factor: 0.5\n    patience: 2\n    threshold_mode: abs\n  use_ema"}}));
   EXPECT_EQ(c.plateau_mode, "max");
@@ -173,7 +159,7 @@ TEST(CreditConfigRegistry, TrainerSection) {
   EXPECT_EQ(c.plateau_patience, 2);
   EXPECT_EQ(c.plateau_threshold_mode, "abs");
   EXPECT_EQ(c.min_lr, 0);  // ReduceLROnPlateau's default, not linear-warmup-cosine's
-  c = read_credit_config(config_with(
+  c = read_credit_config(era5_tiny_config(
       "lambda", {{"use_ema", "use_scheduler: true\n  scheduler:\n    scheduler_type: lambda\n    T_max: 3\n  use_ema"}}));
   EXPECT_TRUE(any_has(c.warnings, "trainer.scheduler.T_max: ignored"));
   struct Case {
@@ -189,7 +175,7 @@ TEST(CreditConfigRegistry, TrainerSection) {
       {"use_scheduler: true\n  scheduler:\n    scheduler_type: plateau\n    mode: up\n  use_ema", "'up' is not min or max"},
   };
   for (const Case& k : cases) {
-    const std::string e = error_of([&] { read_credit_config(config_with("sched_bad", {{"use_ema", k.to}})); });
+    const std::string e = error_of([&] { read_credit_config(era5_tiny_config("sched_bad", {{"use_ema", k.to}})); });
     EXPECT_TRUE(has(e, k.want)) << k.to << " -> " << e;
   }
 }
@@ -263,7 +249,7 @@ TEST(CreditConfigRegistry, TransformBlocks) {
       "      eps: 1.0e-3\n      data_types: ['input']\n"
       "  sq:\n    type: sqrt_transform\n    args:\n      variables: 'era5/diagnostic/2d/tp'\n"
       "  norm:\n";
-  CreditConfig c = read_credit_config(config_with("blocks", {{"preblocks:\n  norm:\n", blocks}}));
+  CreditConfig c = read_credit_config(era5_tiny_config("blocks", {{"preblocks:\n  norm:\n", blocks}}));
   ASSERT_EQ(c.pre_transforms.size(), 3u);
   EXPECT_EQ(c.pre_transforms[0].kind, PointTransform::Fill);
   ASSERT_EQ(c.pre_transforms[0].rules.size(), 2u);
@@ -281,24 +267,24 @@ TEST(CreditConfigRegistry, TransformBlocks) {
   const std::string after = "preblocks:\n  norm:\n    type: \"bridgescaler_transform\"\n    args:\n      scaler_path: \"" +
                             kDir + "/scaler.json\"\n  log:\n    type: log_transform\n    args:\n      variables: []\n";
   std::string e = error_of([&] {
-    read_credit_config(config_with("after", {{"preblocks:\n  norm:\n    type: \"bridgescaler_transform\"\n    args:\n"
+    read_credit_config(era5_tiny_config("after", {{"preblocks:\n  norm:\n    type: \"bridgescaler_transform\"\n    args:\n"
                                               "      scaler_path: \"" + kDir + "/scaler.json\"\n", after}}));
   });
   EXPECT_TRUE(has(e, "preblocks.log: log_transform after the scaler is not implemented")) << e;
   e = error_of([&] {
-    read_credit_config(config_with("badrule", {{"preblocks:\n  norm:\n", "preblocks:\n  f:\n    type: fill_values\n    args:\n"
+    read_credit_config(era5_tiny_config("badrule", {{"preblocks:\n  norm:\n", "preblocks:\n  f:\n    type: fill_values\n    args:\n"
                                                                         "      rules:\n        - {search: 1, op: \"=~\", fill: 0}\n  norm:\n"}}));
   });
   EXPECT_TRUE(has(e, "preblocks.f.args.rules[0].op: '=~' is not one of")) << e;
   e = error_of([&] {
-    read_credit_config(config_with("twin", {{"preblocks:", "postblocks:\n  per_step:\n    rt:\n      type: reconstruct\n"
+    read_credit_config(era5_tiny_config("twin", {{"preblocks:", "postblocks:\n  per_step:\n    rt:\n      type: reconstruct\n"
                                                            "      args:\n        in_key: y\n        out_key: y_target_processed\n"
                                                            "preblocks:"}}));
   });
   EXPECT_TRUE(has(e, "postblocks.per_step.rt: the target twin y_target_processed is read only by CREDIT's loss.type base"))
       << e;
   // forecast reads the same config: the loss's target twin and the training keys are no error
-  const std::string fc = config_with(
+  const std::string fc = era5_tiny_config(
       "forecast_only", {{"preblocks:", "postblocks:\n  per_step:\n    rt:\n      type: reconstruct\n      args:\n"
                                        "        in_key: y\n        out_key: y_target_processed\npreblocks:"},
                         {"grad_max_norm: 1.0", "grad_max_norm: 'whatever'"},
@@ -320,7 +306,7 @@ TEST(CreditTransforms, EraTinyRoundTrips) {
       "  sq:\n    type: sqrt_transform\n    args:\n      variables: ['era5/prognostic/2d/SP']\n"
       "  norm:\n";
   Era5Data plain(read_credit_config(kDir + "/config.yml"));
-  Era5Data d(read_credit_config(config_with("roundtrip", {{"preblocks:\n  norm:\n", blocks}})));
+  Era5Data d(read_credit_config(era5_tiny_config("roundtrip", {{"preblocks:\n  norm:\n", blocks}})));
   const int64_t t = parse_datetime("2020-12-31T18", "t");
   Tensor x0 = plain.input(t), x = d.input(t), y = d.target(t), y0 = plain.target(t);
   const int64_t hw = x.numel() / x.shape[1];
@@ -383,7 +369,7 @@ TEST(CreditTransforms, FillValuesRules) {
       "      rules:\n        - {search: -1.0e30, op: \">\", fill: -7.0}\n"
       "  lg2:\n    type: log_transform\n    args:\n      variables: ['era5/static/2d/LSM']\n"
       "  norm:\n";
-  Era5Data d(read_credit_config(config_with("nanlog", {{"preblocks:\n  norm:\n", blocks}})));
+  Era5Data d(read_credit_config(era5_tiny_config("nanlog", {{"preblocks:\n  norm:\n", blocks}})));
   const std::string err = error_of([&] { d.input(parse_datetime("2020-12-31T18", "t")); });
   EXPECT_TRUE(has(err, "variable 'LSM'") && has(err, "NaN or inf after preblocks.lg2")) << err;
 }
@@ -395,7 +381,7 @@ TEST(CreditSchedules, PlateauFollowsTheValidationLossAndResumes) {
   const std::string plateau =
       "use_scheduler: true\n  scheduler:\n    scheduler_type: plateau\n    factor: 0.5\n    patience: 0\n"
       "    threshold: 0.5\n  use_ema";  // patience 0, a 50 % threshold: every epoch that is not far better halves
-  const std::string cfg = config_with("plateau_run", {{"use_ema", plateau}, {"epochs: 1", "epochs: 3"}});
+  const std::string cfg = era5_tiny_config("plateau_run", {{"use_ema", plateau}, {"epochs: 1", "epochs: 3"}});
   auto run = [&](const std::string& save, int64_t steps, bool resume) {
     FinetuneConfig fc;
     fc.model = data_path("models/wxformer_tiny/model.onnx");

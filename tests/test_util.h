@@ -49,6 +49,28 @@ inline void spit(const std::string& path, const std::string& bytes) {
   f.write(bytes.data(), (std::streamsize)bytes.size());
 }
 
+// tests/data/era5_tiny/config.yml with absolute data paths and save_loc in the temp folder
+// (NAME_save), each (from, to) replaced (a `from`
+// that is not there fails the test), `extra` appended; written to the temp folder as NAME.yml.
+inline std::string era5_tiny_config(const std::string& name,
+                                    const std::vector<std::pair<std::string, std::string>>& repl = {},
+                                    const std::string& extra = "") {
+  const std::string dir = data_path("tests/data/era5_tiny");
+  std::string text = slurp(dir + "/config.yml");
+  for (const char* f : {"\"era5_%Y.*\"", "\"forcing_%Y.nc\"", "\"static.nc\"", "\"scaler.json\""})
+    for (size_t p = text.find(f); p != std::string::npos; p = text.find(f, p + 1)) text.insert(p + 1, dir + "/");
+  const size_t save = text.find("save_loc: \"save\"");
+  if (save != std::string::npos) text.replace(save, 16, "save_loc: \"" + tmp_path(name + "_save") + "\"");
+  for (auto& [a, b] : repl) {
+    const size_t p = text.find(a);
+    EXPECT_NE(p, std::string::npos) << a;
+    if (p != std::string::npos) text.replace(p, a.size(), b);
+  }
+  const std::string path = tmp_path(name + ".yml");
+  spit(path, text + extra);
+  return path;
+}
+
 // The message of the wxe::Error f() throws, or "<no error>".
 template <class F>
 std::string error_of(F&& f) {

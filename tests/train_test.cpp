@@ -537,13 +537,14 @@ namespace {
 // 20 optimizer steps against the same run in PyTorch/CREDIT (models/make_train_fixtures.py):
 // linear-warmup-cosine, clipping at 1.0, accumulation 2, weight decay, spectral norm in train
 // mode. Every step's loss within rtol 1e-4; final parameters within 1e-4 relative L2.
-TEST(TrainParity, Crossformer20StepsMatchPyTorch) {
-  const std::string dir = data_path("tests/data/train/");
+// The PyTorch/CREDIT runs' settings (models/make_train_fixtures.py): crossformer_tiny on
+// tests/data/train/series, accumulation 2, linear-warmup-cosine (warm-up 5 of 20), weight decay.
+FinetuneConfig crossformer_series_run(int64_t steps) {
   FinetuneConfig c;
   c.model = data_path("tests/data/crossformer_tiny_opset17.onnx");
   c.weights = data_path("tests/data/crossformer_tiny_checkpoint.pt");
-  c.data = dir + "series";
-  c.steps = 20;
+  c.data = data_path("tests/data/train/series");
+  c.steps = steps;
   c.accum = 2;
   c.schedule.kind = ScheduleKind::LinearWarmupCosine;
   c.schedule.lr = 1e-3;
@@ -553,6 +554,12 @@ TEST(TrainParity, Crossformer20StepsMatchPyTorch) {
   c.grad_max_norm = 1.0;
   c.adam.weight_decay = 0.01;
   c.progress = false;
+  return c;
+}
+
+TEST(TrainParity, Crossformer20StepsMatchPyTorch) {
+  const std::string dir = data_path("tests/data/train/");
+  FinetuneConfig c = crossformer_series_run(20);
   Trainer t(c, open_npy_dir(c.data, 1));
   Tensor ref_loss = read_npy(dir + "crossformer_tiny_train20_losses.npy");
   Tensor ref_lr = read_npy(dir + "crossformer_tiny_train20_lr.npy");
@@ -603,21 +610,9 @@ TEST(TrainParity, CreditLossesFiveStepsMatchCredit) {
   const std::string dir = data_path("tests/data/train/");
   for (const char* name : {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"}) {
     SCOPED_TRACE(name);
-    FinetuneConfig c;
-    c.model = data_path("tests/data/crossformer_tiny_opset17.onnx");
-    c.weights = data_path("tests/data/crossformer_tiny_checkpoint.pt");
-    c.data = dir + "series";
-    c.steps = 5;
-    c.accum = 2;
-    c.schedule.kind = ScheduleKind::LinearWarmupCosine;
-    c.schedule.lr = 1e-3;
-    c.schedule.min_lr = 1e-5;
-    c.schedule.warmup_steps = 5;
-    c.schedule.total_steps = 20;
+    FinetuneConfig c = crossformer_series_run(5);
     c.grad_clip_dynamic = true;
     c.loss = loss_function(name);
-    c.adam.weight_decay = 0.01;
-    c.progress = false;
     Trainer t(c, open_npy_dir(c.data, 1));
     const Tensor ref_loss = read_npy(dir + "losses/" + name + "_losses.npy");
     const Tensor ref_norm = read_npy(dir + "losses/" + name + "_gradnorm.npy");
