@@ -156,10 +156,27 @@ struct Reader {
       sc.dataset_type = get<std::string>(s["dataset_type"], p + ".dataset_type", "local");
       if (sc.dataset_type == "tisr") {
         known(s, p + ".", {"dataset_type", "variables", "num_integration_steps", "lat_spec", "lon_spec",
-                           "latlon_grid_path", "tsi_source", "integration_period", "history_len"});
+                           "latlon_grid_path", "timestep", "history_len", "device", "start_datetime", "end_datetime",
+                           "forecast_len", "temporal_mode", "calendar"});
+        const std::string mode = get<std::string>(s["temporal_mode"], p + ".temporal_mode", "exact");
+        if (mode != "exact")
+          fail(where(p + ".temporal_mode"), ": '", mode, "' is not implemented (exact: the radiation at each sample's time)");
+        const bool spec = s["lat_spec"] || s["lon_spec"], file = (bool)s["latlon_grid_path"];
+        if (spec == file || (spec && !(s["lat_spec"] && s["lon_spec"])))
+          fail(where(p), ": a tisr source needs its grid: lat_spec and lon_spec ([start, end, num_points]) or "
+               "latlon_grid_path (exactly one of them)");
+        for (const char* k : {"lat_spec", "lon_spec"})
+          if (s[k]) {
+            const std::vector<double> v = get<std::vector<double>>(s[k], p + "." + k, {});
+            if (v.size() != 3 || !std::isfinite(v[0]) || !std::isfinite(v[1]) || !(v[2] >= 1 && v[2] <= 1e7) ||
+                v[2] != std::floor(v[2]))
+              fail(where(p + "." + k), ": expected [start, end, num_points] with num_points a whole number >= 1");
+          }
+        if (s["num_integration_steps"]) ranged<int>(s["num_integration_steps"], p + ".num_integration_steps", 360, 1, 1 << 20);
+        if (s["timestep"]) parse_timestep(get<std::string>(s["timestep"], p + ".timestep", ""), where(p + ".timestep"));
         for (auto jt = s.begin(); jt != s.end(); ++jt) {
           const std::string k = jt->first.as<std::string>();
-          if (k == "variables" || k == "dataset_type") continue;
+          if (k == "variables" || k == "dataset_type" || k == "device" || k == "temporal_mode") continue;
           sc.args[k] = k == "latlon_grid_path" ? path(jt->second, p + "." + k) : YAML::Dump(jt->second);
         }
       } else if (sc.dataset_type == "local") {
@@ -183,6 +200,9 @@ struct Reader {
           (!sc.prognostic.empty() || !sc.diagnostic.empty() || !sc.statics.empty() || !sc.dynamic_forcing.vars_3D.empty() ||
            sc.dynamic_forcing.vars_2D.size() != 1))
         fail(where(p + ".variables"), ": a tisr source has one 2D dynamic_forcing variable and nothing else");
+      if (sc.dataset_type == "tisr" && sc.dynamic_forcing.vars_2D[0] != "tisr")
+        fail(where(p + ".variables.dynamic_forcing.vars_2D"), ": '", sc.dynamic_forcing.vars_2D[0],
+             "': a tisr source's variable is named tisr (as CREDIT requires)");
       const bool any3d = !sc.prognostic.vars_3D.empty() || !sc.diagnostic.vars_3D.empty() ||
                          !sc.dynamic_forcing.vars_3D.empty() || !sc.statics.vars_3D.empty();
       if (any3d && sc.levels.empty()) fail(where(p + ".levels"), ": 3D variables need a list of levels");
@@ -235,8 +255,10 @@ struct Reader {
                             "spatial_variables", "key"});
     const std::string m = get<std::string>(a["method"], p + ".args.method", method);
     if (m != method) fail(where(p + ".args.method"), ": '", m, "' is not implemented here (", method, ")");
+    // the file says which scaler each variable has (standard or quantile): this key only names it
     const std::string st = get<std::string>(a["scaler_type"], p + ".args.scaler_type", "standard");
-    if (st != "standard") fail(where(p + ".args.scaler_type"), ": '", st, "' is not implemented (standard)");
+    if (st != "standard" && st != "quantile")
+      fail(where(p + ".args.scaler_type"), ": '", st, "' is not implemented (standard, quantile)");
     if (!strings(a["spatial_variables"], p + ".args.spatial_variables").empty())
       fail(where(p + ".args.spatial_variables"), ": grid-wise scaling is not implemented");
     if (data_types ? pre_scaler_ : post_scaler_) fail(where(p), ": a second scaler block (wxe applies one)");

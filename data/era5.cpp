@@ -11,9 +11,11 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <tuple>
 
 #include "engine/ir/error.h"
 #include "engine/io/glob.h"
+#include "data/quantile_scaler.h"
 #include "data/zarr.h"
 #include "engine/io/json.h"
 
@@ -89,8 +91,51 @@ Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
     feedback_.push_back(at);
     n_prog_ += at >= 0;
   }
+  // tisr sources: the grid from lat_spec / lon_spec or latlon_grid_path, the options
+  for (int si = 0; si < (int)cfg_.sources.size(); ++si) {
+    const SourceConfig& sc = cfg_.sources[si];
+    if (sc.dataset_type != "tisr") continue;
+    const std::string p = cfg_.file + ": data.source." + sc.name;
+    auto arg = [&](const char* k) { return sc.args.count(k) ? sc.args.at(k) : std::string(); };
+    auto spec = [&](const char* k) {
+      // "[90, -90, 192]" as the config wrote it (checked by the reader)
+      std::string v = arg(k);
+      for (char& ch : v)
+        if (ch == '[' || ch == ']' || ch == ',') ch = ' ';
+      std::istringstream in(v);
+      TisrAxisSpec a;
+      double n = 0;
+      in >> a.start >> a.end >> n;
+      a.num_points = (int64_t)n;
+      return a;
+    };
+    Tisr tz;
+    tz.grid = arg("latlon_grid_path").empty() ? tisr_grid_from_spec(spec("lat_spec"), spec("lon_spec"))
+                                              : tisr_grid_from_file(arg("latlon_grid_path"));
+    if (tz.grid.curvilinear) fail(p, ": a curvilinear tisr grid (2-D latitude and longitude) is not implemented");
+    tz.opt.integration_period_s =
+        arg("timestep").empty() ? cfg_.timestep : parse_timestep(arg("timestep"), p + ".timestep");
+    if (!arg("num_integration_steps").empty())
+      tz.opt.num_integration_steps = (int)parse_int64(arg("num_integration_steps"), p + ".num_integration_steps");
+    tisr_[si] = std::move(tz);
+  }
   load_scaler();
   bind_transforms();
+}
+
+void Era5Data::learn_grid(int64_t h, int64_t w, std::vector<double> lat, std::vector<double> lon,
+                          const std::string& from) const {
+  if (!h_) {
+    h_ = h;
+    w_ = w;
+    lat_ = std::move(lat);
+    lon_ = std::move(lon);
+    for (double v : lat_)
+      if (!(v >= -90 && v <= 90)) fail(from, ": latitude ", v, " is not in [-90, 90]");
+    for (double v : lon_)
+      if (!std::isfinite(v)) fail(from, ": longitude ", v, " is missing");
+  }
+  if (h != h_ || w != w_) fail(from, ": the grid is ", h, "x", w, ", the data's ", h_, "x", w_);
 }
 
 std::string var_key(const CreditConfig& cfg, const ChannelInfo& c) {
@@ -125,7 +170,10 @@ bool selected(const std::vector<std::string>& sel, const std::string& key) {
 // scaler's own JSON text>"}}}, or a flat {VAR: {mean_x_, var_x_}}) into per-variable statistics
 // of each side: side[0] input, side[1] target. A flat file gives both sides. Within one side a
 // variable must have one scaler.
-void read_bridgescaler(const std::string& file, const std::vector<std::string>& sel, std::map<std::string, Stats> side[2]) {
+using Quantiles = std::map<std::string, std::shared_ptr<const QuantileScaler>>;
+
+void read_bridgescaler(const std::string& file, const std::vector<std::string>& sel, std::map<std::string, Stats> side[2],
+                       Quantiles* quant = nullptr) {
   Json j = parse_json(read_regular_file(file, (size_t)1 << 30), file, "scaler JSON");
   if (j.type != Json::Obj) fail(file, ": not a JSON object of scalers");
   // mean_x_ / var_x_: a list of numbers, or numpy's {"__numpy__": base64, "dtype", "shape"}
@@ -173,7 +221,18 @@ void read_bridgescaler(const std::string& file, const std::vector<std::string>& 
         e = &text;
       }
       if (e->type != Json::Obj) fail(file, ": scaler '", key, "' is not a JSON object");
-      if (!e->get("mean_x_")) {
+      const ScalerKind kind = scaler_kind(*e, str(file, ": scaler '", key, "'"));
+      if (kind == ScalerKind::MinMax) fail(file, ": scaler '", key, "': a min-max scaler is not implemented");
+      if (kind == ScalerKind::Quantile) {  // bridgescaler's DQuantileScalerTensor (scaler_type: quantile)
+        if (!selected(sel, key)) continue;
+        if (!quant) fail(file, ": scaler '", key, "' is a quantile scaler (not read here)");
+        auto q = std::make_shared<const QuantileScaler>(QuantileScaler::from_json(*e, str(file, ": scaler '", key, "'")));
+        const std::string name = key.substr(key.rfind('/') + 1);
+        for (int k = 0; k < 2; ++k)
+          if (sides & (1 << k)) quant[k][name] = q;
+        continue;
+      }
+      if (kind == ScalerKind::None) {
         if (depth >= 3) fail(file, ": scaler '", key, "' has no mean_x_");
         const int s = depth == 0 && key == "input" ? 1 : depth == 0 && key == "target" ? 2 : sides;
         walk(*e, depth + 1, s);
@@ -214,14 +273,15 @@ std::map<std::string, double> scaler_target_variances(const std::string& file) {
 void Era5Data::load_scaler() {
   // per side (0 input, 1 target) and variable: mean and std per configured level (3D) or one value
   std::map<std::string, Stats> side[2], post[2];
+  Quantiles qside[2], qpost[2];
   if (!cfg_.scaler_json.empty()) {
-    read_bridgescaler(cfg_.scaler_json, cfg_.scaler_vars, side);
+    read_bridgescaler(cfg_.scaler_json, cfg_.scaler_vars, side, qside);
     // args.data_types: the sides the preblock scales (the other passes through)
     for (int k = 0; k < 2; ++k)
       if (!cfg_.scaler_data_types.empty() &&
           std::find(cfg_.scaler_data_types.begin(), cfg_.scaler_data_types.end(), k ? "target" : "input") ==
               cfg_.scaler_data_types.end())
-        side[k].clear();
+        side[k].clear(), qside[k].clear();
   } else if (!cfg_.mean_nc.empty() || !cfg_.std_nc.empty()) {
     if (cfg_.mean_nc.empty() || cfg_.std_nc.empty()) fail(cfg_.file, ": the scaler needs both mean_path and std_path");
     std::unique_ptr<DataFile> mfp = open_data_file(cfg_.mean_nc), sfp = open_data_file(cfg_.std_nc);
@@ -252,9 +312,20 @@ void Era5Data::load_scaler() {
   }
   // the postblock's inverse scaler: its file's target side (CREDIT's postblock reads only that)
   const bool has_post = !cfg_.post_scaler_json.empty();
-  if (has_post) read_bridgescaler(cfg_.post_scaler_json, cfg_.post_scaler_vars, post);
+  if (has_post) read_bridgescaler(cfg_.post_scaler_json, cfg_.post_scaler_vars, post, qpost);
   const std::string src = cfg_.scaler_json.empty() ? cfg_.mean_nc : cfg_.scaler_json;
   // channel c's (mean, std) from stats, or (0, 1) (passed through) when it has none
+  // a quantile scaler of channel c's variable: the channel's digest (one per level, or one)
+  auto quantile = [&](const ChannelInfo& c, const Quantiles& q, const std::string& file)
+      -> std::pair<std::shared_ptr<const QuantileScaler>, int> {
+    auto it = q.find(c.var);
+    if (it == q.end()) return {nullptr, 0};
+    const int n = c.is3d ? (int)cfg_.sources[c.src].levels.size() : 1;
+    if (it->second->channels() != n && it->second->channels() != 1)
+      fail(file, ": the quantile scaler of variable '", c.var, "' has ", it->second->channels(), " channels, expected ", n,
+           " or 1");
+    return {it->second, it->second->channels() == 1 ? 0 : c.level_index};
+  };
   auto pick = [&](const ChannelInfo& c, const std::map<std::string, Stats>& stats, const std::string& file,
                   double& mean, double& sd) {
     mean = 0;
@@ -279,14 +350,29 @@ void Era5Data::load_scaler() {
   };
   for (int k = 0; k < 2; ++k)
     for (ChannelInfo& c : k ? out_ : in_) {
-      if (!pick(c, side[k], src, c.mean, c.std) && !src.empty())
+      std::tie(c.quant, c.quant_channel) = quantile(c, qside[k], src);
+      if (c.quant) {
+        c.post_quant = c.quant;
+        c.post_quant_channel = c.quant_channel;
+      }
+      if (!c.quant && !pick(c, side[k], src, c.mean, c.std) && !src.empty())
         warn(str("no ", k ? "target" : "input", " scaler for variable '", c.var, "': passed through unnormalised"));
       // the postblock's statistics where it selects the variable, else the preblock's target side
       // (CREDIT's postblock leaves such a variable normalised; its netCDF writer de-normalises all)
-      if (!k || !has_post || !pick(c, post[1], cfg_.post_scaler_json, c.post_mean, c.post_std)) {
-        c.post_mean = c.mean;
-        c.post_std = c.std;
+      if (k && has_post) {
+        auto [pq, pc] = quantile(c, qpost[1], cfg_.post_scaler_json);
+        if (pq) {
+          c.post_quant = pq;
+          c.post_quant_channel = pc;
+          continue;
+        }
+        if (pick(c, post[1], cfg_.post_scaler_json, c.post_mean, c.post_std)) {
+          c.post_quant = nullptr;
+          continue;
+        }
       }
+      c.post_mean = c.mean;
+      c.post_std = c.std;
     }
 }
 
@@ -377,13 +463,28 @@ void apply_transform(const PointTransform& p, T* x, int64_t n, T* d) {
 
 void PointTransform::apply(float* x, int64_t n, float* d) const { apply_transform(*this, x, n, d); }
 
+// A channel's n physical values normalised: its quantile scaler's transform, or (x - m) / s.
+static void normalise_channel(const ChannelInfo& c, float* p, int64_t n, float m, float s) {
+  if (c.quant) {
+    c.quant->transform(p, n, c.quant_channel);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) p[i] = (p[i] - m) / s;
+}
+
 // A target channel's n normalised values to physical units: x * post_std + post_mean, then its
 // postblocks, in float32 as CREDIT's inverse scaler computes with bridgescaler's float32
 // statistics (two roundings: this file is compiled without FMA contraction).
 static void denormalise_channel(const ChannelInfo& c, float* p, int64_t n, float* d = nullptr) {
-  const float s = (float)c.post_std, m = (float)c.post_mean;
-  for (int64_t i = 0; i < n; ++i) p[i] = p[i] * s + m;
-  if (d) std::fill(d, d + n, s);
+  if (c.post_quant) {
+    WXE_CHECK(!d, "variable '", c.var, "': the quantile scaler's inverse is not differentiated (loss.type base with a "
+              "quantile scaler is not implemented)");
+    c.post_quant->inverse_transform(p, n, c.post_quant_channel);
+  } else {
+    const float s = (float)c.post_std, m = (float)c.post_mean;
+    for (int64_t i = 0; i < n; ++i) p[i] = p[i] * s + m;
+    if (d) std::fill(d, d + n, s);
+  }
   for (const PointTransform* t : c.post) t->apply(p, n, d);
 }
 
@@ -392,7 +493,8 @@ Tensor Era5Data::prediction_to_input(const Tensor& y) const {
   for (size_t k = 0; k < out_.size(); ++k) {
     if (feedback_[k] < 0) continue;
     const ChannelInfo &o = out_[k], &i = in_[feedback_[k]];
-    same = same && o.post_mean == i.mean && o.post_std == i.std && o.post.empty() && i.pre.empty();
+    same = same && o.post_mean == i.mean && o.post_std == i.std && o.post.empty() && i.pre.empty() && !o.post_quant &&
+           !i.quant;
   }
   if (same) return y;
   // CREDIT's rollout: the prediction de-normalised by the postblock, then normalised by the
@@ -406,13 +508,13 @@ Tensor Era5Data::prediction_to_input(const Tensor& y) const {
       const ChannelInfo &o = out_[k], &in = in_[feedback_[k]];
       const float pm = (float)o.post_mean, ps = (float)o.post_std, m = (float)in.mean, s = (float)in.std;
       float* q = p + (b * y.shape[1] + (int64_t)k) * hw;
-      if (o.post.empty() && in.pre.empty()) {
+      if (o.post.empty() && in.pre.empty() && !o.post_quant && !in.quant) {
         for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] * ps + pm - m) / s;
         continue;
       }
       denormalise_channel(o, q, hw);
       for (const PointTransform* t : in.pre) t->apply(q, hw);
-      for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] - m) / s;
+      normalise_channel(in, q, hw, m, s);
     }
   return x;
 }
@@ -464,6 +566,14 @@ size_t Era5Data::time_index(DataFile& f, const std::string& var, int64_t t) cons
 
 void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   const SourceConfig& sc = cfg_.sources[c.src];
+  auto tz = tisr_.find(c.src);
+  if (tz != tisr_.end()) {  // computed: CREDIT's TISRDataset at t
+    const TisrGrid& g = tz->second.grid;
+    learn_grid(g.ny, g.nx, g.lat, g.lon, cfg_.file + ": data.source." + sc.name + " (tisr grid)");
+    const std::vector<float> v = credit_tisr(t, g, tz->second.opt);
+    std::copy(v.begin(), v.end(), out);
+    return;
+  }
   DataFile& f = file_for(c, t);
   if (!f.has(c.var)) fail(f.path(), ": no variable '", c.var, "' (", c.field_type, ")");
   const std::vector<std::string> d = f.dims(c.var);
@@ -482,14 +592,12 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   }
   const int64_t h = s[s.size() - 2], w = s.back();
   if (!h_) {  // the grid, from the first file read
-    h_ = h;
-    w_ = w;
-    lat_ = f.read(d[d.size() - 2]);
-    lon_ = f.read(d.back());
-    for (double v : lat_)
+    std::vector<double> lat = f.read(d[d.size() - 2]), lon = f.read(d.back());
+    for (double v : lat)
       if (!(v >= -90 && v <= 90)) fail(f.path(), ": latitude ", v, " in '", d[d.size() - 2], "' is not in [-90, 90]");
-    for (double v : lon_)
+    for (double v : lon)
       if (!std::isfinite(v)) fail(f.path(), ": longitude ", v, " in '", d.back(), "' is missing");
+    learn_grid(h, w, std::move(lat), std::move(lon), f.path());
   }
   if (h != h_ || w != w_)
     fail(f.path(), ": variable '", c.var, "' is ", h, "x", w, ", the grid is ", h_, "x", w_);
@@ -545,7 +653,7 @@ void Era5Data::read_channels(const std::vector<ChannelInfo>& chans, int64_t t, f
     float* p = out + k * h_ * w_;
     for (const PointTransform* tr : c.pre) tr->apply(p, h_ * w_);
     check_finite(c, c.pre, t, p);
-    for (int64_t i = 0; i < h_ * w_; ++i) p[i] = (p[i] - m) / s;
+    normalise_channel(c, p, h_ * w_, m, s);
   }
 }
 

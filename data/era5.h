@@ -19,6 +19,8 @@
 
 #include "data/credit_config.h"
 #include "data/data_file.h"
+#include "data/quantile_scaler.h"
+#include "data/tisr.h"
 #include "engine/io/file_util.h"
 #include "engine/io/samples.h"
 #include "engine/ir/tensor.h"
@@ -39,6 +41,10 @@ struct ChannelInfo {
   // the config's elementwise transforms of this channel's physical values: before its scaler
   // (the preblocks selecting it on its side), after the inverse scaler (targets' postblocks)
   std::vector<const PointTransform*> pre, post;
+  // bridgescaler quantile scalers (scaler_type: quantile) in place of mean and std: the
+  // preblock's (its digest quant_channel) and the one de-normalising predictions
+  std::shared_ptr<const QuantileScaler> quant, post_quant;
+  int quant_channel = 0, post_quant_channel = 0;
 };
 
 // CREDIT's key of a channel's variable: "<source>/<field type>/3d/<var>" (or /2d/).
@@ -94,6 +100,13 @@ class Era5Data {
   size_t time_index(DataFile& f, const std::string& var, int64_t t) const;
   void load_scaler();
   void bind_transforms();
+  void learn_grid(int64_t h, int64_t w, std::vector<double> lat, std::vector<double> lon, const std::string& from) const;
+  // tisr sources (computed solar radiation): their grid and options, by source index
+  struct Tisr {
+    TisrGrid grid;
+    TisrOptions opt;
+  };
+  std::map<int, Tisr> tisr_;
   CreditConfig cfg_;
   std::vector<ChannelInfo> in_, out_;
   int n_prog_ = 0;

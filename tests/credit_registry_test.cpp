@@ -13,6 +13,7 @@
 
 #include "data/credit_config.h"
 #include "data/era5.h"
+#include "data/tisr.h"
 #include "engine/io/samples.h"
 #include "test_util.h"
 #include "train/finetune.h"
@@ -481,9 +482,39 @@ TEST(CreditSources, SeveralLocalSourcesInCreditsChannelOrder) {
   std::string e = error_of([&] { read_credit_config(two("src_dup", "    A:\n" + head + prog, "    B:\n" + head + prog)); });
   EXPECT_TRUE(has(e, "variable 'T' is also in source A")) << e;
   e = error_of([&] {
-    read_credit_config(two("src_tisr", "    A:\n" + head + prog, "    S:\n      dataset_type: tisr\n      variables:\n" + lsm));
+    read_credit_config(two("src_tisr", "    A:\n" + head + prog,
+                           "    S:\n      dataset_type: tisr\n      lat_spec: [90, -90, 32]\n      lon_spec: [0, 354.375, 64]\n"
+                           "      variables:\n" + lsm));
   });
   EXPECT_TRUE(has(e, "data.source.S.variables: a tisr source has one 2D dynamic_forcing variable")) << e;
+  // a tisr source (CREDIT's computed solar radiation) after the data: its channel last, the values
+  // data/tisr.h computes (checked against CREDIT in tisr_test.cpp) at the input's time
+  const std::string solar = "    SOLAR:\n      dataset_type: tisr\n      num_integration_steps: 36\n"
+                            "      lat_spec: [90, -90, 32]\n      lon_spec: [0, 354.375, 64]\n      variables:\n"
+                            "        dynamic_forcing:\n          vars_2D: ['tisr']\n";
+  Era5Data st(read_credit_config(two("src_solar", "    A:\n" + head + prog + lsm + tp + tsi, solar)));
+  ASSERT_EQ(st.input_channels().size(), 8u);
+  EXPECT_EQ(var_key(st.config(), st.input_channels().back()), "SOLAR/dynamic_forcing/2d/tisr");
+  const Tensor xs = st.input(t);
+  TisrOptions o;
+  o.integration_period_s = 6 * 3600;
+  o.num_integration_steps = 36;
+  const std::vector<float> want = credit_tisr(t, tisr_grid_from_spec({90, -90, 32}, {0, 354.375, 64}), o);
+  const ChannelInfo& ts = st.input_channels().back();
+  double peak = 0;
+  for (int64_t i = 0; i < hw; ++i) {
+    const float v = want[i];
+    peak = std::max(peak, (double)v);
+    ASSERT_FLOAT_EQ(xs.data<float>()[7 * hw + i], (float)((v - ts.mean) / ts.std)) << i;
+  }
+  EXPECT_GT(peak, 1e6);  // daylight somewhere: J m-2 over 6 h
+  for (int64_t k = 0; k < 7; ++k)  // the data's channels as before
+    for (int64_t i = 0; i < hw; i += 97) ASSERT_EQ(xs.data<float>()[k * hw + i], xr.data<float>()[k * hw + i]) << k;
+  e = error_of([&] {
+    read_credit_config(two("src_nogrid", "    A:\n" + head + prog, "    S:\n      dataset_type: tisr\n      variables:\n"
+                                                                     "        dynamic_forcing:\n          vars_2D: ['tisr']\n"));
+  });
+  EXPECT_TRUE(has(e, "data.source.S: a tisr source needs its grid")) << e;
   e = error_of([&] { read_credit_config(two("src_hrrr", "    A:\n" + head + prog, "    H:\n      dataset_type: hrrr\n")); });
   EXPECT_TRUE(has(e, "data.source.H.dataset_type: 'hrrr' is not implemented")) << e;
 }
@@ -533,4 +564,56 @@ TEST(CreditConfigRegistry, Gen1SchemaReadsAsCreditConvertWritesIt) {
   for (size_t k = 0; k < da.input_channels().size(); ++k) EXPECT_EQ(da.input_channels()[k].var, db.input_channels()[k].var);
   const int64_t t = parse_datetime("2020-12-31T18", "t");
   EXPECT_EQ(da.input(t).shape, db.input(t).shape);
+}
+
+// bridgescaler's quantile scaler (scaler_type: quantile; data/quantile_scaler.h, checked against
+// bridgescaler in quantile_scaler_test.cpp) as the config's preblock: each channel its variable's
+// digest for its level, statics too; variables the file lacks pass through; predictions go back
+// through the target side's inverse.
+TEST(CreditTransforms, QuantileScalerNormalisesEachChannel) {
+  const std::string file = data_path("tests/data/quantile/scaler_quantile.json");
+  CreditConfig c = read_credit_config(era5_tiny_config(
+      "quantile", {{"scaler_path: \"" + kDir + "/scaler.json\"", "scaler_path: \"" + file + "\"\n      scaler_type: quantile"}}));
+  ASSERT_EQ(c.scaler_json, file);
+  CreditConfig raw_cfg = c;
+  raw_cfg.scaler_json.clear();
+  Era5Data q(c), raw(raw_cfg);
+  const int64_t t = parse_datetime("2020-12-31T18", "t");
+  const Tensor x = q.input(t), x0 = raw.input(t), y = q.target(t), y0 = raw.target(t);
+  const Json j = parse_json(slurp(file), file);
+  auto scaler = [&](const char* side, const std::string& key) {
+    return QuantileScaler::from_text(j.get(side)->get("era5")->get(key)->s, key);
+  };
+  const int64_t hw = x.numel() / x.shape[1];
+  int transformed = 0;
+  for (size_t k = 0; k < q.input_channels().size(); ++k) {
+    const ChannelInfo& ch = q.input_channels()[k];
+    const Json* e = j.get("input")->get("era5")->get(var_key(c, ch));
+    std::vector<float> want(x0.data<float>() + k * hw, x0.data<float>() + (k + 1) * hw);
+    if (e) {
+      scaler("input", var_key(c, ch)).transform(want.data(), hw, ch.is3d ? ch.level_index : 0);
+      ++transformed;
+    }
+    for (int64_t i = 0; i < hw; ++i) ASSERT_EQ(x.data<float>()[k * hw + i], want[i]) << ch.var << " " << i;
+  }
+  EXPECT_EQ(transformed, 4);  // T at two levels, SP, LSM; U and tsi pass through
+  // the target side de-normalises: back near the data (a digest's round trip is piecewise linear)
+  Tensor back = y.clone();
+  q.denormalise_target(back);
+  for (size_t k = 0; k < q.target_channels().size(); ++k) {
+    const ChannelInfo& ch = q.target_channels()[k];
+    if (!ch.post_quant) continue;
+    std::vector<float> want(y.data<float>() + k * hw, y.data<float>() + (k + 1) * hw);
+    scaler("target", var_key(c, ch)).inverse_transform(want.data(), hw, ch.is3d ? ch.level_index : 0);
+    double spread = 0, worst = 0;
+    for (int64_t i = 0; i < hw; ++i) {
+      ASSERT_EQ(back.data<float>()[k * hw + i], want[i]) << ch.var;
+      spread = std::max(spread, (double)std::fabs(y0.data<float>()[k * hw + i]));
+      worst = std::max(worst, (double)std::fabs(back.data<float>()[k * hw + i] - y0.data<float>()[k * hw + i]));
+    }
+    EXPECT_LE(worst, 0.05 * spread) << ch.var;
+  }
+  // BaseLoss needs the postblocks' derivative, which the quantile inverse does not give: an error
+  Tensor d;
+  EXPECT_TRUE(has(error_of([&] { Tensor b = y.clone(); q.denormalise_target(b, &d); }), "quantile scaler's inverse"));
 }
