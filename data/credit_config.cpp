@@ -149,6 +149,7 @@ struct Reader {
     std::map<std::string, std::string> var_source;
     for (auto it = src.begin(); it != src.end(); ++it) {
       SourceConfig sc;
+      std::string store;  // a store holding every field type (weatherbench2_era5)
       sc.name = it->first.as<std::string>();
       const std::string p = "data.source." + sc.name;
       const YAML::Node s = it->second;
@@ -181,21 +182,43 @@ struct Reader {
         }
       } else if (sc.dataset_type == "local") {
         known(s, p + ".", {"dataset_type", "level_coord", "levels", "variables", "history_len", "grid_type"});
+      } else if (sc.dataset_type == "weatherbench2_era5") {
+        // CREDIT reads gs://weatherbench2/datasets/era5/<the resolution's store>; wxe a local copy
+        // of it (`path`, wxe's key): one zarr store for every field type and time
+        known(s, p + ".", {"dataset_type", "level_coord", "levels", "variables", "history_len", "resolution", "path"});
+        const std::string res = get<std::string>(s["resolution"], p + ".resolution", "1440x721");
+        static const std::map<std::string, std::string> stores = {
+            {"1440x721", "1959-2023_01_10-wb13-6h-1440x721_with_derived_variables.zarr"},
+            {"240x121", "1959-2023_01_10-6h-240x121_equiangular_with_poles_conservative.zarr"},
+            {"64x32", "1959-2023_01_10-6h-64x32_equiangular_conservative.zarr"},
+            {"full", "1959-2023_01_10-full_37-1h-0p25deg-chunk-1.zarr"}};
+        if (!stores.count(res)) fail(where(p + ".resolution"), ": '", res, "' is not one of 1440x721, 240x121, 64x32, full");
+        store = path(s["path"], p + ".path");
+        if (store.empty())
+          fail(where(p + ".path"), ": missing: wxe reads no network; copy gs://weatherbench2/datasets/era5/", stores.at(res),
+               " (e.g. with gsutil -m cp -r) and give its folder here");
+        if (!s["levels"]) {  // the store's levels, CREDIT's default
+          sc.levels = res == "full" ? std::vector<double>{1,   2,   3,   5,   7,   10,  20,  30,  50,  70,  100, 125, 150,
+                                                          175, 200, 225, 250, 300, 350, 400, 450, 500, 550, 600, 650, 700,
+                                                          750, 775, 800, 825, 850, 875, 900, 925, 950, 975, 1000}
+                                    : std::vector<double>{50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000};
+        }
       } else {
-        fail(where(p + ".dataset_type"), ": '", sc.dataset_type, "' is not implemented (local netCDF/zarr files, and "
-             "tisr; for ", sc.dataset_type, " data, convert it to files per year and use 'local')");
+        fail(where(p + ".dataset_type"), ": '", sc.dataset_type, "' is not implemented (local netCDF/zarr files, "
+             "weatherbench2_era5 from a local copy, tisr; for ", sc.dataset_type, " data, write files per year and use 'local')");
       }
       sc.level_coord = get<std::string>(s["level_coord"], p + ".level_coord", "level");
-      sc.levels = get<std::vector<double>>(s["levels"], p + ".levels", {});
+      if (s["levels"]) sc.levels = get<std::vector<double>>(s["levels"], p + ".levels", {});
       for (double l : sc.levels)
         if (!std::isfinite(l)) fail(where(p + ".levels"), ": ", l, " is not a level");
       const YAML::Node v = s["variables"];
       is_map(v, p + ".variables");
       known(v, p + ".variables.", {"prognostic", "diagnostic", "dynamic_forcing", "static"});
-      group(v["prognostic"], p + ".variables.prognostic", sc.prognostic, sc.dataset_type == "local");
-      group(v["diagnostic"], p + ".variables.diagnostic", sc.diagnostic, sc.dataset_type == "local");
-      group(v["dynamic_forcing"], p + ".variables.dynamic_forcing", sc.dynamic_forcing, sc.dataset_type == "local");
-      group(v["static"], p + ".variables.static", sc.statics, sc.dataset_type == "local");
+      const bool files = sc.dataset_type == "local";  // the others know their store
+      group(v["prognostic"], p + ".variables.prognostic", sc.prognostic, files);
+      group(v["diagnostic"], p + ".variables.diagnostic", sc.diagnostic, files);
+      group(v["dynamic_forcing"], p + ".variables.dynamic_forcing", sc.dynamic_forcing, files);
+      group(v["static"], p + ".variables.static", sc.statics, files);
       if (sc.dataset_type == "tisr" &&
           (!sc.prognostic.empty() || !sc.diagnostic.empty() || !sc.statics.empty() || !sc.dynamic_forcing.vars_3D.empty() ||
            sc.dynamic_forcing.vars_2D.size() != 1))
@@ -203,6 +226,9 @@ struct Reader {
       if (sc.dataset_type == "tisr" && sc.dynamic_forcing.vars_2D[0] != "tisr")
         fail(where(p + ".variables.dynamic_forcing.vars_2D"), ": '", sc.dynamic_forcing.vars_2D[0],
              "': a tisr source's variable is named tisr (as CREDIT requires)");
+      if (!store.empty())  // every field type from the one store
+        for (VarGroup* g : {&sc.prognostic, &sc.diagnostic, &sc.dynamic_forcing, &sc.statics})
+          if (!g->empty()) g->path = store;
       const bool any3d = !sc.prognostic.vars_3D.empty() || !sc.diagnostic.vars_3D.empty() ||
                          !sc.dynamic_forcing.vars_3D.empty() || !sc.statics.vars_3D.empty();
       if (any3d && sc.levels.empty()) fail(where(p + ".levels"), ": 3D variables need a list of levels");

@@ -584,19 +584,22 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   std::string order = c.is3d ? "(time, " + sc.level_coord + ", latitude, longitude)" : "(time, latitude, longitude)";
   if (stat) order += " or without time";
   const size_t o = has_time ? 1 : 0;
-  if ((!has_time && !stat) || d.size() != want || (c.is3d && d[o] != sc.level_coord) || !is_lat(d[d.size() - 2]) ||
-      !is_lon(d.back())) {
+  // WeatherBench2's stores hold (..., longitude, latitude): read so and transposed, as CREDIT does
+  const bool lonlat = d.size() >= 2 && is_lon(d[d.size() - 2]) && is_lat(d.back());
+  if ((!has_time && !stat) || d.size() != want || (c.is3d && d[o] != sc.level_coord) ||
+      !(lonlat || (is_lat(d[d.size() - 2]) && is_lon(d.back())))) {
     std::string got;
     for (auto& x : d) got += (got.empty() ? "" : ", ") + x;
     fail(f.path(), ": variable '", c.var, "' has dimensions (", got, "), expected ", order);
   }
-  const int64_t h = s[s.size() - 2], w = s.back();
+  const size_t ilat = lonlat ? d.size() - 1 : d.size() - 2, ilon = lonlat ? d.size() - 2 : d.size() - 1;
+  const int64_t h = s[ilat], w = s[ilon];
   if (!h_) {  // the grid, from the first file read
-    std::vector<double> lat = f.read(d[d.size() - 2]), lon = f.read(d.back());
+    std::vector<double> lat = f.read(d[ilat]), lon = f.read(d[ilon]);
     for (double v : lat)
-      if (!(v >= -90 && v <= 90)) fail(f.path(), ": latitude ", v, " in '", d[d.size() - 2], "' is not in [-90, 90]");
+      if (!(v >= -90 && v <= 90)) fail(f.path(), ": latitude ", v, " in '", d[ilat], "' is not in [-90, 90]");
     for (double v : lon)
-      if (!std::isfinite(v)) fail(f.path(), ": longitude ", v, " in '", d.back(), "' is missing");
+      if (!std::isfinite(v)) fail(f.path(), ": longitude ", v, " in '", d[ilon], "' is missing");
     learn_grid(h, w, std::move(lat), std::move(lon), f.path());
   }
   if (h != h_ || w != w_)
@@ -623,10 +626,15 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   }
   start.push_back(0);
   start.push_back(0);
-  count.push_back((size_t)h);
-  count.push_back((size_t)w);
+  count.push_back((size_t)s[s.size() - 2]);
+  count.push_back((size_t)s.back());
   std::vector<float> v = f.read_f32(c.var, start, count);
-  std::copy(v.begin(), v.end(), out);
+  if (!lonlat) {
+    std::copy(v.begin(), v.end(), out);
+    return;
+  }
+  for (int64_t i = 0; i < h; ++i)
+    for (int64_t j = 0; j < w; ++j) out[i * w + j] = v[(size_t)(j * h + i)];
 }
 
 void Era5Data::check_finite(const ChannelInfo& c, const std::vector<const PointTransform*>& ts, int64_t t,

@@ -14,6 +14,7 @@
 #include "data/credit_config.h"
 #include "data/era5.h"
 #include "data/tisr.h"
+#include "engine/io/npy.h"
 #include "engine/io/samples.h"
 #include "test_util.h"
 #include "train/finetune.h"
@@ -616,4 +617,29 @@ TEST(CreditTransforms, QuantileScalerNormalisesEachChannel) {
   // BaseLoss needs the postblocks' derivative, which the quantile inverse does not give: an error
   Tensor d;
   EXPECT_TRUE(has(error_of([&] { Tensor b = y.clone(); q.denormalise_target(b, &d); }), "quantile scaler's inverse"));
+}
+
+// CREDIT's weatherbench2_era5 dataset type from a local copy of the store (`path`, wxe's key;
+// tests/data/wb2_tiny from models/make_wb2_fixture.py): one zarr store for every field type,
+// (longitude, latitude) transposed to (latitude, longitude) as CREDIT does, time from the
+// store's coordinate, statics without time; without `path` an error saying what to copy.
+TEST(CreditSources, WeatherBench2StoreReadsTransposed) {
+  const std::string dir = data_path("tests/data/wb2_tiny/");
+  Era5Data d(read_credit_config(dir + "wb2_tiny.yml"));
+  const Tensor x = d.input(parse_datetime("2020-01-01T06", "t"));
+  ASSERT_EQ(x.shape, (Shape{1, 4, 1, 32, 64}));
+  const std::vector<std::pair<std::string, int>> want = {{"T500", 0}, {"T850", 1}, {"t2m", 2}, {"lsm", 3}};
+  for (auto& [name, k] : want) {
+    const Tensor e = read_npy(dir + "expected_" + name + ".npy");
+    ASSERT_EQ(e.numel(), 32 * 64) << name;
+    for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(x.data<float>()[k * 2048 + i], e.data<float>()[i]) << name << " " << i;
+  }
+  EXPECT_NEAR(d.lat().front(), -87.1875, 1e-9);  // ascending, as the store holds them
+  std::string text = slurp(dir + "wb2_tiny.yml");
+  text.erase(text.find("      path:"), text.find('\n', text.find("      path:")) - text.find("      path:") + 1);
+  const std::string bad = tmp_path("wb2_nopath.yml");
+  spit(bad, text);
+  const std::string e = error_of([&] { read_credit_config(bad); });
+  EXPECT_TRUE(has(e, "data.source.WBERA5.path: missing: wxe reads no network; copy gs://weatherbench2/datasets/era5/"
+                     "1959-2023_01_10-6h-64x32_equiangular_conservative.zarr")) << e;
 }
