@@ -13,6 +13,12 @@
 //   WindowAttention(x, Wq, Wk, Wv, Wo, bo, bias, residual; ...)  see fuse_window_attention
 //   ConvChannelsLast(x, W, b)            Conv of a channels-last (N, H, W, C) input (and output)
 //   DepthToSpaceChannelsLast(x)          DepthToSpace of a channels-last tensor
+//
+// The passes live by concern: fuse_conv.cpp (convolutions: pads, output phases, channels-last),
+// fuse_layout.cpp (data movement: identity ops, plane gathers, needed rows), fuse_norm.cpp
+// (GELU, channel LayerNorm, Linear + GELU), fuse_attention.cpp (window attention, inference and
+// training), fuse.cpp (weight and precision marks, the two pipelines); fuse_util.h holds the
+// helpers they share.
 #pragma once
 #include "engine/ir/graph.h"
 
