@@ -1,5 +1,5 @@
-// Backward kernels of backward_pointwise.cpp with an explicit choice of path, for tests that
-// compare the fast path with the reference (the oracle).
+// Backward kernels of backward_pointwise.cpp and backward_movement.cpp with an explicit choice
+// of path, for tests that compare the fast path with the reference (the oracle).
 #pragma once
 #include <string>
 

@@ -55,7 +55,7 @@ struct PadPlan {
 PadPlan pad_plan(const Node& n, const Shape& s, const std::vector<int64_t>& pads,
                  std::vector<int64_t> axes);
 // Backward kernels (engine/ir/ops.h BackwardFn), checked by tests/grad_test.cpp:
-void register_pointwise_backward();  // backward_pointwise.cpp: elementwise, shape and data ops
+void register_pointwise_backward();  // backward_pointwise.cpp, backward_movement.cpp: elementwise, shape and data ops
 void register_layer_backward();      // backward_layers.cpp: norms, reductions, linalg, SpectralNorm, fused ops
 void register_conv_backward();       // backward_conv.cpp: Conv, ConvTranspose
 }  // namespace wxe::cpu
