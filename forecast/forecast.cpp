@@ -11,7 +11,7 @@
 #include "engine/ir/error.h"
 #include "engine/exec/executor.h"
 #include "engine/io/file_util.h"
-#include "train/loss.h"
+#include "engine/io/samples.h"
 #include "importers/onnx/onnx_import.h"
 #include "load/model.h"
 
