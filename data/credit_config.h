@@ -87,6 +87,9 @@ struct CreditConfig {
   // de-normalises the forecast's variables it selects
   std::string post_scaler_json;
   std::vector<std::string> post_scaler_vars;
+  // args.spatial_variables of the pre- and postblock scalers: variables scaled per grid point
+  // (a grid-wise scaler: one mean and variance per point of a 2D variable)
+  std::vector<std::string> scaler_spatial, post_scaler_spatial;
   std::string save_loc;
   // trainer.*
   double learning_rate = 1e-3, weight_decay = 0.0, grad_max_norm = 1.0, ema_decay = 0.9999;  // ema_decay: CREDIT's default

@@ -16,6 +16,7 @@
 #include "engine/ir/error.h"
 #include "engine/io/glob.h"
 #include "data/quantile_scaler.h"
+#include "data/scalers.h"
 #include "data/zarr.h"
 #include "engine/io/json.h"
 
@@ -61,15 +62,18 @@ Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
   WXE_CHECK(!cfg_.sources.empty(), cfg_.file, ": no data source");
   auto add = [&](std::vector<ChannelInfo>& v, int s, const char* type) {
     const VarGroup& g = group(s, type);
+    auto channel = [&](const std::string& var, bool is3d, int level) {
+      ChannelInfo c;
+      c.var = var;
+      c.field_type = type;
+      c.is3d = is3d;
+      c.level_index = level;
+      c.src = s;
+      v.push_back(c);
+    };
     for (const std::string& var : g.vars_3D)
-      for (size_t l = 0; l < cfg_.sources[s].levels.size(); ++l) {
-        v.push_back({var, type, true, (int)l});
-        v.back().src = s;
-      }
-    for (const std::string& var : g.vars_2D) {
-      v.push_back({var, type, false, 0});
-      v.back().src = s;
-    }
+      for (size_t l = 0; l < cfg_.sources[s].levels.size(); ++l) channel(var, true, (int)l);
+    for (const std::string& var : g.vars_2D) channel(var, false, 0);
   };
   // CREDIT's ChannelSchema: inputs source by source, each prognostic < static < dynamic_forcing;
   // targets source by source, prognostic then diagnostic
@@ -150,126 +154,6 @@ const VarGroup& Era5Data::group(int s, const std::string& t) const {
   return sc.dynamic_forcing;
 }
 
-namespace {
-
-using Stats = std::pair<std::vector<double>, std::vector<double>>;  // mean, std per level (or one)
-
-// Does a scaler block's `variables` select this scaler key? Full keys ("era5/prognostic/3d/T"),
-// partial paths ("era5/prognostic") and, for a flat scaler file's bare names, the name; none
-// listed: all (CREDIT's _parse_variable_selection).
-bool selected(const std::vector<std::string>& sel, const std::string& key) {
-  if (sel.empty()) return true;
-  for (const std::string& s : sel) {
-    if (key == s || (key.size() > s.size() && key.compare(0, s.size(), s) == 0 && key[s.size()] == '/')) return true;
-    if (key.find('/') == std::string::npos && s.substr(s.rfind('/') + 1) == key) return true;
-  }
-  return false;
-}
-
-// A bridgescaler JSON (save_scaler_dict: {data_type: {source: {"source/field_type/3d/VAR": "<the
-// scaler's own JSON text>"}}}, or a flat {VAR: {mean_x_, var_x_}}) into per-variable statistics
-// of each side: side[0] input, side[1] target. A flat file gives both sides. Within one side a
-// variable must have one scaler.
-using Quantiles = std::map<std::string, std::shared_ptr<const QuantileScaler>>;
-
-void read_bridgescaler(const std::string& file, const std::vector<std::string>& sel, std::map<std::string, Stats> side[2],
-                       Quantiles* quant = nullptr) {
-  Json j = parse_json(read_regular_file(file, (size_t)1 << 30), file, "scaler JSON");
-  if (j.type != Json::Obj) fail(file, ": not a JSON object of scalers");
-  // mean_x_ / var_x_: a list of numbers, or numpy's {"__numpy__": base64, "dtype", "shape"}
-  auto nums = [&](const Json& e, const std::string& key, const char* k) {
-    const Json* a = e.get(k);
-    std::vector<double> v;
-    const std::string what = str(file, ": scaler '", key, "': ", k);
-    if (a && a->type == Json::Arr) {
-      for (const Json& x : a->items) {
-        if (x.type != Json::Num) fail(what, " is not numbers");
-        v.push_back(parse_double(x.s, what));
-      }
-    } else {
-      const Json* b64 = a && a->type == Json::Obj ? a->get("__numpy__") : nullptr;
-      const Json* dt = a && a->type == Json::Obj ? a->get("dtype") : nullptr;
-      if (!b64 || b64->type != Json::Str || !dt || dt->type != Json::Str)
-        fail(file, ": scaler '", key, "' has no ", k, " (a list of numbers or a numpy array)");
-      if (dt->s != "<f4" && dt->s != "<f8") fail(what, " has dtype ", dt->s, " (float32 or float64 expected)");
-      const std::string bytes = base64_decode(b64->s, what);
-      const size_t esz = dt->s == "<f4" ? 4 : 8;
-      if (bytes.size() % esz) fail(what, " is ", bytes.size(), " bytes");
-      for (size_t i = 0; i < bytes.size(); i += esz) {
-        if (esz == 4) {
-          float f;
-          std::memcpy(&f, bytes.data() + i, 4);
-          v.push_back(f);
-        } else {
-          double d;
-          std::memcpy(&d, bytes.data() + i, 8);
-          v.push_back(d);
-        }
-      }
-    }
-    for (double x : v)
-      if (!std::isfinite(x)) fail(what, " holds ", x, " (statistics must be finite)");
-    return v;
-  };
-  std::function<void(const Json&, int, int)> walk = [&](const Json& obj, int depth, int sides) {
-    for (size_t i = 0; i < obj.keys.size(); ++i) {
-      const std::string& key = obj.keys[i];
-      const Json* e = &obj.items[i];
-      Json text;
-      if (e->type == Json::Str) {
-        text = parse_json(e->s, file, "scaler '" + key + "'");
-        e = &text;
-      }
-      if (e->type != Json::Obj) fail(file, ": scaler '", key, "' is not a JSON object");
-      const ScalerKind kind = scaler_kind(*e, str(file, ": scaler '", key, "'"));
-      if (kind == ScalerKind::MinMax) fail(file, ": scaler '", key, "': a min-max scaler is not implemented");
-      if (kind == ScalerKind::Quantile) {  // bridgescaler's DQuantileScalerTensor (scaler_type: quantile)
-        if (!selected(sel, key)) continue;
-        if (!quant) fail(file, ": scaler '", key, "' is a quantile scaler (not read here)");
-        auto q = std::make_shared<const QuantileScaler>(QuantileScaler::from_json(*e, str(file, ": scaler '", key, "'")));
-        const std::string name = key.substr(key.rfind('/') + 1);
-        for (int k = 0; k < 2; ++k)
-          if (sides & (1 << k)) quant[k][name] = q;
-        continue;
-      }
-      if (kind == ScalerKind::None) {
-        if (depth >= 3) fail(file, ": scaler '", key, "' has no mean_x_");
-        const int s = depth == 0 && key == "input" ? 1 : depth == 0 && key == "target" ? 2 : sides;
-        walk(*e, depth + 1, s);
-        continue;
-      }
-      if (!selected(sel, key)) continue;
-      std::vector<double> mean = nums(*e, key, "mean_x_"), sd = nums(*e, key, "var_x_");
-      if (mean.size() != sd.size()) fail(file, ": scaler '", key, "': mean_x_ and var_x_ differ in length");
-      for (double& v : sd) v = std::sqrt(v);
-      const std::string name = key.substr(key.rfind('/') + 1);
-      for (int k = 0; k < 2; ++k) {
-        if (!(sides & (1 << k))) continue;
-        auto seen = side[k].find(name);
-        if (seen != side[k].end() && (seen->second.first != mean || seen->second.second != sd))
-          fail(file, ": scaler '", key, "' differs from another ", k ? "target" : "input", " scaler of variable '", name,
-               "'");
-        side[k][name] = {mean, sd};
-      }
-    }
-  };
-  walk(j, 0, 3);
-}
-
-}  // namespace
-
-std::map<std::string, double> scaler_target_variances(const std::string& file) {
-  std::map<std::string, Stats> side[2];
-  read_bridgescaler(file, {}, side);
-  std::map<std::string, double> out;
-  for (const auto& [name, st] : side[1]) {
-    double v = 0;
-    for (double sd : st.second) v += sd * sd;
-    out[name] = v / (double)std::max<size_t>(st.second.size(), 1);
-  }
-  return out;
-}
-
 void Era5Data::load_scaler() {
   // per side (0 input, 1 target) and variable: mean and std per configured level (3D) or one value
   std::map<std::string, Stats> side[2], post[2];
@@ -307,8 +191,9 @@ void Era5Data::load_scaler() {
     };
     for (const auto* chans : {&in_, &out_})
       for (const ChannelInfo& c : *chans)
-        if (mf.has(c.var) && sf.has(c.var) && !side[0].count(c.var))
-          side[0][c.var] = side[1][c.var] = {pick(mf, cfg_.sources[c.src], c.var), pick(sf, cfg_.sources[c.src], c.var)};
+        if (mf.has(c.var) && sf.has(c.var) && !side[0].count(var_key(cfg_, c)))
+          side[0][var_key(cfg_, c)] = side[1][var_key(cfg_, c)] = {pick(mf, cfg_.sources[c.src], c.var),
+                                                                   pick(sf, cfg_.sources[c.src], c.var)};
   }
   // the postblock's inverse scaler: its file's target side (CREDIT's postblock reads only that)
   const bool has_post = !cfg_.post_scaler_json.empty();
@@ -318,21 +203,38 @@ void Era5Data::load_scaler() {
   // a quantile scaler of channel c's variable: the channel's digest (one per level, or one)
   auto quantile = [&](const ChannelInfo& c, const Quantiles& q, const std::string& file)
       -> std::pair<std::shared_ptr<const QuantileScaler>, int> {
-    auto it = q.find(c.var);
-    if (it == q.end()) return {nullptr, 0};
+    const std::shared_ptr<const QuantileScaler>* it = find_scaler(q, var_key(cfg_, c), file);
+    if (!it) return {nullptr, 0};
     const int n = c.is3d ? (int)cfg_.sources[c.src].levels.size() : 1;
-    if (it->second->channels() != n && it->second->channels() != 1)
-      fail(file, ": the quantile scaler of variable '", c.var, "' has ", it->second->channels(), " channels, expected ", n,
+    if ((*it)->channels() != n && (*it)->channels() != 1)
+      fail(file, ": the quantile scaler of variable '", c.var, "' has ", (*it)->channels(), " channels, expected ", n,
            " or 1");
-    return {it->second, it->second->channels() == 1 ? 0 : c.level_index};
+    return {*it, (*it)->channels() == 1 ? 0 : c.level_index};
+  };
+  // a grid-wise scaler (the variable in the block's spatial_variables): per-point statistics
+  auto grid = [&](ChannelInfo& c, const std::map<std::string, Stats>& stats, const std::vector<std::string>& spatial,
+                  const std::string& file, bool post) {
+    if (!selected_any(spatial, var_key(cfg_, c))) return false;
+    if (c.is3d) fail(file, ": variable '", c.var, "': a grid-wise scaler (spatial_variables) of a 3D variable");
+    const Stats* it = find_scaler(stats, var_key(cfg_, c), file);
+    if (!it) return false;
+    auto m = std::make_shared<std::vector<float>>(), s = std::make_shared<std::vector<float>>();
+    for (double v : it->first) m->push_back((float)v);
+    for (double v : it->second) {
+      if (!std::isnormal((float)v)) fail(file, ": variable '", c.var, "': a grid-wise standard deviation of ", v);
+      s->push_back((float)v);
+    }
+    (post ? c.post_grid_mean : c.grid_mean) = m;
+    (post ? c.post_grid_std : c.grid_std) = s;
+    return true;
   };
   auto pick = [&](const ChannelInfo& c, const std::map<std::string, Stats>& stats, const std::string& file,
                   double& mean, double& sd) {
     mean = 0;
     sd = 1;
-    auto it = stats.find(c.var);
-    if (it == stats.end()) return false;
-    const auto& [m, s] = it->second;
+    const Stats* it = find_scaler(stats, var_key(cfg_, c), file);
+    if (!it) return false;
+    const auto& [m, s] = *it;
     const size_t n = c.is3d ? cfg_.sources[c.src].levels.size() : 1;
     if (m.size() != n && m.size() != 1)
       fail(file, ": variable '", c.var, "' has ", m.size(), " scaler values, expected ", n, " or 1");
@@ -355,7 +257,10 @@ void Era5Data::load_scaler() {
         c.post_quant = c.quant;
         c.post_quant_channel = c.quant_channel;
       }
-      if (!c.quant && !pick(c, side[k], src, c.mean, c.std) && !src.empty())
+      if (grid(c, side[k], cfg_.scaler_spatial, src, false)) {
+        c.post_grid_mean = c.grid_mean;
+        c.post_grid_std = c.grid_std;
+      } else if (!c.quant && !pick(c, side[k], src, c.mean, c.std) && !src.empty())
         warn(str("no ", k ? "target" : "input", " scaler for variable '", c.var, "': passed through unnormalised"));
       // the postblock's statistics where it selects the variable, else the preblock's target side
       // (CREDIT's postblock leaves such a variable normalised; its netCDF writer de-normalises all)
@@ -366,8 +271,13 @@ void Era5Data::load_scaler() {
           c.post_quant_channel = pc;
           continue;
         }
+        if (grid(c, post[1], cfg_.post_scaler_spatial, cfg_.post_scaler_json, true)) {
+          c.post_quant = nullptr;
+          continue;
+        }
         if (pick(c, post[1], cfg_.post_scaler_json, c.post_mean, c.post_std)) {
           c.post_quant = nullptr;
+          c.post_grid_mean = c.post_grid_std = nullptr;
           continue;
         }
       }
@@ -398,73 +308,15 @@ void Era5Data::bind_transforms() {
   bind(cfg_.post_transforms, true);
 }
 
-namespace {
-// float32 element math as torch computes it on CREDIT's float32 tensors (Python floats rounded
-// to float32 where they meet a tensor)
-template <class T>
-void apply_transform(const PointTransform& p, T* x, int64_t n, T* d) {
-  const T e = (T)p.eps;
-  const T le = (T)(p.base == 0 ? std::log(p.eps) : p.base == 2 ? std::log2(p.eps) : std::log10(p.eps));
-  const T ln_b = p.base == 0 ? (T)1 : (T)std::log((double)p.base);
-  switch (p.kind) {
-    case PointTransform::Fill:
-      for (int64_t i = 0; i < n; ++i) {
-        const T v = x[i];
-        T out = v;
-        bool hit = false;
-        for (const PointTransform::Rule& r : p.rules) {  // every rule matched on the original value, the last wins
-          bool m;
-          if (r.nan) {
-            m = std::isnan(v);
-          } else {
-            const T s = (T)r.search;
-            m = !std::isnan(v) && (r.op == "==" ? v == s : r.op == "!=" ? v != s : r.op == "<" ? v < s
-                                  : r.op == "<=" ? v <= s : r.op == ">" ? v > s : v >= s);
-          }
-          if (m) {
-            out = (T)r.fill;
-            hit = true;
-          }
-        }
-        x[i] = out;
-        if (d && hit) d[i] = 0;  // a constant where a rule replaced the value
-      }
-      break;
-    case PointTransform::Log:
-      for (int64_t i = 0; i < n; ++i) {
-        const T v = x[i] + e;
-        if (d) d[i] *= (T)1 / (v * ln_b);
-        x[i] = (p.base == 0 ? std::log(v) : p.base == 2 ? std::log2(v) : std::log10(v)) - le;
-      }
-      break;
-    case PointTransform::Sqrt:
-      for (int64_t i = 0; i < n; ++i) {
-        x[i] = std::sqrt(x[i]);
-        if (d) d[i] *= (T)0.5 / x[i];
-      }
-      break;
-    case PointTransform::Exp:
-      for (int64_t i = 0; i < n; ++i) {
-        const T v = x[i] + le;
-        const T y = p.base == 0 ? std::exp(v) : p.base == 2 ? std::exp2(v) : std::pow((T)10, v);
-        if (d) d[i] *= y * ln_b;
-        x[i] = y - e;
-      }
-      break;
-    case PointTransform::Square:
-      for (int64_t i = 0; i < n; ++i) {
-        if (d) d[i] *= 2 * x[i];
-        x[i] = x[i] * x[i];
-      }
-      break;
-  }
-}
-}  // namespace
-
-void PointTransform::apply(float* x, int64_t n, float* d) const { apply_transform(*this, x, n, d); }
-
 // A channel's n physical values normalised: its quantile scaler's transform, or (x - m) / s.
 static void normalise_channel(const ChannelInfo& c, float* p, int64_t n, float m, float s) {
+  if (c.grid_std) {
+    WXE_CHECK((int64_t)c.grid_std->size() == n, "variable '", c.var, "': its grid-wise scaler has ", c.grid_std->size(),
+              " points, the grid ", n);
+    const float *gm = c.grid_mean->data(), *gs = c.grid_std->data();
+    for (int64_t i = 0; i < n; ++i) p[i] = (p[i] - gm[i]) / gs[i];
+    return;
+  }
   if (c.quant) {
     c.quant->transform(p, n, c.quant_channel);
     return;
@@ -476,7 +328,13 @@ static void normalise_channel(const ChannelInfo& c, float* p, int64_t n, float m
 // postblocks, in float32 as CREDIT's inverse scaler computes with bridgescaler's float32
 // statistics (two roundings: this file is compiled without FMA contraction).
 static void denormalise_channel(const ChannelInfo& c, float* p, int64_t n, float* d = nullptr) {
-  if (c.post_quant) {
+  if (c.post_grid_std) {
+    WXE_CHECK((int64_t)c.post_grid_std->size() == n, "variable '", c.var, "': its grid-wise scaler has ",
+              c.post_grid_std->size(), " points, the grid ", n);
+    const float *gm = c.post_grid_mean->data(), *gs = c.post_grid_std->data();
+    for (int64_t i = 0; i < n; ++i) p[i] = p[i] * gs[i] + gm[i];
+    if (d) std::copy(gs, gs + n, d);
+  } else if (c.post_quant) {
     WXE_CHECK(!d, "variable '", c.var, "': the quantile scaler's inverse is not differentiated (loss.type base with a "
               "quantile scaler is not implemented)");
     c.post_quant->inverse_transform(p, n, c.post_quant_channel);
@@ -494,7 +352,7 @@ Tensor Era5Data::prediction_to_input(const Tensor& y) const {
     if (feedback_[k] < 0) continue;
     const ChannelInfo &o = out_[k], &i = in_[feedback_[k]];
     same = same && o.post_mean == i.mean && o.post_std == i.std && o.post.empty() && i.pre.empty() && !o.post_quant &&
-           !i.quant;
+           !i.quant && !o.post_grid_std && !i.grid_std;
   }
   if (same) return y;
   // CREDIT's rollout: the prediction de-normalised by the postblock, then normalised by the
@@ -508,7 +366,7 @@ Tensor Era5Data::prediction_to_input(const Tensor& y) const {
       const ChannelInfo &o = out_[k], &in = in_[feedback_[k]];
       const float pm = (float)o.post_mean, ps = (float)o.post_std, m = (float)in.mean, s = (float)in.std;
       float* q = p + (b * y.shape[1] + (int64_t)k) * hw;
-      if (o.post.empty() && in.pre.empty() && !o.post_quant && !in.quant) {
+      if (o.post.empty() && in.pre.empty() && !o.post_quant && !in.quant && !o.post_grid_std && !in.grid_std) {
         for (int64_t i = 0; i < hw; ++i) q[i] = (q[i] * ps + pm - m) / s;
         continue;
       }
@@ -833,13 +691,13 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
   put_text(id_, vx, "units", "degrees_east", tmp_);
   put_text(id_, vx, "standard_name", "longitude", tmp_);
   for (auto& ch : data.target_channels()) {
-    if (var_ids_.count(ch.var)) continue;
+    if (var_ids_.count(nc_name(ch))) continue;
     int dims3[4] = {dt, dl, dy, dx}, dims2[3] = {dt, dy, dx};
     int v;
-    nc_check(nc_def_var(id_, ch.var.c_str(), NC_FLOAT, ch.is3d ? 4 : 3, ch.is3d ? dims3 : dims2, &v), tmp_);
+    nc_check(nc_def_var(id_, nc_name(ch).c_str(), NC_FLOAT, ch.is3d ? 4 : 3, ch.is3d ? dims3 : dims2, &v), tmp_);
     put_text(id_, v, "units", data.units(ch.var), tmp_);
     put_text(id_, v, "long_name", data.long_name(ch.var), tmp_);
-    var_ids_[ch.var] = v;
+    var_ids_[nc_name(ch)] = v;
   }
   put_text(id_, NC_GLOBAL, "Conventions", "CF-1.8", tmp_);
   put_text(id_, NC_GLOBAL, "source", "wxe forecast", tmp_);
@@ -854,12 +712,19 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
   nc_check(nc_put_var_double(id_, vx, data.lon().data()), tmp_);
 }
 
+std::string ForecastWriter::nc_name(const ChannelInfo& c) const {
+  // a name several sources predict is SOURCE_NAME in the file
+  for (const ChannelInfo& o : data_.target_channels())
+    if (o.var == c.var && o.src != c.src) return data_.config().sources[c.src].name + "_" + c.var;
+  return c.var;
+}
+
 void ForecastWriter::write(int k, const Tensor& y) {
   const size_t h = data_.lat().size(), w = data_.lon().size();
   const float* p = y.data<float>();
   const auto& chans = data_.target_channels();
   for (size_t c = 0; c < chans.size(); ++c) {
-    const int v = var_ids_.at(chans[c].var);
+    const int v = var_ids_.at(nc_name(chans[c]));
     if (chans[c].is3d) {
       size_t start[4] = {(size_t)k, (size_t)chans[c].level_index, 0, 0}, count[4] = {1, 1, h, w};
       nc_check(nc_put_vara_float(id_, v, start, count, p + c * h * w), tmp_);

@@ -20,6 +20,7 @@
 #include "data/credit_config.h"
 #include "data/data_file.h"
 #include "data/quantile_scaler.h"
+#include "data/scalers.h"
 #include "data/tisr.h"
 #include "engine/io/file_util.h"
 #include "engine/io/samples.h"
@@ -45,6 +46,9 @@ struct ChannelInfo {
   // preblock's (its digest quant_channel) and the one de-normalising predictions
   std::shared_ptr<const QuantileScaler> quant, post_quant;
   int quant_channel = 0, post_quant_channel = 0;
+  // grid-wise scalers (spatial_variables): a mean and std per grid point (H x W) in place of
+  // mean and std, the preblock's and the one de-normalising predictions
+  std::shared_ptr<const std::vector<float>> grid_mean, grid_std, post_grid_mean, post_grid_std;
 };
 
 // CREDIT's key of a channel's variable: "<source>/<field type>/3d/<var>" (or /2d/).
@@ -119,10 +123,6 @@ class Era5Data {
   mutable std::map<std::string, std::vector<int64_t>> times_;  // file -> its times (s since 1970)
 };
 
-// The target side of a bridgescaler file: each variable's variance, the mean over its levels (CREDIT
-// BaseLoss's inverse-variance weights), by variable name.
-std::map<std::string, double> scaler_target_variances(const std::string& file);
-
 // Training samples over [t0, t1] every timestep: sample i starts at t = t0 + (history_len - 1
 // + i) * dt; input the window ending at t, targets of the forecast_len steps after it,
 // forcing[k] (k >= 1) the one-step input at t + k * dt.
@@ -147,6 +147,7 @@ class ForecastWriter {
   const Era5Data& data_;
   int id_ = -1;
   std::map<std::string, int> var_ids_;
+  std::string nc_name(const ChannelInfo& c) const;  // the variable's name in the file
 };
 
 }  // namespace wxe

@@ -479,10 +479,19 @@ TEST(CreditSources, SeveralLocalSourcesInCreditsChannelOrder) {
   for (int64_t k = 0; k < 7; ++k)
     for (int64_t i = 0; i < hw; i += 31)
       ASSERT_EQ(step.data<float>()[k * hw + i], k < 2 ? 0.f : y.data<float>()[(k - 2) * hw + i]) << k;
-  // a variable in two sources, and a tisr source with more than its one variable: errors naming them
-  std::string e = error_of([&] { read_credit_config(two("src_dup", "    A:\n" + head + prog, "    B:\n" + head + prog)); });
-  EXPECT_TRUE(has(e, "variable 'T' is also in source A")) << e;
-  e = error_of([&] {
+  // a variable name in two sources (CREDIT's upper/lower-air split): channels of their own, each
+  // source's scaler by its full key or, as here, the file's one scaler of the name
+  Era5Data dup(read_credit_config(two("src_dup", "    A:\n" + head + prog, "    B:\n" + head + prog)));
+  ASSERT_EQ(dup.input_channels().size(), 10u);
+  EXPECT_EQ(dup.feedback_map(), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  const Tensor xd = dup.input(t);
+  for (int64_t k = 0; k < 5; ++k)
+    for (int64_t i = 0; i < hw; i += 53) {
+      ASSERT_EQ(xd.data<float>()[k * hw + i], xr.data<float>()[k * hw + i]) << k;
+      ASSERT_EQ(xd.data<float>()[(k + 5) * hw + i], xr.data<float>()[k * hw + i]) << k;
+    }
+  // a tisr source with more than its one variable: an error naming it
+  std::string e = error_of([&] {
     read_credit_config(two("src_tisr", "    A:\n" + head + prog,
                            "    S:\n      dataset_type: tisr\n      lat_spec: [90, -90, 32]\n      lon_spec: [0, 354.375, 64]\n"
                            "      variables:\n" + lsm));
@@ -642,4 +651,66 @@ TEST(CreditSources, WeatherBench2StoreReadsTransposed) {
   const std::string e = error_of([&] { read_credit_config(bad); });
   EXPECT_TRUE(has(e, "data.source.WBERA5.path: missing: wxe reads no network; copy gs://weatherbench2/datasets/era5/"
                      "1959-2023_01_10-6h-64x32_equiangular_conservative.zarr")) << e;
+}
+
+// A grid-wise scaler (a bridgescaler_transform's spatial_variables): the variable normalised point
+// by point, (x - mean[i]) / sqrt(var[i]), and its predictions de-normalised point by point (also
+// through the postblocks' derivative, which BaseLoss takes); a 3D variable is an error.
+TEST(CreditTransforms, GridWiseScalerPerPoint) {
+  // era5_tiny's scaler with SP's statistics one per grid point (32 x 64)
+  std::string json = slurp(kDir + "/scaler.json");
+  std::vector<double> mean(2048), var(2048);
+  std::string m = "[", v = "[";
+  for (int i = 0; i < 2048; ++i) {
+    mean[i] = 100000 + 10 * (i % 64) - 5 * (i / 64);
+    var[i] = 2500 + 3 * i;
+    m += str(i ? "," : "", mean[i]);
+    v += str(i ? "," : "", var[i]);
+  }
+  const std::string sp = "{\"_fit\": true, \"type\": \"DStandardScalerTensor\", \"mean_x_\": " + m + "], \"var_x_\": " + v + "]}";
+  const Json j = parse_json(json, "scaler.json");
+  std::string out = "{";
+  for (size_t side = 0; side < j.keys.size(); ++side) {
+    out += str(side ? "," : "", "\"", j.keys[side], "\": {\"era5\": {");
+    const Json& src = *j.items[side].get("era5");
+    for (size_t k = 0; k < src.keys.size(); ++k) {
+      std::string text = src.keys[k] == "era5/prognostic/2d/SP" ? sp : src.items[k].s;
+      std::string quoted;
+      json_string(quoted, text);
+      out += str(k ? "," : "", "\"", src.keys[k], "\": ", quoted);
+    }
+    out += "}}";
+  }
+  const std::string file = tmp_path("grid_scaler.json");
+  spit(file, out + "}");
+  const std::string cfg = era5_tiny_config(
+      "grid", {{"scaler_path: \"" + kDir + "/scaler.json\"",
+                "scaler_path: \"" + file + "\"\n      spatial_variables: ['era5/prognostic/2d/SP']"}});
+  Era5Data g(read_credit_config(cfg)), ref(read_credit_config(kDir + "/config.yml"));
+  const int64_t t = parse_datetime("2020-12-31T18", "t");
+  const Tensor x = g.input(t), x0 = ref.input(t);
+  const int sp_channel = 4;
+  const ChannelInfo& c0 = ref.input_channels()[sp_channel];
+  ASSERT_EQ(g.input_channels()[sp_channel].var, "SP");
+  for (int64_t i = 0; i < 2048; ++i) {
+    const float phys = x0.data<float>()[sp_channel * 2048 + i] * (float)c0.std + (float)c0.mean;
+    const float want = (phys - (float)mean[i]) / (float)std::sqrt(var[i]);
+    ASSERT_NEAR(x.data<float>()[sp_channel * 2048 + i], want, 1e-3) << i;
+  }
+  for (int64_t k = 0; k < 7; ++k) {  // the other channels as before
+    if (k == sp_channel) continue;
+    for (int64_t i = 0; i < 2048; i += 101) ASSERT_EQ(x.data<float>()[k * 2048 + i], x0.data<float>()[k * 2048 + i]) << k;
+  }
+  Tensor y = g.target(t), d;
+  Tensor back = y.clone();
+  g.denormalise_target(back, &d);
+  for (int64_t i = 0; i < 2048; i += 7) {
+    EXPECT_NEAR(back.data<float>()[sp_channel * 2048 + i], y.data<float>()[sp_channel * 2048 + i] * std::sqrt(var[i]) + mean[i], 0.05);
+    EXPECT_FLOAT_EQ(d.data<float>()[sp_channel * 2048 + i], (float)std::sqrt(var[i]));
+  }
+  const std::string bad = era5_tiny_config(
+      "grid3d", {{"scaler_path: \"" + kDir + "/scaler.json\"",
+                  "scaler_path: \"" + file + "\"\n      spatial_variables: ['era5/prognostic/3d/T']"}});
+  const std::string e = error_of([&] { Era5Data bd(read_credit_config(bad)); });
+  EXPECT_TRUE(has(e, "a grid-wise scaler (spatial_variables) of a 3D variable")) << e;
 }
