@@ -231,7 +231,9 @@ struct Reader {
           if (!g->empty()) g->path = store;
       const bool any3d = !sc.prognostic.vars_3D.empty() || !sc.diagnostic.vars_3D.empty() ||
                          !sc.dynamic_forcing.vars_3D.empty() || !sc.statics.vars_3D.empty();
-      if (any3d && sc.levels.empty()) fail(where(p + ".levels"), ": 3D variables need a list of levels");
+      if (any3d && sc.levels.empty())
+        fail(where(p + ".levels"), ": missing: CREDIT then takes every level of the files' '", sc.level_coord,
+             "' coordinate; wxe needs them listed (the coordinate's values)");
       if (s["history_len"] && !history) history = get<int>(s["history_len"], p + ".history_len", 1);
       c->sources.push_back(std::move(sc));
     }
