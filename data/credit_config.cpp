@@ -429,7 +429,7 @@ struct Reader {
     for (auto it = pb.begin(); it != pb.end(); ++it) {
       const std::string k = it->first.as<std::string>();
       if (k != "per_step" && k != "post_rollout")
-        fail(where("postblocks." + k), ": expected only the sections per_step and post_rollout (as CREDIT 2026)");
+        fail(where("postblocks." + k), ": expected only the sections per_step and post_rollout (CREDIT 2026's build_postblocks refuses other keys too: put the blocks under per_step)");
       if (!is_map(it->second, "postblocks." + k)) continue;
       for (auto jt = it->second.begin(); jt != it->second.end(); ++jt) {
         const std::string p = "postblocks." + k + "." + jt->first.as<std::string>();
