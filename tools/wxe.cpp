@@ -25,12 +25,8 @@
 #include "importers/onnx/onnx_import.h"
 #include "importers/torch/torch_checkpoint.h"
 #include "models/credit_modules.h"
-#include "parallel/collective_ops.h"
 #include "parallel/mesh.h"
-#include "parallel/mpi_comm.h"
-#ifdef WXE_HAVE_NCCL
-#include "parallel/nccl_comm.h"
-#endif
+#include "parallel/mesh_session.h"
 #include "parallel/shard.h"
 #include "parallel/sharded_checkpoint.h"
 #include "train/credit_checkpoint.h"
@@ -509,29 +505,6 @@ constexpr int kMaxThreads = 1024;
 
 }  // namespace
 
-// Exit codes: 0 success; 1 bad input or a usage error (one line "wxe: error: ..." on stderr);
-// 3 infer --compare difference above --tolerance; 4 finetune stopped on a non-finite loss or
-// gradient. A rank's error under mpirun ends the job through MPI_Abort (mpirun's exit code).
-// Ranks on GPUs: each binds the GPU of its node-local rank (MPI_Comm_split_type; the CUDA
-// backend reads WXE_LOCAL_RANK at its first use) and the tensor-parallel collectives go
-// through NCCL on the device buffers (its unique id broadcast over the MPI tp group). With
-// `dp_nccl` (finetune) the data-parallel group does too: ZeRO's gradient reduce-scatter and
-// parameter all-gather then run on the device's buffers; otherwise it stays on MPI (host
-// tensors: the dp output gather of infer).
-static void use_device_mesh(Mesh& mesh, const std::string& device, bool dp_nccl) {
-  if (mesh.world <= 1) return;
-  setenv("WXE_LOCAL_RANK", std::to_string(MpiRuntime::local_rank()).c_str(), 1);
-#ifdef WXE_HAVE_NCCL
-  if (device == "cuda") {
-    if (mesh.tp > 1) mesh.tp_comm = std::make_unique<NcclComm>(*mesh.tp_comm);
-    if (dp_nccl && mesh.dp > 1) mesh.dp_comm = std::make_unique<NcclComm>(*mesh.dp_comm);
-    return;
-  }
-#endif
-  if (mesh.tp > 1 || (dp_nccl && mesh.dp > 1))
-    note("wxe: --device %s: collectives go through the host (MPI); this build has no NCCL\n", device.c_str());
-}
-
 // On a machine other work keeps busy, OpenMP threads waiting at a barrier sleep instead of
 // spinning (OMP_WAIT_POLICY=PASSIVE): spinning threads take the cores that the threads they
 // wait for need. wxformer_tiny's training step at 2 threads beside other work (load 5 on 2
@@ -567,6 +540,9 @@ void wait_passively_when_busy(char** argv) {
   execv("/proc/self/exe", argv);  // if that fails, go on spinning
 }
 
+// Exit codes: 0 success; 1 bad input or a usage error (one line "wxe: error: ..." on stderr);
+// 3 infer --compare difference above --tolerance; 4 finetune stopped on a non-finite loss or
+// gradient. A rank's error under mpirun ends the job through MPI_Abort (mpirun's exit code).
 int main(int argc, char** argv) {
   wait_passively_when_busy(argv);
   CLI::App app{"wxe: run and fine-tune CREDIT wxformer-style weather models"};
@@ -787,28 +763,26 @@ int main(int argc, char** argv) {
       if (fc.save.empty()) return usage_error("finetune: --save is required");
     }
   }
-  register_collective_ops();
   register_credit_modules();
+  MeshSession session;
+  session.mesh = *infer || *finetune || *forecast;
+  session.tp = *infer ? ia.tp : *forecast ? forecast_tp : finetune_tp;
+  session.domain = *infer ? ia.domain : *forecast ? forecast_domain : finetune_domain;
+  session.device = *infer      ? ia.device
+                   : *finetune ? fc.device
+                   : *bench    ? ba.device
+                   : *forecast ? fa.device
+                               : "cpu";
+  session.dp_nccl = finetune->parsed();
   Mesh mesh;
-  if (*infer || *finetune || *forecast) {  // the mesh: every rank raises the same error for a bad --tp, so no hang
-    try {
-      mesh = make_mesh(*infer ? ia.tp : *forecast ? forecast_tp : finetune_tp,
-                       *infer ? ia.domain : *forecast ? forecast_domain : finetune_domain);
-    } catch (const Error& e) {
-      std::fprintf(stderr, "wxe: error: %s\n", e.what());
-      return 1;
-    }
-    g_quiet = mesh.rank != 0;
+  try {  // every rank raises the same error for a bad --tp, so no hang (parallel/mesh_session.h)
+    mesh = start_mesh(session);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "wxe: error: %s\n", e.what());
+    return 1;
   }
+  g_quiet = mesh.rank != 0;
   try {
-    register_gpu_backends();
-    register_collective_device_kernels();
-    const std::string device = *infer      ? ia.device
-                               : *finetune ? fc.device
-                               : *bench    ? ba.device
-                               : *forecast ? fa.device
-                                           : "cpu";
-    if (device != "cpu") use_device_mesh(mesh, device, finetune->parsed());
     if (*inspect)
       return cmd_inspect(inspect_model, inspect_inputs, dump_graph, inspect_tp, inspect_domain, inspect_plan,
                          inspect_device);
