@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <iomanip>
 #include <set>
 
 #include "engine/ir/error.h"
@@ -134,7 +135,8 @@ struct Reader {
     // a single file (no '*') serves every time (CREDIT ignores the format then)
     if (!tf.empty() && g.path.find('%') == std::string::npos && g.path.find('*') != std::string::npos) {
       const size_t star = g.path.find('*');
-      g.path.replace(star, 1, tf + "*");  // era5_* -> era5_%Y*: era5_2020.nc
+      // era5_* -> era5_*%Y*: era5_2020.nc, and as CREDIT finds the time anywhere in the name, ERA5_6h_2020.nc
+      g.path.replace(star, 1, "*" + tf + "*");
     }
     if (files && !g.empty() && g.path.empty()) fail(where(key + ".path"), ": missing");
   }
@@ -178,7 +180,15 @@ struct Reader {
         for (auto jt = s.begin(); jt != s.end(); ++jt) {
           const std::string k = jt->first.as<std::string>();
           if (k == "variables" || k == "dataset_type" || k == "device" || k == "temporal_mode") continue;
-          sc.args[k] = k == "latlon_grid_path" ? path(jt->second, p + "." + k) : YAML::Dump(jt->second);
+          if (k == "latlon_grid_path") {
+            sc.args[k] = path(jt->second, p + "." + k);
+          } else if (k == "lat_spec" || k == "lon_spec") {  // the numbers, whichever YAML style wrote them
+            std::string v;
+            for (double x : get<std::vector<double>>(jt->second, p + "." + k, {})) v += str(std::setprecision(17), x, " ");
+            sc.args[k] = v;
+          } else {
+            sc.args[k] = YAML::Dump(jt->second);
+          }
         }
       } else if (sc.dataset_type == "local") {
         known(s, p + ".", {"dataset_type", "level_coord", "levels", "variables", "history_len", "grid_type"});

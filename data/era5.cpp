@@ -537,6 +537,10 @@ Tensor Era5Data::input_window(int64_t t) const {
 }
 
 Tensor Era5Data::input(int64_t t) const {
+  if (!h_ && tisr_.count(in_[0].src)) {  // a computed first channel: its grid
+    const TisrGrid& g = tisr_.at(in_[0].src).grid;
+    learn_grid(g.ny, g.nx, g.lat, g.lon, cfg_.file + ": data.source." + cfg_.sources[in_[0].src].name + " (tisr grid)");
+  }
   if (!h_) {  // read one channel to learn the grid
     std::vector<float> tmp(1);
     const ChannelInfo& c = in_[0];

@@ -14,6 +14,7 @@
 #include "data/credit_config.h"
 #include "data/era5.h"
 #include "data/tisr.h"
+#include "engine/io/glob.h"
 #include "engine/io/npy.h"
 #include "engine/io/samples.h"
 #include "test_util.h"
@@ -713,4 +714,25 @@ TEST(CreditTransforms, GridWiseScalerPerPoint) {
                   "scaler_path: \"" + file + "\"\n      spatial_variables: ['era5/prognostic/3d/T']"}});
   const std::string e = error_of([&] { Era5Data bd(read_credit_config(bad)); });
   EXPECT_TRUE(has(e, "a grid-wise scaler (spatial_variables) of a 3D variable")) << e;
+}
+
+// Config details CREDIT's shipped configs met: a tisr grid spec written as a YAML block list, and
+// filename_time_format finding the time anywhere in a '*' (ERA5_6h_2020.nc from ERA5_6h*).
+TEST(CreditConfigRegistry, SpecsAndTimeFormats) {
+  const std::string block = "save_loc: s\ndata:\n  source:\n    A:\n      variables:\n        prognostic:\n"
+                            "          vars_2D: ['SP']\n          path: 'ERA5_6h*'\n          filename_time_format: '%Y'\n"
+                            "    S:\n      dataset_type: tisr\n      lat_spec:\n      - 90\n      - -90\n      - 32\n"
+                            "      lon_spec: [0, 354.375, 64]\n      variables:\n        dynamic_forcing:\n"
+                            "          vars_2D: ['tisr']\n  start_datetime: '2020-01-01'\n  end_datetime: '2020-01-02'\n";
+  const std::string path = tmp_path("specs.yml");
+  spit(path, block);
+  const CreditConfig c = read_credit_config(path);
+  EXPECT_EQ(c.sources.at(0).prognostic.path, (fs::path(path).parent_path() / "ERA5_6h*%Y*").string());
+  EXPECT_TRUE(glob_match("ERA5_6h*2020*", "ERA5_6h_2020.nc"));
+  CreditConfig d = c;
+  d.sources.erase(d.sources.begin());  // the tisr source alone: its grid from the block list
+  d.sources[0].dynamic_forcing.vars_2D = {"tisr"};
+  Era5Data e(d);
+  const Tensor x = e.input(parse_datetime("2020-01-01T06", "t"));
+  EXPECT_EQ(x.shape, (Shape{1, 1, 1, 32, 64}));
 }
