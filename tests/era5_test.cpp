@@ -78,24 +78,10 @@ Tensor expected(const std::vector<Ch>& chans, double h) {
   return x;
 }
 
-// A config in a temp folder with absolute paths into the fixture; `extra` is appended, and
-// each (from, to) replacement applied to the fixture's config text.
+// A config in a temp folder with absolute paths into the fixture (test_util.h).
 std::string write_config(const std::string& name, const std::vector<std::pair<std::string, std::string>>& repl = {},
                          const std::string& extra = "") {
-  std::string text = slurp(kDir + "/config.yml");
-  for (const char* f : {"era5_%Y.*", "forcing_%Y.nc", "static.nc", "scaler.json"}) {
-    const std::string q = std::string("\"") + f + "\"";
-    for (size_t p = text.find(q); p != std::string::npos; p = text.find(q, p + 1))
-      text.replace(p, q.size(), "\"" + kDir + "/" + f + "\"");
-  }
-  for (auto& [a, b] : repl) {
-    const size_t p = text.find(a);
-    EXPECT_NE(p, std::string::npos) << a;
-    if (p != std::string::npos) text.replace(p, a.size(), b);
-  }
-  const std::string path = tmp_path(name + ".yml");
-  spit(path, text + extra);
-  return path;
+  return era5_tiny_config(name, repl, extra);
 }
 
 // (1, C, 1, H, W) steps stacked on dim 2, oldest first
