@@ -20,6 +20,8 @@ namespace wxe {
 
 namespace {
 constexpr int64_t kMaxTimestep = 366 * 86400;
+// CREDIT's elementwise registry losses wxe computes (train/loss.h LossKind)
+const std::set<std::string> kElementwiseLosses = {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"};
 }
 
 int64_t parse_datetime(const std::string& s, const std::string& what) {
@@ -610,11 +612,10 @@ struct Reader {
   LossSpec loss_spec(const YAML::Node& l, const std::string& which) {
     LossSpec ls;
     ls.name = get<std::string>(l[which], "loss." + which, "mse");
-    static const std::set<std::string> elementwise = {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"};
     if (ls.name == "KCRPS" || ls.name == "almost-fair-crps" || ls.name == "ring-crps")
       fail(where("loss." + which), ": '", ls.name, "' is an ensemble CRPS loss; ensemble training is not implemented "
            "(use mse, mae, msle, huber, logcosh, xtanh or xsigmoid)");
-    if (!elementwise.count(ls.name))
+    if (!kElementwiseLosses.count(ls.name))
       fail(where("loss." + which), ": '", ls.name, "' is not implemented (mse, mae, msle, huber, logcosh, xtanh, xsigmoid; "
            "spectral, power and covmse are not)");
     const std::string pk = which + "_parameters";
@@ -641,8 +642,7 @@ struct Reader {
       auto spec = [&](const YAML::Node& name, const YAML::Node& params, const std::string& key) {
         LossSpec ls;
         ls.name = get<std::string>(name, key, "mse");
-        static const std::set<std::string> elementwise = {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"};
-        if (!elementwise.count(ls.name))
+        if (!kElementwiseLosses.count(ls.name))
           fail(where(key), ": '", ls.name, "' is not implemented as BaseLoss's univariate loss (mse, mae, msle, "
                "huber, logcosh, xtanh, xsigmoid)");
         if (is_map(params, key + "_parameters")) {

@@ -703,6 +703,7 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
     put_text(id_, v, "long_name", data.long_name(ch.var), tmp_);
     var_ids_[nc_name(ch)] = v;
   }
+  for (auto& ch : data.target_channels()) chan_ids_.push_back(var_ids_.at(nc_name(ch)));
   put_text(id_, NC_GLOBAL, "Conventions", "CF-1.8", tmp_);
   put_text(id_, NC_GLOBAL, "source", "wxe forecast", tmp_);
   put_text(id_, NC_GLOBAL, "init_time", format_datetime(init), tmp_);
@@ -728,7 +729,7 @@ void ForecastWriter::write(int k, const Tensor& y) {
   const float* p = y.data<float>();
   const auto& chans = data_.target_channels();
   for (size_t c = 0; c < chans.size(); ++c) {
-    const int v = var_ids_.at(nc_name(chans[c]));
+    const int v = chan_ids_[c];
     if (chans[c].is3d) {
       size_t start[4] = {(size_t)k, (size_t)chans[c].level_index, 0, 0}, count[4] = {1, 1, h, w};
       nc_check(nc_put_vara_float(id_, v, start, count, p + c * h * w), tmp_);

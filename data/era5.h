@@ -146,7 +146,8 @@ class ForecastWriter {
   std::string tmp_;                 // its name
   const Era5Data& data_;
   int id_ = -1;
-  std::map<std::string, int> var_ids_;
+  std::map<std::string, int> var_ids_;  // by the variable's name in the file
+  std::vector<int> chan_ids_;           // per target channel
   std::string nc_name(const ChannelInfo& c) const;  // the variable's name in the file
 };
 

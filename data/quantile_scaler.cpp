@@ -9,14 +9,9 @@
 
 #include "engine/ir/error.h"
 
-// torch rounds each float32 multiply and add of these kernels separately: no FMA contraction
-// here (the build compiles with -mfma and GCC's default -ffp-contract=fast); the fused
-// multiply-adds torch's own kernels do have are written out as std::fma.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+// torch rounds each float32 multiply and add of these kernels separately: CMakeLists.txt compiles
+// this file without FMA contraction (-ffp-contract=off, the build's -mfma would fuse them); the
+// fused multiply-adds torch's own kernels do have are written out as std::fma.
 
 namespace wxe {
 

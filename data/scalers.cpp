@@ -126,6 +126,7 @@ const V* find_scaler(const std::map<std::string, V>& m, const std::string& var_k
   return hit;
 }
 template const Stats* find_scaler(const std::map<std::string, Stats>&, const std::string&, const std::string&);
+template const double* find_scaler(const std::map<std::string, double>&, const std::string&, const std::string&);
 template const std::shared_ptr<const QuantileScaler>* find_scaler(const Quantiles&, const std::string&, const std::string&);
 
 std::map<std::string, double> scaler_target_variances(const std::string& file) {
@@ -133,10 +134,9 @@ std::map<std::string, double> scaler_target_variances(const std::string& file) {
   read_bridgescaler(file, {}, side);
   std::map<std::string, double> out;
   for (const auto& [key, st] : side[1]) {
-    const std::string name = key.substr(key.rfind('/') + 1);
     double v = 0;
     for (double sd : st.second) v += sd * sd;
-    out[name] = v / (double)std::max<size_t>(st.second.size(), 1);  // (a name in several sources: the last)
+    out[key] = v / (double)std::max<size_t>(st.second.size(), 1);
   }
   return out;
 }

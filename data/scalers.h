@@ -38,7 +38,7 @@ template <class V>
 const V* find_scaler(const std::map<std::string, V>& m, const std::string& var_key, const std::string& file);
 
 // The target side of a bridgescaler file: each variable's variance, the mean over its levels (CREDIT
-// BaseLoss's inverse-variance weights), by variable name.
+// BaseLoss's inverse-variance weights), by the file's keys (look one up with find_scaler).
 std::map<std::string, double> scaler_target_variances(const std::string& file);
 
 }  // namespace wxe

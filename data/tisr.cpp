@@ -8,14 +8,8 @@
 #include "data/data_file.h"
 #include "engine/ir/error.h"
 
-// Every float32 operation below is one of CREDIT's torch ops, each rounded on its own: a fused
-// multiply-add would round a product and a sum once, so contraction is off in this file (the
-// build's -mfma would otherwise let the compiler fuse them).
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+// Every float32 operation below is one of CREDIT's torch ops, each rounded on its own:
+// CMakeLists.txt compiles this file without FMA contraction (-ffp-contract=off).
 
 namespace wxe {
 

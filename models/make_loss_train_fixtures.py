@@ -66,7 +66,6 @@ Run from anywhere, with a Python that has torch + miles-credit (~1 min on one co
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -298,15 +297,6 @@ def generate(out, threads, log):
     return meta
 
 
-def tree_digest(root):
-    out = {}
-    for f in sorted(os.listdir(root)):
-        with open(os.path.join(root, f), "rb") as fh:
-            b = fh.read()
-        out[f] = (len(b), hashlib.sha256(b).hexdigest())
-    return out
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=OUT)
@@ -329,7 +319,7 @@ def main(argv=None):
     print(f"mse vs {MODEL}_train{mtf.STEPS}_losses[:{STEPS}]: max relative difference {rel:.3g}")
     assert rel < 1e-6, rel
 
-    digest = tree_digest(a.out)
+    digest = mtf.tree_digest(a.out)
     print(f"files in {os.path.relpath(a.out, REPO)}:")
     for f, (n, _) in digest.items():
         print(f"  {f:<24} {n:>7,} B")
@@ -337,14 +327,7 @@ def main(argv=None):
         print(f"  {r['loss']:<9} final loss {r['final_loss']!r}")
 
     if a.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            generate(tmp, a.threads, lambda m: None)
-            other = tree_digest(tmp)
-        diff = sorted(f for f in set(digest) | set(other) if digest.get(f) != other.get(f))
-        if diff:
-            print(f"NOT deterministic: {diff}")
-            return 1
-        print(f"deterministic: a second run wrote {len(other)} byte-identical files")
+        return mtf.check_deterministic(digest, lambda tmp: generate(tmp, a.threads, lambda m: None))
     return 0
 
 

@@ -405,6 +405,19 @@ def tree_digest(root):
     return out
 
 
+def check_deterministic(digest, regenerate):
+    """regenerate(dir) writes the files again into dir: 0 when they equal `digest` byte for byte."""
+    with tempfile.TemporaryDirectory() as tmp:
+        regenerate(tmp)
+        other = tree_digest(tmp)
+    diff = sorted(f for f in set(digest) | set(other) if digest.get(f) != other.get(f))
+    if diff:
+        print(f"NOT deterministic: {diff}")
+        return 1
+    print(f"deterministic: a second run wrote {len(other)} byte-identical files")
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(REPO, "tests", "data", "train"))
@@ -452,14 +465,7 @@ def main(argv=None):
             print(f"{k}: {v!r}")
 
     if a.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            generate(tmp, traj, a.full_grad_state, a.threads, lambda m: None)
-            other = tree_digest(tmp)
-        diff = sorted(f for f in set(digest) | set(other) if digest.get(f) != other.get(f))
-        if diff:
-            print(f"NOT deterministic: {diff}")
-            return 1
-        print(f"deterministic: a second run wrote {len(other)} byte-identical files")
+        return check_deterministic(digest, lambda tmp: generate(tmp, traj, a.full_grad_state, a.threads, lambda m: None))
     return 0
 
 

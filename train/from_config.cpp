@@ -126,6 +126,53 @@ LossFunction credit_validation_loss(const CreditConfig& c) {
   return loss_function(c.training_loss.name, c.training_loss.delta);
 }
 
+// CREDIT's BaseLoss: each target variable's mean loss in physical units, combined with weights w_v
+// (manual / variance, normalised to mean 1): channel c of variable v weighs
+// w_v * C / (V * levels_v) in the mean over all elements.
+std::vector<double> base_loss_channel_weights(const CreditConfig& c, const Era5Data& data, const std::string& config,
+                                              bool lead) {
+  const BaseLossSpec& b = c.base_loss;
+  const std::vector<ChannelInfo>& tc = data.target_channels();
+  std::map<std::string, double> variances;
+  if (b.weighting == "inverse_variance") variances = scaler_target_variances(b.scaler_path);
+  std::vector<std::string> keys;
+  std::map<std::string, int> levels;
+  for (const ChannelInfo& ch : tc) {
+    const std::string key = var_key(c, ch);
+    if (!levels[key]++) keys.push_back(key);
+  }
+  for (const auto& kv : b.manual)
+    WXE_CHECK(levels.count(kv.first), config, ": loss.args.variable_weights.", kv.first,
+              ": no such target variable (keys as ", keys.front(), ")");
+  for (const auto& kv : b.overrides)
+    WXE_CHECK(levels.count(kv.first), config, ": loss.args.base_loss_overrides.", kv.first,
+              ": no such target variable (keys as ", keys.front(), ")");
+  std::map<std::string, double> wv;
+  double sum = 0;
+  for (const std::string& key : keys) {
+    const double manual = b.manual.count(key) ? b.manual.at(key) : 1.0;
+    double w = manual;
+    if (b.weighting == "inverse_variance") {
+      if (const double* var = find_scaler(variances, key, b.scaler_path)) {
+        w = manual / std::max(*var, 1e-12);
+      } else if (lead) {
+        note("wxe: warning: %s: loss.args.scaler_path %s has no target variance of '%s': weight %g\n",
+             config.c_str(), b.scaler_path.c_str(), key.c_str(), manual);
+      }
+    }
+    wv[key] = w;
+    sum += w;
+  }
+  if (b.normalize && sum > 0)
+    for (auto& kv : wv) kv.second /= sum / (double)keys.size();
+  std::vector<double> out;
+  for (const ChannelInfo& ch : tc) {
+    const std::string key = var_key(c, ch);
+    out.push_back(wv[key] * (double)tc.size() / ((double)keys.size() * levels[key]));
+  }
+  return out;
+}
+
 void finetune_from_config(const std::string& config, FinetuneConfig& fc,
                           const std::function<bool(const std::string&)>& given, bool lead) {
   CreditConfig c = read_credit_config(config);
@@ -216,53 +263,15 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   }
   const LossFunction vloss = credit_validation_loss(c);
   if (!given("--loss") && c.base_loss.on) {
-    // CREDIT's BaseLoss: each target variable's mean loss in physical units, combined with weights
-    // w_v (manual / variance, normalised to mean 1): channel c of variable v weighs
-    // w_v * C / (V * levels_v) in the mean over all elements
     const BaseLossSpec& b = c.base_loss;
     const std::vector<ChannelInfo>& tc = data->target_channels();
-    std::map<std::string, double> variances;
-    if (b.weighting == "inverse_variance") variances = scaler_target_variances(b.scaler_path);
-    std::vector<std::string> keys;
-    std::map<std::string, int> levels;
-    for (const ChannelInfo& ch : tc) {
-      const std::string key = var_key(c, ch);
-      if (!levels[key]++) keys.push_back(key);
-    }
-    for (const auto& kv : b.manual)
-      WXE_CHECK(levels.count(kv.first), config, ": loss.args.variable_weights.", kv.first,
-                ": no such target variable (keys as ", keys.front(), ")");
-    for (const auto& kv : b.overrides)
-      WXE_CHECK(levels.count(kv.first), config, ": loss.args.base_loss_overrides.", kv.first,
-                ": no such target variable (keys as ", keys.front(), ")");
-    std::map<std::string, double> wv;
-    double sum = 0;
-    for (const std::string& key : keys) {
-      const double manual = b.manual.count(key) ? b.manual.at(key) : 1.0;
-      double w = manual;
-      if (b.weighting == "inverse_variance") {
-        const std::string name = key.substr(key.rfind('/') + 1);
-        if (variances.count(name)) {
-          w = manual / std::max(variances.at(name), 1e-12);
-        } else if (lead) {
-          note("wxe: warning: %s: loss.args.scaler_path %s has no target variance of '%s': weight %g\n",
-               config.c_str(), b.scaler_path.c_str(), key.c_str(), manual);
-        }
-      }
-      wv[key] = w;
-      sum += w;
-    }
-    if (b.normalize && sum > 0)
-      for (auto& kv : wv) kv.second /= sum / (double)keys.size();
     fc.loss = loss_function(b.training.name, b.training.delta);
     fc.plain_mse = false;
     fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
-    fc.channel_weights.clear();
+    fc.channel_weights = base_loss_channel_weights(c, *data, config, lead);
     fc.channel_losses.clear();
     for (const ChannelInfo& ch : tc) {
-      const std::string key = var_key(c, ch);
-      fc.channel_weights.push_back(wv[key] * (double)tc.size() / ((double)keys.size() * levels[key]));
-      auto o = b.overrides.find(key);
+      auto o = b.overrides.find(var_key(c, ch));
       fc.channel_losses.push_back(o != b.overrides.end() ? loss_function(o->second.name, o->second.delta) : fc.loss);
     }
     fc.to_physical = [data](Tensor& y, Tensor* d) { data->denormalise_target(y, d); };
@@ -273,7 +282,6 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
     fc.channel_weights.clear();
     if (c.use_variable_weights) {
-
       std::set<std::string> used;
       for (const ChannelInfo& ch : data->target_channels()) {
         auto it = c.variable_weights.find(ch.var);

@@ -150,11 +150,11 @@ double weighted_loss(const Tensor& pred, const Tensor& target, const LossWeights
       for (int64_t j = r * row_len, e = std::min(n, j + row_len); j < e; ++j) {
         const double d = (double)p[j] - (double)t[j];
         s += d * d;
-        if (g) g[j] = (float)(gscale * wr * 2 * d);
+        if (g) g[j] = (float)(2 * gscale * wr * d);
       }
     } else {
       for (int64_t j = r * row_len, e = std::min(n, j + row_len); j < e; ++j) {
-        double dp;
+        double dp = 0;
         s += element_loss(fr, (double)p[j], (double)t[j], dp);
         if (g) g[j] = (float)(gscale * wr * dp);
       }

@@ -131,11 +131,7 @@ void fuse_plane_gathers(Graph& g) {
     changed = true;
   }
   if (!changed) return;
-  std::vector<Node> kept;
-  for (size_t k = 0; k < g.nodes.size(); ++k)
-    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
-  g.nodes = std::move(kept);
-  compact_values(g);
+  remove_nodes(g, drop);
 }
 
 void remove_identity_ops(Graph& g) {

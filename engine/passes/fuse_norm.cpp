@@ -200,11 +200,7 @@ void fuse_linear_gelu(Graph& g) {
     drop[k] = true;
   }
   if (std::none_of(drop.begin(), drop.end(), [](bool d) { return d; })) return;
-  std::vector<Node> kept;
-  for (size_t k = 0; k < g.nodes.size(); ++k)
-    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
-  g.nodes = std::move(kept);
-  compact_values(g);
+  remove_nodes(g, drop);
 }
 
 }  // namespace wxe

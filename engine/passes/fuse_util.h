@@ -57,4 +57,13 @@ inline void set_shapes(Graph& g, const Node& n) {
 
 inline bool node_is(const Graph& g, int k, const char* op) { return k >= 0 && g.nodes[k].op == op; }
 
+// Removes the nodes marked in `drop` (their order kept) and the values nothing uses any more.
+inline void remove_nodes(Graph& g, const std::vector<bool>& drop) {
+  std::vector<Node> kept;
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
+  g.nodes = std::move(kept);
+  compact_values(g);
+}
+
 }  // namespace wxe::fuse_util
