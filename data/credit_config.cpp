@@ -22,6 +22,7 @@ namespace {
 constexpr int64_t kMaxTimestep = 366 * 86400;
 // CREDIT's elementwise registry losses wxe computes (train/loss.h LossKind)
 const std::set<std::string> kElementwiseLosses = {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"};
+const std::set<std::string> kCrpsLosses = {"KCRPS", "almost-fair-crps", "ring-crps"};
 }
 
 int64_t parse_datetime(const std::string& s, const std::string& what) {
@@ -153,7 +154,8 @@ struct Reader {
     int history = 0;  // a source's own history_len (CREDIT reads the first's)
     for (auto it = src.begin(); it != src.end(); ++it) {
       SourceConfig sc;
-      std::string store;  // a store holding every field type (weatherbench2_era5)
+      std::string store;        // a store holding every field type (weatherbench2_era5, arco_era5)
+      std::string model_store;  // arco_era5 hybrid: the store of the 3D variables
       sc.name = it->first.as<std::string>();
       const std::string p = "data.source." + sc.name;
       const YAML::Node s = it->second;
@@ -215,9 +217,41 @@ struct Reader {
                                                           750, 775, 800, 825, 850, 875, 900, 925, 950, 975, 1000}
                                     : std::vector<double>{50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000};
         }
+      } else if (sc.dataset_type == "arco_era5") {
+        // CREDIT reads Google's ARCO-ERA5 stores: gs://gcp-public-data-arco-era5/ar/
+        // full_37-1h-0p25deg-chunk-1.zarr-v3 (pressure levels, every 2D variable) and, for
+        // level_coord hybrid, model-level-1h-0p25deg.zarr-v1 (3D variables on model levels);
+        // wxe local copies of them (`path`, `model_level_path`: wxe's keys)
+        known(s, p + ".", {"dataset_type", "level_coord", "levels", "variables", "history_len", "path",
+                           "model_level_path"});
+        const std::string lc = get<std::string>(s["level_coord"], p + ".level_coord", "level");
+        if (lc != "level" && lc != "hybrid")
+          fail(where(p + ".level_coord"), ": '", lc, "': arco_era5 has 'level' (pressure levels) or 'hybrid' (model levels)");
+        const char* remote = "gs://gcp-public-data-arco-era5/ar/";
+        store = path(s["path"], p + ".path");
+        if (store.empty())
+          fail(where(p + ".path"), ": missing: wxe reads no network; copy the variables and times you need of ", remote,
+               "full_37-1h-0p25deg-chunk-1.zarr-v3 into a local zarr store (e.g. xarray's to_zarr) and give its folder here");
+        if (lc == "hybrid") {
+          model_store = path(s["model_level_path"], p + ".model_level_path");
+          if (model_store.empty())
+            fail(where(p + ".model_level_path"), ": missing: level_coord hybrid reads the 3D variables from ", remote,
+                 "model-level-1h-0p25deg.zarr-v1; copy what you need of it into a local zarr store and give its folder here");
+        } else if (s["model_level_path"]) {
+          fail(where(p + ".model_level_path"), ": only read with level_coord: hybrid (this source has 'level')");
+        }
+        if (!s["levels"]) {  // CREDIT's default: every level of the store
+          if (lc == "hybrid") {
+            for (int l = 1; l <= 137; ++l) sc.levels.push_back(l);
+          } else {
+            sc.levels = {1, 2, 3, 5, 7, 10, 20, 30, 50, 70};
+            for (int l = 100; l <= 1000; l += 25) sc.levels.push_back(l);
+          }
+        }
       } else {
         fail(where(p + ".dataset_type"), ": '", sc.dataset_type, "' is not implemented (local netCDF/zarr files, "
-             "weatherbench2_era5 from a local copy, tisr; for ", sc.dataset_type, " data, write files per year and use 'local')");
+             "weatherbench2_era5 and arco_era5 from local copies, tisr; for ", sc.dataset_type,
+             " data, write files per year and use 'local')");
       }
       sc.level_coord = get<std::string>(s["level_coord"], p + ".level_coord", "level");
       if (s["levels"]) sc.levels = get<std::vector<double>>(s["levels"], p + ".levels", {});
@@ -240,7 +274,10 @@ struct Reader {
              "': a tisr source's variable is named tisr (as CREDIT requires)");
       if (!store.empty())  // every field type from the one store
         for (VarGroup* g : {&sc.prognostic, &sc.diagnostic, &sc.dynamic_forcing, &sc.statics})
-          if (!g->empty()) g->path = store;
+          if (!g->empty()) {
+            g->path = store;
+            if (!g->vars_3D.empty()) g->path_3d = model_store;
+          }
       const bool any3d = !sc.prognostic.vars_3D.empty() || !sc.diagnostic.vars_3D.empty() ||
                          !sc.dynamic_forcing.vars_3D.empty() || !sc.statics.vars_3D.empty();
       if (any3d && sc.levels.empty())
@@ -524,10 +561,10 @@ struct Reader {
     if (t["parallelism"])
       c->warnings.push_back(where("trainer.parallelism") +
                             ": ignored (wxe's mesh: mpirun -n N with --tp T and --domain D; the rest is data parallel)");
-    const int ensemble = get<int>(t["ensemble_size"], "trainer.ensemble_size", 1);
-    if (ensemble != 1)
-      fail(where("trainer.ensemble_size"), ": ", ensemble, " (ensemble training with CRPS losses is not implemented; "
-           "set 1 to train one deterministic member)");
+    c->ensemble_size = ranged<int>(t["ensemble_size"], "trainer.ensemble_size", 1, 1, 1 << 16);
+    if (c->ensemble_size > 1 && c->forecast_len > 1)
+      fail(where("trainer.ensemble_size"), ": ", c->ensemble_size, " with data.forecast_len ", c->forecast_len,
+           ": ensemble rollouts are not implemented (train ensembles with forecast_len 1)");
     // one micro-batch per sample: their product is wxe's --accum (an int)
     c->grad_accum_every = ranged<int>(t["grad_accum_every"], "trainer.grad_accum_every", 1, 1, 1 << 20);
     c->train_batch_size = ranged<int>(t["train_batch_size"], "trainer.train_batch_size", 1, 1, 1 << 20);
@@ -612,20 +649,39 @@ struct Reader {
   LossSpec loss_spec(const YAML::Node& l, const std::string& which) {
     LossSpec ls;
     ls.name = get<std::string>(l[which], "loss." + which, "mse");
-    if (ls.name == "KCRPS" || ls.name == "almost-fair-crps" || ls.name == "ring-crps")
-      fail(where("loss." + which), ": '", ls.name, "' is an ensemble CRPS loss; ensemble training is not implemented "
-           "(use mse, mae, msle, huber, logcosh, xtanh or xsigmoid)");
-    if (!kElementwiseLosses.count(ls.name))
-      fail(where("loss." + which), ": '", ls.name, "' is not implemented (mse, mae, msle, huber, logcosh, xtanh, xsigmoid; "
-           "spectral, power and covmse are not)");
-    const std::string pk = which + "_parameters";
-    const YAML::Node p = l[pk];
-    if (is_map(p, "loss." + pk)) {
-      known(p, "loss." + pk + ".", {"reduction", "delta"});
-      if (p["delta"] && ls.name != "huber") fail(where("loss." + pk + ".delta"), ": only huber takes a delta");
-      ls.delta = ranged<double>(p["delta"], "loss." + pk + ".delta", 1.0, 1e-30, 1e30);
-    }
+    if (!kElementwiseLosses.count(ls.name) && !kCrpsLosses.count(ls.name))
+      fail(where("loss." + which), ": '", ls.name, "' is not implemented (mse, mae, msle, huber, logcosh, xtanh, xsigmoid, "
+           "KCRPS, almost-fair-crps, ring-crps; spectral, power and covmse are not)");
+    loss_parameters(ls, l[which + "_parameters"], "loss." + which + "_parameters");
     return ls;
+  }
+
+  // A loss's *_parameters: huber's delta, KCRPS's biased, almost-fair-crps's alpha (reduction
+  // and no_autocast are CREDIT's own business)
+  void loss_parameters(LossSpec& ls, const YAML::Node& p, const std::string& key) {
+    if (!is_map(p, key)) return;
+    known(p, key + ".", {"reduction", "delta", "biased", "alpha", "no_autocast"});
+    auto only = [&](const char* param, const char* loss) {
+      if (p[param] && ls.name != loss) fail(where(key + "." + param), ": only ", loss, " takes ", param);
+    };
+    only("delta", "huber");
+    only("biased", "KCRPS");
+    only("alpha", "almost-fair-crps");
+    ls.delta = ranged<double>(p["delta"], key + ".delta", 1.0, 1e-30, 1e30);
+    ls.biased = get<bool>(p["biased"], key + ".biased", false);
+    ls.alpha = ranged<double>(p["alpha"], key + ".alpha", 1.0, -1e30, 1e30);
+  }
+
+  // CREDIT's gen2 trainer's rules for the ensemble losses (credit/applications/train_gen2.py,
+  // credit/losses/__init__.py load_loss); `name` is the loss it trains with (a BaseLoss's
+  // args.training_loss)
+  void ensemble_rules(const std::string& name, const std::string& key) {
+    if (kCrpsLosses.count(name) && c->ensemble_size <= 1)
+      fail(where(key), ": '", name, "' is an ensemble CRPS loss and requires trainer.ensemble_size > 1 (CREDIT's rule); "
+           "got ", c->ensemble_size);
+    if (name == "ring-crps" && !c->base_loss.on && (c->use_latitude_weights || c->use_variable_weights))
+      fail(where(key), ": ring-crps cannot be combined with use_latitude_weights / use_variable_weights (CREDIT's rule: "
+           "VariableTotalLoss2D needs an elementwise loss); disable the weights");
   }
 
   // loss.type base: its args (credit/losses/base.py BaseLoss's constructor arguments)
@@ -642,9 +698,12 @@ struct Reader {
       auto spec = [&](const YAML::Node& name, const YAML::Node& params, const std::string& key) {
         LossSpec ls;
         ls.name = get<std::string>(name, key, "mse");
-        if (!kElementwiseLosses.count(ls.name))
+        if (kCrpsLosses.count(ls.name) && (ls.name != "ring-crps" || key.find("overrides") != std::string::npos))
+          fail(where(key), ": '", ls.name, "' is an ensemble CRPS loss and cannot be BaseLoss's univariate loss (CREDIT's "
+               "rule: only ring-crps, as training_loss or validation_loss, whose members live across dp ranks)");
+        if (!kElementwiseLosses.count(ls.name) && ls.name != "ring-crps")
           fail(where(key), ": '", ls.name, "' is not implemented as BaseLoss's univariate loss (mse, mae, msle, "
-               "huber, logcosh, xtanh, xsigmoid)");
+               "huber, logcosh, xtanh, xsigmoid, ring-crps)");
         if (is_map(params, key + "_parameters")) {
           known(params, key + "_parameters.", {"reduction", "delta"});
           ls.delta = ranged<double>(params["delta"], key + "_parameters.delta", 1.0, 1e-30, 1e30);
@@ -694,6 +753,10 @@ struct Reader {
            "): wxe scores both through the prediction's chain, so they must be the same blocks with the same arguments");
     c->use_latitude_weights = b.use_latitude_weights;
     c->training_loss = b.training;
+    if (b.training.name == "ring-crps" && !b.overrides.empty())
+      fail(where(k + "base_loss_overrides"), ": with training_loss ring-crps the per-variable overrides are not "
+           "implemented (wxe scores every variable with ring-crps)");
+    ensemble_rules(b.training.name, k + "training_loss");
   }
 
   void loss(const YAML::Node& l) {
@@ -740,6 +803,7 @@ struct Reader {
         }
         c->variable_weights[name] = w;
       }
+    ensemble_rules(c->training_loss.name, "loss.training_loss");
   }
 };
 

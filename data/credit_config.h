@@ -15,6 +15,7 @@ namespace wxe {
 struct VarGroup {
   std::vector<std::string> vars_3D, vars_2D;
   std::string path;  // path template: strftime codes (%Y, %m, %d, %H) and an optional '*' glob
+  std::string path_3d;  // where set, the 3D variables' path (arco_era5's model-level store)
   bool empty() const { return vars_3D.empty() && vars_2D.empty(); }
 };
 
@@ -39,10 +40,13 @@ struct PointTransform {
   void apply(float* x, int64_t n, float* d = nullptr) const;
 };
 
-// A loss of CREDIT's registry (credit/losses): mse, mae, msle, huber, logcosh, xtanh, xsigmoid.
+// A loss of CREDIT's registry (credit/losses): mse, mae, msle, huber, logcosh, xtanh, xsigmoid,
+// and the ensemble CRPS losses KCRPS, almost-fair-crps, ring-crps (train/ensemble_loss.h).
 struct LossSpec {
   std::string name = "mse";
-  double delta = 1.0;  // huber's
+  double delta = 1.0;   // huber's
+  bool biased = false;  // KCRPS's
+  double alpha = 1.0;   // almost-fair-crps's
 };
 
 // CREDIT 2026's loss.type base (credit/losses/base.py BaseLoss): each target variable scored in
@@ -114,6 +118,7 @@ struct CreditConfig {
   double plateau_factor = 0.1, plateau_threshold = 1e-4, plateau_eps = 1e-8;
   int64_t plateau_patience = 10, plateau_cooldown = 0;
   int grad_accum_every = 1, train_batch_size = 1;
+  int ensemble_size = 1;  // trainer.ensemble_size: members per sample (CRPS losses; ring-crps: one per dp rank)
   int64_t batches_per_epoch = 0, epochs = 1, valid_batches_per_epoch = 0;
   uint64_t seed = 0;
   // loss.*

@@ -380,7 +380,8 @@ Tensor Era5Data::prediction_to_input(const Tensor& y) const {
 DataFile& Era5Data::file_for(const ChannelInfo& c, int64_t t) const {
   const VarGroup& g = group(c.src, c.field_type);
   const std::string &type = c.field_type, &var = c.var, &source = cfg_.sources[c.src].name;
-  std::string p = strftime_utc(g.path, t);
+  const std::string& tpl = c.is3d && !g.path_3d.empty() ? g.path_3d : g.path;
+  std::string p = strftime_utc(tpl, t);
   if (p.find('*') != std::string::npos || p.find('?') != std::string::npos) {
     const fs::path dir = fs::path(p).parent_path();
     const std::string pat = fs::path(p).filename().string();
@@ -389,12 +390,12 @@ DataFile& Era5Data::file_for(const ChannelInfo& c, int64_t t) const {
       for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir))
         if (glob_match(pat, e.path().filename().string())) hits.push_back(e.path().string());
     if (hits.size() != 1)
-      fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", g.path, "': ",
+      fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", tpl, "': ",
            hits.empty() ? "no file" : "several files", " match ", p, " (variable '", var, "' at ", format_datetime(t),
            ")");
     p = hits[0];
   } else if (!fs::exists(p)) {
-    fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", g.path, "': no file ", p,
+    fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", tpl, "': no file ", p,
          " (variable '", var, "' at ", format_datetime(t), ")");
   }
   auto it = files_.find(p);
@@ -464,7 +465,9 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
     fail(f.path(), ": variable '", c.var, "' is ", h, "x", w, ", the grid is ", h_, "x", w_);
   if (!meta_.count(c.var)) meta_[c.var] = {f.attr(c.var, "units"), f.attr(c.var, "long_name")};
   size_t ti = 0;
-  if (has_time) ti = stat ? 0 : time_index(f, c.var, t);
+  // a static variable with a time axis: its first time in files per year; in a store of every
+  // time (weatherbench2_era5, arco_era5: sea ice as a "static") the sample's, as CREDIT selects
+  if (has_time) ti = stat && sc.dataset_type == "local" ? 0 : time_index(f, c.var, t);
   std::vector<size_t> start, count;
   if (has_time) {
     start.push_back(ti);

@@ -366,7 +366,8 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
 std::unique_ptr<DataFile> open_data_file(const std::string& path) {
   std::string p = path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
-  if (p.size() > 5 && p.compare(p.size() - 5, 5, ".zarr") == 0) return std::make_unique<ZarrStore>(p);
+  // a zarr store: named *.zarr, or any folder (ARCO-ERA5's stores are named *.zarr-v1, *.zarr-v3)
+  if ((p.size() > 5 && p.compare(p.size() - 5, 5, ".zarr") == 0) || fs::is_directory(p)) return std::make_unique<ZarrStore>(p);
   return std::make_unique<NcFile>(path);
 }
 

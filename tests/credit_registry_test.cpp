@@ -654,6 +654,44 @@ TEST(CreditSources, WeatherBench2StoreReadsTransposed) {
                      "1959-2023_01_10-6h-64x32_equiangular_conservative.zarr")) << e;
 }
 
+// CREDIT's arco_era5 dataset type from local copies of Google's two ARCO-ERA5 stores (`path`,
+// `model_level_path`: wxe's keys; tests/data/arco_tiny from models/make_arco_fixture.py, whose
+// expected_*.npy are what CREDIT's own ARCOERA5Dataset reads from the same stores): 3D variables
+// from the model-level store (level_coord hybrid) or the pressure-level one (level), every 2D
+// variable from the pressure-level store, statics at the sample's time (ARCO keeps a time axis
+// on them: sea ice changes); without the stores' paths an error saying what to copy.
+TEST(CreditSources, ArcoEra5StoresReadAsCredit) {
+  const std::string dir = data_path("tests/data/arco_tiny/");
+  for (const std::string lc : {"hybrid", "level"}) {
+    Era5Data d(read_credit_config(dir + "arco_" + lc + ".yml"));
+    const int64_t t = parse_datetime("2020-01-01T06", "t");
+    const Tensor x = d.input(t), y = d.target(t);
+    const int64_t hw = 6 * 8;
+    auto expect = [&](const Tensor& got, const std::vector<ChannelInfo>& chans) {
+      for (size_t k = 0; k < chans.size(); ++k) {
+        const Tensor e = read_npy(dir + "expected_" + lc + "_ARCO__" + chans[k].field_type + "__" +
+                                  (chans[k].is3d ? "3d__" : "2d__") + chans[k].var + ".npy");
+        const int64_t off = chans[k].is3d ? chans[k].level_index * hw : 0;
+        ASSERT_GE(e.numel(), off + hw) << lc << " " << chans[k].var;
+        for (int64_t i = 0; i < hw; ++i)
+          ASSERT_EQ(got.data<float>()[(int64_t)k * hw + i], e.data<float>()[off + i]) << lc << " " << chans[k].var << " " << i;
+      }
+    };
+    ASSERT_EQ(x.shape, (Shape{1, 5, 1, 6, 8})) << lc;
+    expect(x, d.input_channels());
+    ASSERT_EQ(y.shape, (Shape{1, 4, 1, 6, 8})) << lc;
+    expect(y, d.target_channels());
+  }
+  std::string text = slurp(dir + "arco_hybrid.yml");
+  const size_t at = text.find("      model_level_path:");
+  text.erase(at, text.find('\n', at) - at + 1);
+  const std::string bad = tmp_path("arco_nomodel.yml");
+  spit(bad, text);
+  const std::string e = error_of([&] { read_credit_config(bad); });
+  EXPECT_TRUE(has(e, "data.source.ARCO.model_level_path: missing: level_coord hybrid reads the 3D variables from "
+                     "gs://gcp-public-data-arco-era5/ar/model-level-1h-0p25deg.zarr-v1")) << e;
+}
+
 // A grid-wise scaler (a bridgescaler_transform's spatial_variables): the variable normalised point
 // by point, (x - mean[i]) / sqrt(var[i]), and its predictions de-normalised point by point (also
 // through the postblocks' derivative, which BaseLoss takes); a 3D variable is an error.
