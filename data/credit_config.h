@@ -40,6 +40,17 @@ struct PointTransform {
   void apply(float* x, int64_t n, float* d = nullptr) const;
 };
 
+// postblocks.per_step geopotential_diagnostic (data/geopotential.h): a variable computed from
+// the prediction (and, for the loss's target twin, from the target) in physical units.
+struct GeopotentialSpec {
+  std::string block;        // "postblocks.per_step.geopotential", for messages
+  std::string output_name;  // its variable key: "<source>/<field type>/3d/<name>"
+  std::string zs, sp, t, q;  // the keys of surface geopotential (a static), sp, T, q
+  bool flip = true;
+  std::string level_info_file = "ERA5_Lev_Info.nc", a_var = "a_half", b_var = "b_half";
+  std::vector<int64_t> levels;  // args.levels; empty: every level of the file
+};
+
 // A loss of CREDIT's registry (credit/losses): mse, mae, msle, huber, logcosh, xtanh, xsigmoid,
 // and the ensemble CRPS losses KCRPS, almost-fair-crps, ring-crps (train/ensemble_loss.h).
 struct LossSpec {
@@ -128,6 +139,9 @@ struct CreditConfig {
   std::map<std::string, std::vector<double>> variable_weights;  // by variable name: one value, or one per level
   // preblocks before the scaler, postblocks after the inverse scaler, in the config's order
   std::vector<PointTransform> pre_transforms, post_transforms;
+  // computed diagnostics of the prediction's postblocks (after its transforms), in order
+  std::vector<GeopotentialSpec> computed;
+  bool include_computed = true;  // BaseLoss's include_computed_diagnostics
   BaseLossSpec base_loss;
   // the per_step postblocks after reconstruct, on the prediction and on the target twin
   // (y_target_processed), each as a line of its type and arguments
