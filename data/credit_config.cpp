@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -472,6 +473,41 @@ struct Reader {
     }
   }
 
+  // A geopotential_diagnostic block's arguments, CREDIT's defaults where missing.
+  GeopotentialSpec geopotential(const std::string& p, const YAML::Node& a) {
+    const std::string k = p + ".args.";
+    GeopotentialSpec g;
+    g.block = p;
+    if (a && !is_map(a, p + ".args")) return g;
+    known(a, k, {"output_name", "chunk_size", "surface_geopotential_var", "surface_pressure_var", "temperature_var",
+                 "specific_humidity_var", "flip_vertical", "level_info_file", "model_a_half_var", "model_b_half_var",
+                 "key", "static_source_key", "levels"});
+    g.output_name = get<std::string>(a["output_name"], k + "output_name", "ARCO_ERA5/derived_diagnostic/3d/geopotential");
+    g.zs = get<std::string>(a["surface_geopotential_var"], k + "surface_geopotential_var", "ARCO_ERA5/static/2d/geopotential_at_surface");
+    g.sp = get<std::string>(a["surface_pressure_var"], k + "surface_pressure_var", "ARCO_ERA5/prognostic/2d/surface_pressure");
+    g.t = get<std::string>(a["temperature_var"], k + "temperature_var", "ARCO_ERA5/prognostic/3d/temperature");
+    g.q = get<std::string>(a["specific_humidity_var"], k + "specific_humidity_var", "ARCO_ERA5/prognostic/3d/specific_humidity");
+    g.flip = get<bool>(a["flip_vertical"], k + "flip_vertical", true);
+    g.a_var = get<std::string>(a["model_a_half_var"], k + "model_a_half_var", "a_half");
+    g.b_var = get<std::string>(a["model_b_half_var"], k + "model_b_half_var", "b_half");
+    g.level_info_file = get<std::string>(a["level_info_file"], k + "level_info_file", "ERA5_Lev_Info.nc");
+    if (g.level_info_file.empty()) fail(where(k + "level_info_file"), ": empty");
+    // a bare name: beside the config or CREDIT's own (credit/metadata); else a path
+    if (!fs::path(g.level_info_file).parent_path().empty()) g.level_info_file = path(a["level_info_file"], k + "level_info_file");
+    const std::string ss = get<std::string>(a["static_source_key"], k + "static_source_key", "ic_raw");
+    if (ss != "ic_raw")
+      fail(where(k + "static_source_key"), ": '", ss, "' is not implemented (ic_raw: the raw initial condition's static)");
+    if (a["chunk_size"]) ranged<int>(a["chunk_size"], k + "chunk_size", 1000, 1, 1 << 30);  // CREDIT's memory knob
+    for (double l : get<std::vector<double>>(a["levels"], k + "levels", {})) {
+      if (!(l >= 1 && l <= 100000) || l != std::floor(l)) fail(where(k + "levels"), ": ", l, " is not a model level number");
+      g.levels.push_back((int64_t)l);
+    }
+    const std::string& o = g.output_name;
+    if (std::count(o.begin(), o.end(), '/') != 3 || o.find("/3d/") == std::string::npos || o.back() == '/')
+      fail(where(k + "output_name"), ": '", o, "' is not a 3D variable key <source>/<field type>/3d/<name>");
+    return g;
+  }
+
   // postblocks.per_step: reconstruct (what wxe does) and the inverse scaler of the forecast.
   void postblocks(const YAML::Node& pb) {
     if (!is_map(pb, "postblocks")) return;
@@ -508,9 +544,13 @@ struct Reader {
         } else if (k == "per_step" && (type == "exp_transform" || type == "square_transform") && key == "y_processed") {
           c->post_transforms.push_back(point_transform(type, p, a, false));
           c->pred_chain.push_back(block_line(type, a));
+        } else if (k == "per_step" && type == "geopotential_diagnostic") {
+          GeopotentialSpec g = geopotential(p, a);
+          (twin ? c->twin_chain : c->pred_chain).push_back(block_line(type, a));
+          if (!twin) c->computed.push_back(std::move(g));
         } else {
           fail(where(p + ".type"), ": postblock '", type, "' is not implemented (per_step: reconstruct, "
-               "bridgescaler_transform, exp_transform, square_transform)");
+               "bridgescaler_transform, exp_transform, square_transform, geopotential_diagnostic)");
         }
       }
     }

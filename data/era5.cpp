@@ -3,6 +3,7 @@
 #include <netcdf.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -125,6 +126,79 @@ Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
   }
   load_scaler();
   bind_transforms();
+  bind_computed();
+}
+
+void Era5Data::bind_computed() {
+  for (size_t b = 0; b < cfg_.computed.size(); ++b) {
+    const GeopotentialSpec& g = cfg_.computed[b];
+    const std::string where = cfg_.file + ": " + g.block + ".args.";
+    // the first channel of a variable key among chans (3D: its first level), or fail naming the argument
+    auto find = [&](const std::vector<ChannelInfo>& chans, const std::string& key, const char* arg, bool is3d,
+                    const char* what) {
+      for (size_t k = 0; k < chans.size(); ++k)
+        if (var_key(cfg_, chans[k]) == key && chans[k].is3d == is3d && chans[k].level_index == 0) return (int64_t)k;
+      fail(where, arg, ": '", key, "' is not ", what, " of this config");
+    };
+    Computed c;
+    c.zs = find(in_, g.zs, "surface_geopotential_var", false, "a 2D input variable (the raw initial condition)");
+    c.sp = find(out_, g.sp, "surface_pressure_var", false, "a 2D predicted variable");
+    c.t = find(out_, g.t, "temperature_var", true, "a 3D predicted variable");
+    c.q = find(out_, g.q, "specific_humidity_var", true, "a 3D predicted variable");
+    const SourceConfig& src = cfg_.sources[out_[c.t].src];
+    if (out_[c.q].src != out_[c.t].src)
+      fail(where, "specific_humidity_var: '", g.q, "' is in another source than temperature_var (their levels must be one)");
+    c.levels = hybrid_levels(g, cfg_.dir);
+    if (c.levels.a.size() != src.levels.size() + 1)
+      fail(where, "level_info_file: ", c.levels.a.size(), " half levels for the ", src.levels.size(), " levels of '", g.t,
+           "' (CREDIT needs one more: give args.levels, the model levels the data hold)");
+    for (size_t l = 0; l < src.levels.size(); ++l) {
+      ChannelInfo ch;
+      const size_t a = g.output_name.find('/'), f = g.output_name.find('/', a + 1);
+      ch.field_type = g.output_name.substr(a + 1, f - a - 1);
+      ch.var = g.output_name.substr(g.output_name.rfind('/') + 1);
+      ch.is3d = true;
+      ch.level_index = (int)l;
+      ch.src = out_[c.t].src;
+      ch.computed = (int)b;
+      computed_.push_back(ch);
+    }
+    comp_.push_back(std::move(c));
+  }
+}
+
+Tensor Era5Data::compute_diagnostics(const Tensor& y, int64_t t, const Tensor* g, Tensor* gy) const {
+  WXE_CHECK(y.dtype == DType::F32 && y.rank() >= 2 && y.dim(0) == 1 && y.dim(1) == (int64_t)out_.size(),
+            "computed diagnostics: y is ", shape_str(y.shape), ", expected (1, ", out_.size(), ", ...)");
+  WXE_ASSERT(h_);
+  const int64_t n = h_ * w_;
+  WXE_CHECK(y.numel() == y.dim(1) * n, "computed diagnostics: y is ", shape_str(y.shape), ", not one step on the ",
+            h_, "x", w_, " grid");
+  Shape shape = y.shape;
+  shape[1] = (int64_t)computed_.size();
+  Tensor out(DType::F32, shape);
+  const float* p = y.data<float>();
+  std::vector<float> zs((size_t)n);
+  int64_t at = 0;  // the block's first output channel
+  for (const Computed& c : comp_) {
+    read_var(in_[c.zs], t, zs.data());
+    const int64_t L = (int64_t)c.levels.a.size() - 1;
+    const bool flip = cfg_.computed[computed_[at].computed].flip;
+    float* phi = out.data<float>() + at * n;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!g) {
+        geopotential_column(c.levels, flip, zs[i], p[c.sp * n + i], p + c.t * n + i, p + c.q * n + i, n, phi + i);
+        continue;
+      }
+      float* d = gy->data<float>();
+      double gsp = 0;
+      geopotential_column(c.levels, flip, zs[i], p[c.sp * n + i], p + c.t * n + i, p + c.q * n + i, n, phi + i,
+                          g->data<float>() + at * n + i, d + c.t * n + i, d + c.q * n + i, &gsp);
+      d[c.sp * n + i] += (float)gsp;
+    }
+    at += L;
+  }
+  return out;
 }
 
 void Era5Data::learn_grid(int64_t h, int64_t w, std::vector<double> lat, std::vector<double> lon,
@@ -143,6 +217,7 @@ void Era5Data::learn_grid(int64_t h, int64_t w, std::vector<double> lat, std::ve
 }
 
 std::string var_key(const CreditConfig& cfg, const ChannelInfo& c) {
+  if (c.computed >= 0) return cfg.computed.at(c.computed).output_name;
   return cfg.sources.at(c.src).name + "/" + c.field_type + (c.is3d ? "/3d/" : "/2d/") + c.var;
 }
 
@@ -661,24 +736,40 @@ std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> 
 }
 
 ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, int64_t init, int steps)
-    : path_(path), file_(std::make_unique<TempFile>(path, ".nc")), tmp_(file_->name()), data_(data) {
+    : path_(path), file_(std::make_unique<TempFile>(path, ".nc")), tmp_(file_->name()), data_(data), init_(init) {
   WXE_ASSERT(!data.lat().empty());
   nc_check(nc_create(tmp_.c_str(), NC_NETCDF4 | NC_CLOBBER, &id_), tmp_);
   const CreditConfig& c = data.config();
   int dt, dl = -1, dy, dx;
   nc_check(nc_def_dim(id_, "time", (size_t)steps, &dt), tmp_);
-  // one level axis: the levels of the 3D targets' source (several sources' 3D targets must agree)
+  // the forecast's variables: the targets, then what the postblocks compute
+  chans_ = data.target_channels();
+  chans_.insert(chans_.end(), data.computed_channels().begin(), data.computed_channels().end());
+  // one level axis: the levels of the 3D variables' sources, their union where sources differ
+  // (CREDIT's output aligns them so: ascending, a variable's missing levels NaN)
   const SourceConfig* lev = nullptr;
-  for (auto& ch : data.target_channels())
+  std::vector<double> levels;
+  bool mixed = false;
+  for (auto& ch : chans_)
     if (ch.is3d) {
       const SourceConfig& sc = c.sources[ch.src];
-      if (lev && sc.levels != lev->levels)
-        fail(path, ": the 3D targets of sources ", lev->name, " and ", sc.name, " have different levels (one "
-             "forecast file holds one level axis)");
-      lev = &sc;
+      if (lev && sc.levels != lev->levels) mixed = true;
+      if (!lev) lev = &sc;
+      levels.insert(levels.end(), sc.levels.begin(), sc.levels.end());
     }
+  std::sort(levels.begin(), levels.end());
+  levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
+  if (!mixed && lev) levels = lev->levels;  // one source's levels, in its order
+  for (auto& ch : chans_) {
+    int at = 0;
+    if (ch.is3d) {
+      const double l = c.sources[ch.src].levels[ch.level_index];
+      at = (int)(std::find(levels.begin(), levels.end(), l) - levels.begin());
+    }
+    level_at_.push_back(at);
+  }
   const bool any3d = lev != nullptr;
-  if (any3d) nc_check(nc_def_dim(id_, "level", lev->levels.size(), &dl), tmp_);
+  if (any3d) nc_check(nc_def_dim(id_, "level", levels.size(), &dl), tmp_);
   nc_check(nc_def_dim(id_, "latitude", data.lat().size(), &dy), tmp_);
   nc_check(nc_def_dim(id_, "longitude", data.lon().size(), &dx), tmp_);
   int vt, vl = -1, vy, vx;
@@ -697,16 +788,25 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
   nc_check(nc_def_var(id_, "longitude", NC_DOUBLE, 1, &dx, &vx), tmp_);
   put_text(id_, vx, "units", "degrees_east", tmp_);
   put_text(id_, vx, "standard_name", "longitude", tmp_);
-  for (auto& ch : data.target_channels()) {
+  for (auto& ch : chans_) {
     if (var_ids_.count(nc_name(ch))) continue;
     int dims3[4] = {dt, dl, dy, dx}, dims2[3] = {dt, dy, dx};
     int v;
     nc_check(nc_def_var(id_, nc_name(ch).c_str(), NC_FLOAT, ch.is3d ? 4 : 3, ch.is3d ? dims3 : dims2, &v), tmp_);
-    put_text(id_, v, "units", data.units(ch.var), tmp_);
-    put_text(id_, v, "long_name", data.long_name(ch.var), tmp_);
+    if (ch.computed >= 0) {
+      put_text(id_, v, "units", "m**2 s**-2", tmp_);
+      put_text(id_, v, "long_name", "Geopotential (" + c.computed[ch.computed].block + ")", tmp_);
+    } else {
+      put_text(id_, v, "units", data.units(ch.var), tmp_);
+      put_text(id_, v, "long_name", data.long_name(ch.var), tmp_);
+    }
+    if (ch.is3d && c.sources[ch.src].levels.size() != levels.size()) {  // the levels it lacks: NaN
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      nc_check(nc_def_var_fill(id_, v, 0, &nan), tmp_);
+    }
     var_ids_[nc_name(ch)] = v;
   }
-  for (auto& ch : data.target_channels()) chan_ids_.push_back(var_ids_.at(nc_name(ch)));
+  for (auto& ch : chans_) chan_ids_.push_back(var_ids_.at(nc_name(ch)));
   put_text(id_, NC_GLOBAL, "Conventions", "CF-1.8", tmp_);
   put_text(id_, NC_GLOBAL, "source", "wxe forecast", tmp_);
   put_text(id_, NC_GLOBAL, "init_time", format_datetime(init), tmp_);
@@ -715,13 +815,14 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
   std::vector<double> hours;
   for (int k = 0; k < steps; ++k) hours.push_back((k + 1) * c.timestep / 3600.0);
   nc_check(nc_put_var_double(id_, vt, hours.data()), tmp_);
-  if (any3d) nc_check(nc_put_var_double(id_, vl, lev->levels.data()), tmp_);
+  if (any3d) nc_check(nc_put_var_double(id_, vl, levels.data()), tmp_);
   nc_check(nc_put_var_double(id_, vy, data.lat().data()), tmp_);
   nc_check(nc_put_var_double(id_, vx, data.lon().data()), tmp_);
 }
 
 std::string ForecastWriter::nc_name(const ChannelInfo& c) const {
-  // a name several sources predict is SOURCE_NAME in the file
+  // a name several sources predict is SOURCE_NAME in the file (a computed one keeps its name)
+  if (c.computed >= 0) return c.var;
   for (const ChannelInfo& o : data_.target_channels())
     if (o.var == c.var && o.src != c.src) return data_.config().sources[c.src].name + "_" + c.var;
   return c.var;
@@ -729,12 +830,21 @@ std::string ForecastWriter::nc_name(const ChannelInfo& c) const {
 
 void ForecastWriter::write(int k, const Tensor& y) {
   const size_t h = data_.lat().size(), w = data_.lon().size();
-  const float* p = y.data<float>();
-  const auto& chans = data_.target_channels();
+  const auto& chans = chans_;
+  Tensor all = y;
+  if (chans.size() > data_.target_channels().size()) {  // the targets, then what the postblocks compute
+    const Tensor extra = data_.compute_diagnostics(y, init_);
+    Shape s = y.shape;
+    s[1] = (int64_t)chans.size();
+    all = Tensor(DType::F32, s);
+    std::copy(y.data<float>(), y.data<float>() + y.numel(), all.data<float>());
+    std::copy(extra.data<float>(), extra.data<float>() + extra.numel(), all.data<float>() + y.numel());
+  }
+  const float* p = all.data<float>();
   for (size_t c = 0; c < chans.size(); ++c) {
     const int v = chan_ids_[c];
     if (chans[c].is3d) {
-      size_t start[4] = {(size_t)k, (size_t)chans[c].level_index, 0, 0}, count[4] = {1, 1, h, w};
+      size_t start[4] = {(size_t)k, (size_t)level_at_[c], 0, 0}, count[4] = {1, 1, h, w};
       nc_check(nc_put_vara_float(id_, v, start, count, p + c * h * w), tmp_);
     } else {
       size_t start[3] = {(size_t)k, 0, 0}, count[3] = {1, h, w};

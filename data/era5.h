@@ -19,6 +19,7 @@
 
 #include "data/credit_config.h"
 #include "data/data_file.h"
+#include "data/geopotential.h"
 #include "data/quantile_scaler.h"
 #include "data/scalers.h"
 #include "data/tisr.h"
@@ -33,6 +34,7 @@ struct ChannelInfo {
   bool is3d = false;
   int level_index = 0;          // into its source's levels (3D)
   int src = 0;                  // its source, an index into CreditConfig::sources
+  int computed = -1;            // a computed diagnostic's: its block, an index into CreditConfig::computed
   // the preblock scaler's statistics of this channel (its input side for input channels, its
   // target side for targets); (0, 1) where it has none
   double mean = 0, std = 1;
@@ -76,6 +78,13 @@ class Era5Data {
   // transforms), in place; with dy, also d physical / d normalised per element (CREDIT's
   // BaseLoss differentiates through these postblocks).
   void denormalise_target(Tensor& y, Tensor* dy = nullptr) const;
+  // The variables the prediction's postblocks compute (geopotential_diagnostic), one channel per
+  // level, in the blocks' order; their levels are their temperature's source's.
+  const std::vector<ChannelInfo>& computed_channels() const { return computed_; }
+  // y (1, C_out, 1, H, W) in physical units -> the computed channels (1, C_computed, 1, H, W).
+  // The surface geopotential is the static input's raw value at time t (CREDIT's ic_raw).
+  // With g (d loss / d computed) and gy, also accumulates d loss / d y into gy (y's shape).
+  Tensor compute_diagnostics(const Tensor& y, int64_t t, const Tensor* g = nullptr, Tensor* gy = nullptr) const;
   // A prediction's prognostic channels as the next step's input takes them: y itself where the
   // target (postblock) and input statistics agree and no transform applies, else through the
   // postblocks to physical values and the input side's preblocks back, as CREDIT's rollout does
@@ -111,6 +120,14 @@ class Era5Data {
     TisrOptions opt;
   };
   std::map<int, Tisr> tisr_;
+  // computed diagnostics, by block: the coefficients and the channels they read
+  struct Computed {
+    HybridLevels levels;
+    int64_t zs = -1, sp = -1, t = -1, q = -1;  // zs an input channel; sp, t, q (its first level) targets
+  };
+  std::vector<Computed> comp_;
+  std::vector<ChannelInfo> computed_;
+  void bind_computed();
   CreditConfig cfg_;
   std::vector<ChannelInfo> in_, out_;
   int n_prog_ = 0;
@@ -130,7 +147,9 @@ std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> 
                                                 int forecast_len);
 
 // A forecast as a CF-convention netCDF-4 file: time (hours since init), level, latitude,
-// longitude, the target variables with their units. Written to a fresh temporary file beside PATH
+// longitude, the target variables with their units, then the variables the postblocks compute
+// (geopotential_diagnostic). One level axis: sources with different levels share their union
+// (ascending), each variable NaN at the levels it lacks, as CREDIT's output aligns them. Written to a fresh temporary file beside PATH
 // (mkstemp: never a fixed name a planted symlink could take) and renamed over PATH on close().
 class ForecastWriter {
  public:
@@ -147,7 +166,10 @@ class ForecastWriter {
   const Era5Data& data_;
   int id_ = -1;
   std::map<std::string, int> var_ids_;  // by the variable's name in the file
-  std::vector<int> chan_ids_;           // per target channel
+  std::vector<ChannelInfo> chans_;      // the targets, then the computed diagnostics
+  std::vector<int> chan_ids_;           // per channel of chans_
+  std::vector<int> level_at_;           // per channel: its level's index on the file's level axis
+  int64_t init_ = 0;
   std::string nc_name(const ChannelInfo& c) const;  // the variable's name in the file
 };
 
