@@ -15,6 +15,7 @@
 #include "kernels/cpu/conv_s2d.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/conv_winograd.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "tests/grad_check.h"
 #include "tests/test_util.h"
 
@@ -198,6 +199,9 @@ void expect_path_matches_reference(const FastCase& c, unsigned seed, bool (*take
 // (conv_small_oc.h, float32 AVX loops).
 TEST(ConvBackward, Bf16NearReferenceLoops) {
   register_cpu_kernels();
+  if (!cpu::native_bf16())
+    GTEST_SKIP() << "needs native bfloat16 products (avx512_bf16 or AMX), oneDNN ISA here: " << cpu::isa_name()
+                 << "; ConvBackward.Bf16WithoutNativeProductsIsFloat32 checks the float32 that runs instead";
   const Attr s2 = attr_ints({2, 2});
   struct Case {
     std::string label, op;
@@ -450,6 +454,83 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
   EXPECT_FALSE(applies({1, 2, 40, 40}, {16, 2, 16, 16}, {}));
 }
 
+// Where oneDNN's Winograd kernel cannot run (no avx512_core: an AVX2 CPU, or
+// ONEDNN_MAX_CPU_ISA=AVX2 as the isa_avx2 test runs it) a 3x3 stride-1 conv it would take runs on
+// the direct kernel, forward and backward within the reference's tolerance, and its path says
+// which; on AVX-512 the path is Winograd (ConvBackward.WinogradBandsMatchReference checks it).
+TEST(ConvBackward, WinogradFallsBackToDirect) {
+  register_cpu_kernels();
+  const Shape xs{1, 32, 37, 200}, ws{24, 32, 3, 3};
+  const std::vector<Tensor> x = conv_inputs(xs, ws, 24, 90);
+  const Node n = make_node("Conv", 3, 1, {{"pads", attr_ints({1, 1, 1, 1})}});
+  const cpu::ConvGeom g = cpu::conv_geometry(n, xs, ws, false);
+  EXPECT_EQ(cpu::winograd_applies(g), cpu::winograd_isa() && cpu::winograd_enabled());
+  const std::string path = cpu::kernel_path_of(n, {xs, ws, Shape{24}});
+  const Tensor yr = run_node(n, {&x[0], &x[1], &x[2]})[0];
+  if (cpu::winograd_isa()) {
+    EXPECT_EQ(path, "winograd");
+  } else {
+    EXPECT_EQ(path.rfind("onednn direct ", 0), 0u) << path;
+    Tensor y(DType::F32, yr.shape);
+    EXPECT_FALSE(cpu::winograd_conv_forward(n, g, x[0].data<float>(), false, x[1].data<float>(), x[2].data<float>(),
+                                            y.data<float>(), false));
+  }
+  const Tensor y = run_node(n, {&x[0], &x[1], &x[2]}, KernelKind::Fast)[0];
+  EXPECT_LT(rel_l2(y, yr), 2e-6) << path;
+  const Tensor dy = randn(y.shape, 91);
+  const Grads ref = backward(n, x, yr, &dy, {true, true, true}, KernelKind::Reference);
+  const Grads fast = backward(n, x, y, &dy, {true, true, true}, KernelKind::Fast);
+  for (int i = 0; i < 3; ++i) EXPECT_LT(rel_l2(fast.t[i], ref.t[i]), 2e-6) << path << ", gradient of input " << i;
+}
+
+// Where the CPU has no native bfloat16 products (an AVX2 CPU, or ONEDNN_MAX_CPU_ISA=AVX2 as the
+// isa_avx2 test runs it), a Conv or Linear with precision = "bf16" runs float32: its path, its
+// output and its gradients are the float32 node's, bit for bit. (With native products,
+// ConvBackward.Bf16NearReferenceLoops and BackwardFast.LinearBf16NearReference check the
+// bfloat16 that runs.)
+TEST(ConvBackward, Bf16WithoutNativeProductsIsFloat32) {
+  register_cpu_kernels();
+  if (cpu::native_bf16())
+    GTEST_SKIP() << "this CPU multiplies bfloat16 natively (oneDNN ISA " << cpu::isa_name()
+                 << "); the isa_avx2 test runs this under ONEDNN_MAX_CPU_ISA=AVX2";
+  struct Case {
+    std::string op;
+    std::vector<Tensor> x;
+    Attrs attrs;
+  };
+  const std::vector<Case> cases = {
+      {"Conv", conv_inputs({1, 32, 24, 40}, {48, 32, 3, 3}, 48, 60), pads2(1, 1, 1, 1)},
+      {"Conv", conv_inputs({1, 16, 32, 32}, {32, 16, 4, 4}, 0, 61), {{"strides", attr_ints({2, 2})}}},
+      {"Linear", {randn({1, 64, 12, 20}, 62), randn({96, 64}, 63, 0.1f), randn({96}, 64)}, {{"axis", attr_i(1)}}},
+      {"Linear", {randn({250, 32}, 65), randn({48, 32}, 66), randn({48}, 67)}, {}},
+  };
+  for (const Case& c : cases) {
+    Attrs a16 = c.attrs;
+    a16["precision"] = attr_s("bf16");
+    const Node n32 = make_node(c.op, (int)c.x.size(), 1, c.attrs), n16 = make_node(c.op, (int)c.x.size(), 1, a16);
+    std::vector<Shape> shapes;
+    std::vector<const Tensor*> in;
+    for (const Tensor& t : c.x) {
+      shapes.push_back(t.shape);
+      in.push_back(&t);
+    }
+    const std::string path = cpu::kernel_path_of(n32, shapes);
+    SCOPED_TRACE(c.op + " " + shape_str(c.x[0].shape) + ": " + path);
+    EXPECT_EQ(cpu::kernel_path_of(n16, shapes), path);
+    const Tensor y32 = run_node(n32, in, KernelKind::Fast)[0], y16 = run_node(n16, in, KernelKind::Fast)[0];
+    EXPECT_EQ(max_abs_diff(y16, y32), 0.0) << "forward";
+    const Tensor dy = randn(y32.shape, 68);
+    std::vector<Tensor> g[2];
+    for (int k = 0; k < 2; ++k) {
+      std::vector<Tensor*> gin;
+      for (const Tensor& t : c.x) g[k].push_back(Tensor(DType::F32, t.shape));
+      for (Tensor& t : g[k]) gin.push_back(&t);
+      backward_kernel(c.op)(k ? n16 : n32, in, {&y32}, {&dy}, gin);
+    }
+    for (size_t i = 0; i < c.x.size(); ++i) EXPECT_EQ(max_abs_diff(g[1][i], g[0][i]), 0.0) << "gradient of input " << i;
+  }
+}
+
 // oneDNN 2.6 offers only its reference kernel (0.1 GFLOP/s) for some geometries in the blocked
 // layout the fast path names first: the 640 x 1280 CrossFormer's first cross-embeddings (74 ->
 // 16 channels, kernels 16 and 32, stride 4) took minutes per training step. The backward pair
@@ -462,6 +543,9 @@ TEST(ConvBackward, SmallOutputChannelPathMatchesReference) {
 // on either side; then through the registered Conv kernels.
 TEST(ConvBackward, WinogradBandsMatchReference) {
   register_cpu_kernels();
+  if (!cpu::winograd_isa())
+    GTEST_SKIP() << "oneDNN's Winograd kernel needs avx512_core, oneDNN ISA here: " << cpu::isa_name()
+                 << "; the direct kernel runs these convs (ConvBackward.WinogradFallsBackToDirect)";
   if (!cpu::winograd_enabled()) GTEST_SKIP() << "winograd off";
   auto nhwc_of = [](const Tensor& t) {
     return run_node(make_node("Transpose", 1, 1, {{"perm", attr_ints({0, 2, 3, 1})}}), {&t})[0];

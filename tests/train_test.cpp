@@ -665,6 +665,10 @@ double bf16_curve_gap(FinetuneConfig c, const std::string& what) {
 }
 
 TEST(Finetune, Bf16LossCurveFollowsFloat32) {
+  register_cpu_kernels();
+  if (!cpu_kernel_info().native_bf16)
+    GTEST_SKIP() << "needs native bfloat16 products (avx512_bf16 or AMX), oneDNN ISA here: " << cpu_kernel_info().isa
+                 << "; Finetune.Bf16SaysWhatRuns checks the float32 that runs instead";
   FinetuneConfig c = tiny_config(make_series("bf16_cross_series", 2, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 29), "");
   c.steps = 20;
   c.accum = 1;
@@ -682,6 +686,45 @@ TEST(Finetune, Bf16LossCurveFollowsFloat32) {
   const double wx = bf16_curve_gap(w, "wxformer_tiny");
   EXPECT_GT(wx, 1e-6) << "the bf16 run gave float32's losses";
   EXPECT_LT(wx, 5e-3);
+}
+
+// finetune --precision bf16 says what runs. With native bfloat16 products: the start-up line
+// counts the Linear and Conv nodes that multiply in bfloat16, and they carry the attribute.
+// Without (an AVX2 CPU, or ONEDNN_MAX_CPU_ISA=AVX2: the isa_avx2 test): one line says the CPU
+// has none and that float32 runs, no node claims bfloat16, and the losses are float32's, bit
+// for bit.
+TEST(Finetune, Bf16SaysWhatRuns) {
+  register_cpu_kernels();
+  FinetuneConfig c = tiny_config(make_series("bf16_says_series", 2, {1, 7, 1, 32, 64}, {1, 6, 1, 32, 64}, 31), "");
+  c.steps = 3;
+  c.accum = 1;
+  c.schedule.total_steps = 3;
+  std::vector<double> loss[2];
+  std::string said;
+  int bf16_nodes = 0;
+  for (int k = 0; k < 2; ++k) {
+    c.precision = k ? "bf16" : "fp32";
+    c.save = tmp_path("bf16_says_" + c.precision);
+    testing::internal::CaptureStderr();
+    Trainer t(c, open_npy_dir(c.data, 1));
+    const std::string err = testing::internal::GetCapturedStderr();
+    if (k) said = err;
+    for (const Node& n : t.graph().nodes) bf16_nodes += k && n.s("precision", "") == "bf16";
+    loss[k] = run_steps(t, (int)c.steps);
+  }
+  if (cpu_kernel_info().native_bf16) {
+    EXPECT_NE(said.find("nodes multiply in bfloat16"), std::string::npos) << said;
+    EXPECT_GT(bf16_nodes, 0);
+    EXPECT_NE(loss[1], loss[0]) << "the bf16 run gave float32's losses";
+  } else {
+    EXPECT_NE(said.find("this CPU has no native bfloat16 products (oneDNN ISA " + cpu_kernel_info().isa +
+                        "; they need avx512_bf16 or AMX): running float32"),
+              std::string::npos)
+        << said;
+    EXPECT_EQ(said.find("multiply in bfloat16"), std::string::npos) << said;
+    EXPECT_EQ(bf16_nodes, 0);
+    EXPECT_EQ(loss[1], loss[0]);
+  }
 }
 
 }  // namespace

@@ -203,6 +203,11 @@ int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs
     std::printf("%-24s %8d %8d\n", op.c_str(), before.count(op) ? before[op] : 0,
                 after.count(op) ? after[op] : 0);
   std::printf("%-24s %8zu %8zu\n", "total", nodes_before, g.nodes.size());
+  {  // the paths the CPU kernels take on the graph prepared for them
+    Graph c = g;
+    optimize_for_cpu(c);
+    std::printf("%s", cpu_paths_report(c).c_str());
+  }
   if (tp > 1) print_plan(g, plan_file, tp);
   if (domain > 1) {
     Graph d = g;
@@ -278,6 +283,17 @@ void check_outputs_writable(const std::vector<std::string>& paths) {
   }
 }
 
+// --precision as the kernels will run it: on the cpu, bf16 only where it multiplies bfloat16
+// natively (otherwise float32, said in one line).
+Precision cpu_or_device_precision(const std::string& precision, const std::string& device) {
+  const Precision asked = precision == "bf16" ? Precision::BF16 : Precision::F32;
+  if (device != "cpu") return asked;
+  std::string why;
+  const Precision p = cpu_precision(asked, &why);
+  if (!why.empty()) note("wxe: %s\n", why.c_str());
+  return p;
+}
+
 int cmd_infer(const InferArgs& a, Mesh& mesh) {
   Graph g = import_model(a.model);
   if (mesh.rank == 0) {
@@ -310,7 +326,7 @@ int cmd_infer(const InferArgs& a, Mesh& mesh) {
   ExecOptions opt;
   opt.threads = a.threads;
   opt.kernels = a.reference ? KernelKind::Reference : KernelKind::Fast;
-  opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
+  opt.precision = cpu_or_device_precision(a.precision, a.device);
   opt.device = a.device;
   WXE_CHECK(a.device == "cpu" || !a.reference, "--device ", a.device, " runs without --reference");
   Executor ex(g, opt);
@@ -441,7 +457,7 @@ int cmd_bench(const BenchArgs& a) {
   ExecOptions opt;
   opt.threads = a.threads;
   opt.profile = true;
-  opt.precision = a.precision == "bf16" ? Precision::BF16 : Precision::F32;
+  opt.precision = cpu_or_device_precision(a.precision, a.device);
   opt.device = a.device;
   // On a device, timing per op waits for each kernel: the timed runs go without it and one
   // more run with it gives the table (per-op times then include the waits).
@@ -486,6 +502,7 @@ int cmd_bench(const BenchArgs& a) {
     std::printf("%-24s %10.2f %6.1f %8d\n", op.c_str(), t, 100 * t / std::max(total, 1e-9),
                 (pe.profile().at(op).calls - warm[op].calls) / prof_runs);
   if (device) std::printf("(per-op times from one run that waits for every kernel)\n");
+  if (!device) std::printf("%s", cpu_paths_report(pe.graph()).c_str());
   if (a.nodes > 0)
     std::printf("%s", slowest_nodes(pe.graph(), pe.node_profile(), device ? std::vector<double>{} : warm_nodes, prof_runs,
                                     a.nodes).c_str());

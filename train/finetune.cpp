@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "engine/exec/executor.h"
 #include "engine/io/npy.h"
 #include "importers/onnx/onnx_import.h"
 #include "load/model.h"
@@ -224,8 +225,8 @@ void print_conv_profile(const GradExecutor& ex, int reps) {
     }
     return best;
   };
-  std::printf("%-74s %5s %17s %17s %17s\n", "conv (x, w, attributes)", "count", "forward ms GF/s",
-              "bwd-data ms GF/s", "bwd-weights ms GF/s");
+  std::printf("%-74s %5s %17s %17s %17s  %s\n", "conv (x, w, attributes)", "count", "forward ms GF/s",
+              "bwd-data ms GF/s", "bwd-weights ms GF/s", "forward path");
   double total[3] = {0, 0, 0};
   for (auto& [key, r] : rows) {
     const Node& n = *r.n;
@@ -251,14 +252,22 @@ void print_conv_profile(const GradExecutor& ex, int reps) {
     const double ms[3] = {min_ms([&] { fwd(n, pin, {&y}); }),
                           r.dx ? min_ms([&] { bwd(n, pin, {&y}, {&dy}, gin(true)); }) : 0.0,
                           min_ms([&] { bwd(n, pin, {&y}, {&dy}, gin(false)); })};
+    // a Conv with rows (mark_needed_rows) computes only those in its forward
+    const std::vector<int64_t> rows = n.ints("rows");
+    const double fwd_share = rows.size() == 2 && y.rank() == 4 && y.shape[2] > 0
+                                 ? (double)std::clamp<int64_t>(rows[1] - rows[0], 0, y.shape[2]) / (double)y.shape[2]
+                                 : 1.0;
     std::string cells;
     for (int k = 0; k < 3; ++k) {
       total[k] += ms[k] * r.count;
       char c[32];
-      std::snprintf(c, sizeof c, " %9.1f %7.1f", ms[k], gflop / ms[k] * 1e3);
+      std::snprintf(c, sizeof c, " %9.1f %7.1f", ms[k], gflop * (k ? 1.0 : fwd_share) / ms[k] * 1e3);
       cells += ms[k] > 0 ? std::string(c) : std::string(18, ' ');
     }
-    std::printf("%-74s %5d%s\n", key.c_str(), r.count, cells.c_str());
+    std::vector<Shape> shapes;
+    for (auto& t : in) shapes.push_back(t.defined() ? t.shape : Shape{});
+    const std::string path = cpu_kernel_info().path_of ? cpu_kernel_info().path_of(n, shapes) : "";
+    std::printf("%-74s %5d%s  %s\n", key.c_str(), r.count, cells.c_str(), path.c_str());
   }
   std::printf("%-74s %5s %9.1f %7s %9.1f %7s %9.1f\n", "total ms per step (count x min)", "", total[0], "", total[1], "",
               total[2]);
@@ -451,17 +460,24 @@ int run_train_bench(const std::string& model, const std::string& input, const st
   if (!by_op.empty()) std::printf("%-36s %10s\n", "op type (forward / backward)", "ms/step");
   for (size_t i = 0; i < by_op.size() && i < 20; ++i) std::printf("%-36s %10.2f\n", by_op[i].second.c_str(), by_op[i].first);
   if (nodes > 0) std::printf("%s", slowest_nodes(t.executor().graph(), t.executor().node_profile(), warm_nodes, profiled, nodes).c_str());
+  if (device == "cpu") std::printf("%s", cpu_paths_report(t.executor().graph()).c_str());
   if (device == "cpu") print_conv_profile(t.executor(), 3);
+  // what ran: bf16 only where the CPU multiplies it natively (the Trainer said so otherwise)
+  std::string why;
+  const std::string ran =
+      device == "cpu" && cpu_precision(precision == "bf16" ? Precision::BF16 : Precision::F32, &why) == Precision::F32
+          ? "fp32"
+          : precision;
   std::printf("training step over %d runs: min %.1f ms, median %.1f ms, max %.1f ms; peak RSS %.1f MB; threads %d; "
               "device %s; precision %s; %lld trainable parameters\n",
-              runs, sorted.front(), median, sorted.back(), rss, threads, device.c_str(), precision.c_str(),
+              runs, sorted.front(), median, sorted.back(), rss, threads, device.c_str(), ran.c_str(),
               (long long)t.trainable_count());
   if (json)
     std::printf("{\"model\": \"%s\", \"mode\": \"train\", \"device\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"runs\": %d, "
                 "\"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, \"peak_rss_mb\": %.1f, \"params_mb\": %.1f, "
                 "\"grads_mb\": %.1f, \"adamw_mb\": %.1f, \"kept_mb\": %.1f, \"transient_mb\": %.1f, "
                 "\"tensors_peak_mb\": %.1f, \"device_peak_mb\": %.1f, \"step_block_mb\": %.1f}\n",
-                model.c_str(), device.c_str(), precision.c_str(), threads, runs, median, sorted.front(), sorted.back(), rss,
+                model.c_str(), device.c_str(), ran.c_str(), threads, runs, median, sorted.front(), sorted.back(), rss,
                 mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6, mem[4] / 1e6, mem[5] / 1e6, mem[7] / 1e6,
                 mem[8] / 1e6);
   return 0;

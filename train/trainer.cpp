@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "engine/exec/executor.h"
 #include "engine/passes/fuse.h"
 #include "importers/onnx/onnx_import.h"
 #include "load/model.h"
@@ -87,12 +88,17 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
               "--precision bf16");
     WXE_CHECK(backend_for(cfg.device).device() == DeviceKind::CPU, "--precision bf16 trains on the cpu only for now "
               "(--device ", cfg.device, " has no bfloat16 backward kernels yet); use --precision fp32");
-    use_bf16(graph_);
-    int convs = 0, linears = 0;
-    for (const Node& n : graph_.nodes)
-      if (n.s("precision", "") == "bf16") ++(n.op == "Linear" ? linears : convs);
-    note("wxe: precision bf16: %d Linear and %d Conv nodes multiply in bfloat16 (float32 accumulation, forward and "
-         "backward); parameters, gradients, AdamW state and the other ops float32\n", linears, convs);
+    std::string why;
+    if (cpu_precision(Precision::BF16, &why) == Precision::F32) {
+      note("wxe: %s\n", why.c_str());  // and the nodes stay float32: nothing claims bfloat16
+    } else {
+      use_bf16(graph_);
+      int convs = 0, linears = 0;
+      for (const Node& n : graph_.nodes)
+        if (n.s("precision", "") == "bf16") ++(n.op == "Linear" ? linears : convs);
+      note("wxe: precision bf16: %d Linear and %d Conv nodes multiply in bfloat16 (float32 accumulation, forward and "
+           "backward); parameters, gradients, AdamW state and the other ops float32\n", linears, convs);
+    }
   }
   for (int v : trainable_parameters(graph_)) {
     const std::string& name = graph_.values[v].name;

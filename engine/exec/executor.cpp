@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "engine/passes/fuse.h"
 
@@ -211,6 +212,57 @@ std::string slowest_nodes(const Graph& g, const std::vector<double>& ms, const s
     r += head + node_signature(g, g.nodes[t[i].second % n]) + "\n";
   }
   return r;
+}
+
+std::string cpu_paths_report(const Graph& g) {
+  const CpuKernelInfo& cpu = cpu_kernel_info();
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  std::string r = str("cpu: oneDNN ISA ", cpu.isa, cap ? str(" (ONEDNN_MAX_CPU_ISA=", cap, ")") : std::string(), "\n");
+  for (const std::string& line : cpu.paths) r += "  " + line + "\n";
+  if (!cpu.path_of) return r;
+  std::vector<std::pair<std::string, int>> classes;  // "op class: path", count; in graph order
+  for (const Node& n : g.nodes) {
+    if (n.op != "Conv" && n.op != "ConvTranspose" && n.op != "ConvChannelsLast" && n.op != "Linear") continue;
+    std::vector<Shape> in;
+    bool known = true;
+    for (int v : n.inputs) {
+      in.push_back(v >= 0 ? g.values[v].shape : Shape{});
+      for (int64_t d : in.back()) known = known && d > 0;
+    }
+    if (!known || in.size() < 2) continue;
+    std::string cls = n.op;
+    if (n.op != "Linear") {
+      cls += " k" + shape_str(Shape(in[1].begin() + 2, in[1].end()));
+      if (n.attrs.count("strides")) cls += " s" + shape_str(n.ints("strides"));
+      if (n.i("group", 1) != 1) cls += str(" g", n.i("group", 1));
+    }
+    std::string path;
+    try {
+      path = cpu.path_of(n, in);
+    } catch (const Error&) {
+      continue;
+    }
+    const std::string key = cls + ": " + path;
+    auto it = std::find_if(classes.begin(), classes.end(), [&](const auto& c) { return c.first == key; });
+    if (it == classes.end())
+      classes.push_back({key, 1});
+    else
+      ++it->second;
+  }
+  if (!classes.empty()) r += "kernel paths (nodes: op, kernel, strides: path)\n";
+  for (const auto& [key, count] : classes) {
+    char c[16];
+    std::snprintf(c, sizeof c, "%5d  ", count);
+    r += c + key + "\n";
+  }
+  return r;
+}
+
+Precision cpu_precision(Precision asked, std::string* why) {
+  if (asked != Precision::BF16 || cpu_kernel_info().native_bf16) return asked;
+  *why = str("precision bf16: this CPU has no native bfloat16 products (oneDNN ISA ", cpu_kernel_info().isa,
+             "; they need avx512_bf16 or AMX): running float32");
+  return Precision::F32;
 }
 
 }  // namespace wxe

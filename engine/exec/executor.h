@@ -54,6 +54,16 @@ struct OpProfile {
 std::string slowest_nodes(const Graph& g, const std::vector<double>& ms, const std::vector<double>& warm, int runs,
                           int top);
 
+// What the CPU kernels run here (cpu_kernel_info, engine/ir/ops.h): the ISA and the paths that
+// need more than the build's baseline, one line each; then, for a graph prepared for the CPU,
+// how many Conv, ConvTranspose, ConvChannelsLast and Linear nodes of each class (op, kernel,
+// strides, group) take each path on their shapes.
+std::string cpu_paths_report(const Graph& g);
+
+// The precision the CPU kernels really run for `asked`: BF16 only where the CPU multiplies
+// bfloat16 natively; otherwise F32, and *why says so in one line.
+Precision cpu_precision(Precision asked, std::string* why);
+
 class Executor {
  public:
   Executor(const Graph& g, ExecOptions opt = {});

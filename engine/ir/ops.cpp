@@ -112,4 +112,14 @@ std::vector<int64_t> const_ints(const Node& n, const std::vector<const Value*>& 
   return in[i]->constant->to_i64();
 }
 
+namespace {
+CpuKernelInfo& kernel_info() {
+  static CpuKernelInfo info;
+  return info;
+}
+}  // namespace
+
+void register_cpu_kernel_info(const CpuKernelInfo& info) { kernel_info() = info; }
+const CpuKernelInfo& cpu_kernel_info() { return kernel_info(); }
+
 }  // namespace wxe

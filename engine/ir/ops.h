@@ -90,4 +90,19 @@ std::vector<int64_t> const_ints(const Node& n, const std::vector<const Value*>& 
 // Registers every CPU op (defined in kernels/cpu). Safe to call more than once.
 void register_cpu_kernels();
 
+// What the CPU kernels run on this machine, chosen once per process from the instruction set
+// oneDNN may use (ONEDNN_MAX_CPU_ISA caps it; kernels/cpu/cpu_isa.h) and registered by
+// register_cpu_kernels: that ISA's name; whether bfloat16 products run natively (what
+// --precision bf16 needs; without it the kernels multiply in float32); one line per kernel
+// path that needs more than the build's baseline (what it needs, whether it runs, what runs
+// otherwise); and the path a node takes on its input shapes ("" for an op without a choice).
+struct CpuKernelInfo {
+  std::string isa = "unknown (CPU kernels not registered)";
+  bool native_bf16 = false;
+  std::vector<std::string> paths;
+  std::string (*path_of)(const Node& n, const std::vector<Shape>& inputs) = nullptr;
+};
+void register_cpu_kernel_info(const CpuKernelInfo& info);
+const CpuKernelInfo& cpu_kernel_info();
+
 }  // namespace wxe

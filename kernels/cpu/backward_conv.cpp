@@ -42,6 +42,7 @@
 #include "kernels/cpu/conv_s2d.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/conv_winograd.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 
@@ -447,7 +448,7 @@ namespace {
 
 bool backward_dnnl(const Node& n, const ConvGeom& g, const float* x, const float* W, const float* dy, float* dx,
                    float* dW) {
-  const bool bf16 = n.op == "Conv" && n.s("precision", "") == "bf16";
+  const bool bf16 = n.op == "Conv" && runs_bf16(n);
   auto p = backward_cache.get(geom_key(g) + (bf16 ? "bf16" : ""), [&] { return make_backward(g, bf16); });
   if (p->use_ref) return false;
   memory dy_m;
@@ -524,7 +525,7 @@ bool conv_backward(const Node& n, const Ins& in, const Ins& out, const Ins& gout
   // stride by FFT (conv_fft.h), of a kernel a whole number of strides by conv_s2d.h, of few
   // output channels with a wide kernel by conv_small_oc.h, 3x3 stride 1 (float32) by
   // conv_winograd.h, then oneDNN's direct kernels, then the loops.
-  const bool bf16 = n.op == "Conv" && n.s("precision", "") == "bf16";
+  const bool bf16 = n.op == "Conv" && runs_bf16(n);
   if (DW && !bf16) {
     const FftConvPlan fp = fft_conv_plan(g, false);
     if (fp.F) {

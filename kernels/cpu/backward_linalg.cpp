@@ -14,6 +14,7 @@
 #include "engine/ir/ops.h"
 #include "kernels/cpu/backward_util.h"
 #include "kernels/cpu/broadcast.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/transpose.h"
@@ -403,7 +404,7 @@ bool linear_backward_fast(const Node& n, const Ins& in, const float* gz, const L
   Tensor* gb = opt_t(in, 2) ? opt_gin(gin, 2) : nullptr;
   const float* X = in[0]->data<float>();
   const float* W = in[1]->data<float>();
-  const bool bf16 = n.s("precision", "") == "bf16";
+  const bool bf16 = runs_bf16(n);
   // the operand as the matmul reads it: itself, or its bfloat16 copy in scratch_slot(3 + slot)
   auto operand = [&](const float* p, int64_t count, int slot) -> const void* {
     if (!bf16) return p;

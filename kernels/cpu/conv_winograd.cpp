@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe::cpu {
@@ -225,16 +226,6 @@ std::shared_ptr<const Plan> plan_for(const ConvGeom& g, Pass pass, bool bias, bo
   return plan_cache.get(key, [&] { return make_plan(g, pass, bias, x_nhwc, y_nhwc, lo, hi); });
 }
 
-// Zero rows [0, lo) and [hi, H) of every image and channel of t (N, C, H, W, nchw).
-void zero_rows_outside(float* t, int64_t N, int64_t C, int64_t H, int64_t W, int64_t lo, int64_t hi) {
-#pragma omp parallel for schedule(static) if (N * C * H * W > (1 << 16))
-  for (int64_t nc = 0; nc < N * C; ++nc) {
-    float* p = t + nc * H * W;
-    std::fill(p, p + lo * W, 0.f);
-    std::fill(p + hi * W, p + H * W, 0.f);
-  }
-}
-
 // Scratch slots: staged input band, the weights pass's dy band, the written band, the staged
 // weights (or a band's weight gradient), the scratchpad.
 enum { kIn, kIn2, kOut, kWei, kPad, kFlipped };
@@ -296,6 +287,15 @@ void run_bands(const Node& n, const ConvGeom& g, Pass pass, const Plan& p, const
 
 }  // namespace
 
+void zero_rows_outside(float* t, int64_t N, int64_t C, int64_t H, int64_t W, int64_t lo, int64_t hi) {
+#pragma omp parallel for schedule(static) if (N * C * H * W > (1 << 16))
+  for (int64_t nc = 0; nc < N * C; ++nc) {
+    float* p = t + nc * H * W;
+    std::fill(p, p + lo * W, 0.f);
+    std::fill(p + hi * W, p + H * W, 0.f);
+  }
+}
+
 RowRange nonzero_rows(const float* t, int64_t N, int64_t C, int64_t H, int64_t W) {
   auto zero_row = [&](int64_t r) {  // -0 counts as zero, NaN does not
     for (int64_t nc = 0; nc < N * C; ++nc) {
@@ -318,7 +318,7 @@ bool winograd_enabled() { return g_on; }
 void set_winograd_band_rows(int64_t rows) { g_band_rows = rows; }
 
 bool winograd_applies(const ConvGeom& g) {
-  if (!g_on || g.transpose || g.group != 1 || g.nsp != 2) return false;
+  if (!g_on || !winograd_isa() || g.transpose || g.group != 1 || g.nsp != 2) return false;
   for (int a = 1; a < 3; ++a)
     if (g.k[a] != 3 || g.s[a] != 1 || g.d[a] != 1 || g.pb[a] < 0 || g.pb[a] > 1 || g.pe[a] < 0 || g.pe[a] > 1)
       return false;
@@ -385,6 +385,10 @@ bool winograd_conv_forward_rows(const Node& n, const ConvGeom& g, const float* x
   if (!winograd_applies(g) || (lo < hi && !forward_rows(n, g, x, false, w, bias, y, false, lo, hi))) return false;
   zero_rows_outside(y, g.N, g.C_out, g.out[1], g.out[2], lo, hi);
   return true;
+}
+
+bool winograd_forward_plans(const ConvGeom& g, bool bias, bool x_nhwc, bool y_nhwc, RowRange rows) {
+  return winograd_applies(g) && rows.lo < rows.hi && plan_for(g, kForward, bias, x_nhwc, y_nhwc, rows.lo, rows.hi)->ok;
 }
 
 bool winograd_conv_backward_data(const Node& n, const ConvGeom& g, const float* w, const float* dy, float* dx,

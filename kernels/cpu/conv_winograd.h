@@ -22,7 +22,8 @@ namespace wxe::cpu {
 // A float32 Conv this path takes: 2-D, group 1, kernel 3 x 3, stride 1, dilation 1, pads at
 // most 1, at least 16 channels on either side and 1e8 multiply-adds x 2 or more (below that
 // oneDNN's direct kernel is as fast: 32 channels of 16 x 16 take 0.03 ms either way). False
-// when winograd is off (set_winograd).
+// when winograd is off (set_winograd) or the CPU (or ONEDNN_MAX_CPU_ISA) lacks avx512_core,
+// which oneDNN 2.6's Winograd kernel needs (cpu_isa.h: then the direct kernel runs).
 bool winograd_applies(const ConvGeom& g);
 
 // y = conv(x, w) + bias (may be null). x and y are nchw, or nhwc where the flag says so.
@@ -39,6 +40,14 @@ struct RowRange {
 };
 bool winograd_conv_forward_rows(const Node& n, const ConvGeom& g, const float* x, const float* w, const float* bias,
                                 float* y, RowRange rows);
+
+// Whether the forward of output rows [rows.lo, rows.hi) (x and y nchw, or nhwc where the flags
+// say) runs here: winograd_applies and its bands fit (what winograd_conv_forward_rows and,
+// for all rows, winograd_conv_forward then do).
+bool winograd_forward_plans(const ConvGeom& g, bool bias, bool x_nhwc, bool y_nhwc, RowRange rows);
+
+// Zero rows [0, lo) and [hi, H) of every image and channel of t (N, C, H, W, nchw).
+void zero_rows_outside(float* t, int64_t N, int64_t C, int64_t H, int64_t W, int64_t lo, int64_t hi);
 
 // The rows [lo, hi) of t (N, C, H, W, nchw) outside which every image's every channel is zero
 // (lo == hi: all of it). A loss over a crop of the grid (CREDIT's padding) leaves the last

@@ -44,6 +44,7 @@
 #include "kernels/cpu/conv_s2d.h"
 #include "kernels/cpu/conv_small_oc.h"
 #include "kernels/cpu/conv_winograd.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/transpose.h"
@@ -231,27 +232,16 @@ struct LinearPrim {
 
 PrimCache<LinearPrim> linear_cache;
 
-void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
-                 const std::vector<Tensor*>& out) {
-  if (!all_f32(in, out)) return reference(n, in, out);
-  const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
-  const Shape& x = in[0]->shape;
-  const Shape& w = in[1]->shape;
-  const int64_t axis = n.i("axis", -1) < 0 ? n.i("axis", -1) + (int64_t)x.size() : n.i("axis", -1);
-  if (x.empty() || w.size() != 2 || axis < 0 || axis >= (int64_t)x.size() || x[axis] != w[1])
-    return reference(n, in, out);  // the reference reports bad shapes
-  const int64_t K = w[1], N = w[0];
-  int64_t P = 1, Q = 1;
-  for (int64_t i = 0; i < axis; ++i) P *= x[i];
-  for (size_t i = axis + 1; i < x.size(); ++i) Q *= x[i];
-  if (P == 0 || Q == 0 || N == 0) return;
-  if (K == 0) return reference(n, in, out);
+// The Linear's products (P, K) x (K, N) (Q == 1: features last) or (N, K) x (K, Q) for each of
+// P (features on an inner axis); *key: the cache key (the weight cache's too).
+std::shared_ptr<const LinearPrim> linear_prim(const Node& n, int64_t P, int64_t K, int64_t Q, int64_t N, bool bias,
+                                              std::string* key_out = nullptr) {
   const bool gelu = n.s("activation", "") == "gelu";
-  if (!gelu && !n.s("activation", "").empty()) return reference(n, in, out);  // it reports it
-  const bool bf16 = n.s("precision", "") == "bf16";
+  const bool bf16 = runs_bf16(n);
   const std::string key =
       str("Linear", P, "x", K, "x", Q, ">", N, bias ? "b" : "", gelu ? "gelu" : "", bf16 ? "bf16" : "");
-  auto p = linear_cache.get(key, [&] {
+  if (key_out) *key_out = key;
+  return linear_cache.get(key, [&] {
     LinearPrim r;
     r.bf16 = bf16;
     const dt cdt = bf16 ? dt::bf16 : dt::f32;
@@ -294,6 +284,33 @@ void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
     }
     return r;
   });
+}
+
+// P, K, Q, N of a Linear on x (..., K at axis, ...) and w (N, K); false where the shapes do
+// not fit (the reference kernel reports them).
+bool linear_dims(const Node& n, const Shape& x, const Shape& w, int64_t* P, int64_t* K, int64_t* Q, int64_t* N) {
+  const int64_t axis = n.i("axis", -1) < 0 ? n.i("axis", -1) + (int64_t)x.size() : n.i("axis", -1);
+  if (x.empty() || w.size() != 2 || axis < 0 || axis >= (int64_t)x.size() || x[axis] != w[1]) return false;
+  *K = w[1];
+  *N = w[0];
+  *P = *Q = 1;
+  for (int64_t i = 0; i < axis; ++i) *P *= x[i];
+  for (size_t i = axis + 1; i < x.size(); ++i) *Q *= x[i];
+  return true;
+}
+
+void linear_fast(const Node& n, const std::vector<const Tensor*>& in,
+                 const std::vector<Tensor*>& out) {
+  if (!all_f32(in, out)) return reference(n, in, out);
+  const Tensor* bias = in.size() > 2 ? in[2] : nullptr;
+  int64_t P, K, Q, N;
+  if (!linear_dims(n, in[0]->shape, in[1]->shape, &P, &K, &Q, &N)) return reference(n, in, out);
+  if (P == 0 || Q == 0 || N == 0) return;
+  if (K == 0) return reference(n, in, out);
+  const std::string act = n.s("activation", "");
+  if (act != "gelu" && !act.empty()) return reference(n, in, out);  // it reports it
+  std::string key;
+  auto p = linear_prim(n, P, K, Q, N, bias != nullptr, &key);
   if (p->use_ref) return reference(n, in, out);
   const void* xp = in[0]->raw();
   const void* wp = in[1]->raw();
@@ -659,14 +676,18 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in, const st
 // (engine/math/conv_phases.h; the inference pass does the same to constant weights, here the
 // weights are expanded per call, as a training step's change every step).
 // False when it does not apply.
+bool output_phases_apply(const ConvGeom& g) {
+  return !g.transpose && g.group == 1 && g.nsp == 2 && g.C_out <= 4 && g.s[1] == 2 && g.s[2] == 2 && g.d[1] == 1 &&
+         g.d[2] == 1 && g.k[1] >= 8 && g.k[2] >= 8 && g.out[1] % 2 == 0 && g.out[2] % 2 == 0 &&
+         phase_conv_end_pad(g.in[1], g.out[1], g.k[1], g.pb[1]) >= 0 &&
+         phase_conv_end_pad(g.in[2], g.out[2], g.k[2], g.pb[2]) >= 0;
+}
+
 bool conv_by_output_phases(const Node& n, const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor* bias,
                            Tensor& y) {
-  if (g.transpose || g.group != 1 || g.nsp != 2 || g.C_out > 4 || g.s[1] != 2 || g.s[2] != 2 || g.d[1] != 1 ||
-      g.d[2] != 1 || g.k[1] < 8 || g.k[2] < 8 || g.out[1] % 2 || g.out[2] % 2)
-    return false;
+  if (!output_phases_apply(g)) return false;
   const int64_t OC = g.C_out, C = g.C_in, KH = g.k[1], KW = g.k[2], OH = g.out[1], OW = g.out[2];
   const int64_t pe_h = phase_conv_end_pad(g.in[1], OH, KH, g.pb[1]), pe_w = phase_conv_end_pad(g.in[2], OW, KW, g.pb[2]);
-  if (pe_h < 0 || pe_w < 0) return false;
   Tensor w2 = Tensor::zeros(DType::F32, {4 * OC, C, KH + 2, KW + 2});
   expand_phase_weights(w.data<float>(), OC, C, KH, KW, w2.data<float>());
   Tensor b2;
@@ -716,6 +737,94 @@ bool conv_by_fft(const Node& n, const ConvGeom& g, const Tensor& x, bool x_nhwc,
   return true;
 }
 
+// The forward paths of Conv, ConvTranspose and ConvChannelsLast, in the order they are taken
+// (choose_conv_path). Each needs only the build's baseline but Winograd (winograd_applies:
+// oneDNN's kernel needs avx512_core, cpu_isa.h); a bf16 node (runs_bf16) takes oneDNN's direct
+// kernel. A Conv with the attribute rows (mark_needed_rows) computes those rows only, the others
+// zero: by Winograd's own bands, or else as the conv of the input rows they read on the path
+// that conv takes.
+enum class ConvPath { WinogradRows, RowsBand, Fft, OutputPhases, Winograd, S2d, SmallOc, OneDnn };
+
+const char* conv_path_name(ConvPath p) {
+  switch (p) {
+    case ConvPath::WinogradRows: return "winograd (rows)";
+    case ConvPath::RowsBand: return "rows";
+    case ConvPath::Fft: return "fft";
+    case ConvPath::OutputPhases: return "output phases";
+    case ConvPath::Winograd: return "winograd";
+    case ConvPath::S2d: return "space-to-depth matmul";
+    case ConvPath::SmallOc: return "small-oc avx loops";
+    case ConvPath::OneDnn: return "onednn direct";
+  }
+  return "?";
+}
+
+// The node's rows attribute, clipped to the output; lo = 0, hi = all rows where there is none
+// (or the conv is not a 2-D nchw Conv).
+RowRange marked_rows(const Node& n, const ConvGeom& g, bool channels_last) {
+  const std::vector<int64_t> rows = n.ints("rows");
+  if (channels_last || g.transpose || g.nsp != 2 || rows.size() != 2) return {0, g.out[1]};
+  const int64_t lo = std::clamp<int64_t>(rows[0], 0, g.out[1]);
+  return {lo, std::clamp<int64_t>(rows[1], lo, g.out[1])};
+}
+
+ConvPath choose_conv_path(const Node& n, const ConvGeom& g, bool bias, bool src_nhwc, bool dst_nhwc,
+                          bool channels_last) {
+  const bool bf16 = runs_bf16(n);
+  const RowRange rows = marked_rows(n, g, channels_last);
+  if (rows.lo > 0 || rows.hi < g.out[1])
+    return !bf16 && winograd_forward_plans(g, bias, false, false, rows) ? ConvPath::WinogradRows : ConvPath::RowsBand;
+  if (!bf16 && fft_conv_plan(g, n.i("constant_weights", 0) != 0).F) return ConvPath::Fft;
+  if (!channels_last && !bf16 && output_phases_apply(g)) return ConvPath::OutputPhases;
+  if (!bf16 && winograd_forward_plans(g, bias, src_nhwc, dst_nhwc, {0, g.out[1]})) return ConvPath::Winograd;
+  if (!channels_last && !bf16 && s2d_conv_applies(g)) return ConvPath::S2d;
+  if (!channels_last && !bf16 && small_oc_conv_applies(g)) return ConvPath::SmallOc;
+  return ConvPath::OneDnn;
+}
+
+// RowsBand: the node and geometry of the conv of the input rows [*a, *b) that output rows
+// [r.lo, r.hi) read, with the pads that make each output row read what it reads in the whole
+// conv; false where they read no input row (only padding).
+bool rows_band(const Node& n, const ConvGeom& g, RowRange r, Node* m, int64_t* a, int64_t* b) {
+  const int64_t ext = (g.k[1] - 1) * g.d[1] + 1;
+  const int64_t top = r.lo * g.s[1] - g.pb[1], end = (r.hi - 1) * g.s[1] - g.pb[1] + ext;  // pads included
+  *a = std::max<int64_t>(top, 0);
+  *b = std::min<int64_t>(end, g.in[1]);
+  if (*a >= *b) return false;
+  *m = n;
+  m->attrs.erase("rows");
+  m->attrs.erase("auto_pad");
+  m->attrs["pads"] = attr_ints({*a - top, g.pb[2], end - *b, g.pe[2]});
+  return true;
+}
+
+// RowsBand: the rows of y (nchw) the node marks, by the conv of the input rows they read.
+void conv_rows_by_band(const Node& n, const ConvGeom& g, const std::vector<const Tensor*>& in, Tensor& y, RowRange r) {
+  const int64_t NC = g.N * g.C_in, H = g.in[1], W = g.in[2], NO = g.N * g.C_out, OH = g.out[1], OW = g.out[2];
+  Node m;
+  int64_t a = 0, b = 0;
+  if (r.lo >= r.hi || !rows_band(n, g, r, &m, &a, &b)) {  // no rows, or rows of padding alone: the whole conv
+    m = n;
+    m.attrs.erase("rows");
+    conv_any_fast(m, in, {&y}, false, false);
+  } else {
+    Tensor xb(DType::F32, {g.N, g.C_in, b - a, W}), yb(DType::F32, {g.N, g.C_out, r.hi - r.lo, OW});
+    const float* X = in[0]->data<float>();
+    float* XB = xb.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t nc = 0; nc < NC; ++nc) std::memcpy(XB + nc * (b - a) * W, X + (nc * H + a) * W, (b - a) * W * 4);
+    std::vector<const Tensor*> in2 = in;
+    in2[0] = &xb;
+    conv_any_fast(m, in2, {&yb}, false, false);
+    const float* YB = yb.data<float>();
+    float* Y = y.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t no = 0; no < NO; ++no)
+      std::memcpy(Y + (no * OH + r.lo) * OW, YB + no * (r.hi - r.lo) * OW, (r.hi - r.lo) * OW * 4);
+  }
+  zero_rows_outside(y.data<float>(), g.N, g.C_out, OH, OW, r.lo, r.hi);
+}
+
 // Conv, ConvTranspose, and ConvChannelsLast (channels_last: x is (N, H, W, C), and so is the
 // output with the attribute channels_last_output).
 void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
@@ -731,23 +840,33 @@ void conv_any_fast(const Node& n, const std::vector<const Tensor*>& in,
   if (out[0]->shape != os) return reference(n, in, out);
   if (bias && bias->shape != Shape{g.C_out}) return reference(n, in, out);
   if (out[0]->numel() == 0 || in[0]->numel() == 0) return reference(n, in, out);
-  const bool bf16 = n.s("precision", "") == "bf16";
-  if (!bf16 && conv_by_fft(n, g, *in[0], src_nhwc, *in[1], bias, *out[0], dst_nhwc)) return;
-  if (!channels_last && !bf16 && conv_by_output_phases(n, g, *in[0], *in[1], bias, *out[0])) return;
-  const std::vector<int64_t> rows = n.ints("rows");  // mark_needed_rows: the rows read (the others zero)
-  if (!bf16 && !channels_last && !transpose && rows.size() == 2 &&
-      winograd_conv_forward_rows(n, g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
-                                 out[0]->data<float>(), {rows[0], rows[1]}))
-    return;
-  if (!bf16 && winograd_conv_forward(n, g, in[0]->data<float>(), src_nhwc, in[1]->data<float>(),
-                                     bias ? bias->data<float>() : nullptr, out[0]->data<float>(), dst_nhwc))
-    return;  // 3x3 stride 1: conv_winograd.h
-  if (!channels_last && !bf16 && s2d_conv_applies(g))  // kernel a whole number of strides: conv_s2d.h
-    return s2d_conv_forward(g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
-                            out[0]->data<float>());
-  if (!channels_last && !bf16 && small_oc_conv_applies(g))  // few output channels, wide kernel: conv_small_oc.h
-    return small_oc_conv_forward(g, in[0]->data<float>(), in[1]->data<float>(), bias ? bias->data<float>() : nullptr,
-                                 out[0]->data<float>());
+  const bool bf16 = runs_bf16(n);
+  const float* X = in[0]->data<float>();
+  const float* W = in[1]->data<float>();
+  const float* B = bias ? bias->data<float>() : nullptr;
+  float* Y = out[0]->data<float>();
+  switch (choose_conv_path(n, g, bias != nullptr, src_nhwc, dst_nhwc, channels_last)) {
+    case ConvPath::WinogradRows:
+      if (winograd_conv_forward_rows(n, g, X, W, B, Y, marked_rows(n, g, channels_last))) return;
+      [[fallthrough]];  // (planned, so not reached)
+    case ConvPath::RowsBand:
+      return conv_rows_by_band(n, g, in, *out[0], marked_rows(n, g, channels_last));
+    case ConvPath::Fft:
+      if (conv_by_fft(n, g, *in[0], src_nhwc, *in[1], bias, *out[0], dst_nhwc)) return;
+      break;
+    case ConvPath::OutputPhases:
+      if (conv_by_output_phases(n, g, *in[0], *in[1], bias, *out[0])) return;
+      break;
+    case ConvPath::Winograd:
+      if (winograd_conv_forward(n, g, X, src_nhwc, W, B, Y, dst_nhwc)) return;  // 3x3 stride 1: conv_winograd.h
+      break;
+    case ConvPath::S2d:  // kernel a whole number of strides: conv_s2d.h
+      return s2d_conv_forward(g, X, W, B, Y);
+    case ConvPath::SmallOc:  // few output channels, wide kernel: conv_small_oc.h
+      return small_oc_conv_forward(g, X, W, B, Y);
+    case ConvPath::OneDnn:
+      break;
+  }
   const std::string key = geom_key(g) + (bias ? "b" : "") + (src_nhwc ? "<nhwc" : "") + (dst_nhwc ? ">nhwc" : "") +
                           (bf16 ? "bf16" : "");
   auto p = conv_cache.get(key, [&] { return make_conv(g, bias != nullptr, src_nhwc, dst_nhwc, bf16); });
@@ -840,6 +959,38 @@ void softmax_fast(const Node& n, const std::vector<const Tensor*>& in,
 }  // namespace
 
 void register_dnnl_attention();  // dnnl_attention.cpp
+
+std::string kernel_path_of(const Node& n, const std::vector<Shape>& in) {
+  const bool conv = n.op == "Conv" || n.op == "ConvTranspose" || n.op == "ConvChannelsLast";
+  if ((!conv && n.op != "Linear") || in.size() < 2 || in[0].empty() || in[1].empty()) return "";
+  if (n.op == "Linear") {
+    int64_t P, K, Q, N;
+    if (!linear_dims(n, in[0], in[1], &P, &K, &Q, &N) || P * K * Q * N == 0) return "reference";
+    auto p = linear_prim(n, P, K, Q, N, in.size() > 2 && !in[2].empty());
+    return p->use_ref ? "reference" : str("onednn matmul ", p->mm.impl, p->bf16 ? " bf16" : "");
+  }
+  const bool cl = n.op == "ConvChannelsLast", src_nhwc = cl, dst_nhwc = cl && n.i("channels_last_output", 0);
+  if (cl && in[0].size() != 4) return "reference";
+  const Shape xs = cl ? Shape{in[0][0], in[0][3], in[0][1], in[0][2]} : in[0];
+  const ConvGeom g = conv_geometry(n, xs, in[1], n.op == "ConvTranspose");
+  const bool bias = in.size() > 2 && !in[2].empty();
+  const ConvPath path = choose_conv_path(n, g, bias, src_nhwc, dst_nhwc, cl);
+  if (path == ConvPath::RowsBand) {  // the path of the band's own conv
+    const RowRange r = marked_rows(n, g, cl);
+    Node m;
+    int64_t a = 0, b = 0;
+    if (r.lo >= r.hi || !rows_band(n, g, r, &m, &a, &b)) return "rows, whole conv";
+    std::vector<Shape> in2 = in;
+    in2[0] = {g.N, g.C_in, b - a, g.in[2]};
+    return str("rows ", r.lo, "..", r.hi, " by ", kernel_path_of(m, in2));
+  }
+  if (path != ConvPath::OneDnn) return conv_path_name(path);
+  const bool bf16 = runs_bf16(n);
+  const std::string key = geom_key(g) + (bias ? "b" : "") + (src_nhwc ? "<nhwc" : "") + (dst_nhwc ? ">nhwc" : "") +
+                          (bf16 ? "bf16" : "");
+  auto p = conv_cache.get(key, [&] { return make_conv(g, bias, src_nhwc, dst_nhwc, bf16); });
+  return p->use_ref ? "reference" : str(conv_path_name(path), " ", p->impl);
+}
 
 void register_dnnl_kernels() {
   register_dnnl_attention();

@@ -1,4 +1,5 @@
 #include "engine/ir/ops.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace wxe {
@@ -20,6 +21,7 @@ void register_cpu_kernels() {
   cpu::register_pointwise_backward();
   cpu::register_layer_backward();
   cpu::register_conv_backward();
+  register_cpu_kernel_info({cpu::isa_name(), cpu::native_bf16(), cpu::isa_path_lines(), cpu::kernel_path_of});
 }
 
 }  // namespace wxe
