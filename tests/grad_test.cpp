@@ -33,7 +33,7 @@ bool non_differentiable(const std::string& op) {
       // control flow: folded (passes.h fold_if) before any graph runs
       "If",
       // random: no gradient to its input (it reads only the shape)
-      "RandomNormalLike",
+      "RandomNormal", "RandomNormalLike",
       // made by the CPU fusion passes for inference only (training fuses the norms, GELU and
       // the window attention: engine/passes/fuse.h fuse_for_training)
       "ConvChannelsLast", "DepthToSpaceChannelsLast",

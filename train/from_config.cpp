@@ -7,6 +7,7 @@
 
 #include "engine/io/file_util.h"
 #include "engine/ir/error.h"
+#include "train/ensemble_loss.h"
 #include "train/loss.h"
 #include "data/era5.h"
 #include "load/model.h"
@@ -22,7 +23,18 @@ namespace {
 // per variable (all its levels) the RMSE and bias (mean of prediction - truth) in physical
 // units, as CREDIT's valid_loss, valid_rmse/<var_key>, valid_bias/<var_key> columns.
 void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneConfig& fc, int L,
-                const LossFunction& vloss) {
+                const LossSpec& vspec) {
+  // an ensemble validates its members (the input repeated, as in training): a CRPS loss over them,
+  // another loss of each member against the target; RMSE and bias of the ensemble mean
+  WXE_CHECK(vspec.name != "ring-crps", c.file, ": validation with ring-crps is not implemented (CREDIT's own check "
+            "says the same: validation keeps dp sharding); set loss.validation_loss (loss.args.validation_loss), e.g. mae");
+  const bool crps = is_crps_loss(vspec.name);
+  const CrpsLoss vcrps = crps ? crps_loss(vspec.name, vspec.biased, vspec.alpha) : CrpsLoss{};
+  const LossFunction vloss = crps ? LossFunction{} : loss_function(vspec.name, vspec.delta);
+  const int64_t E = fc.use_crps && fc.crps.kind == CrpsKind::Ring ? 1 : fc.ensemble_size;
+  WXE_CHECK(E == 1 || L == 1, c.file, ": validation rollouts of ", L, " steps with trainer.ensemble_size ", E,
+            " are not implemented (set validation_data.forecast_len 1)");
+  WXE_CHECK(!crps || E > 1, c.file, ": validation loss ", vspec.name, " needs an ensemble (trainer.ensemble_size > 1)");
   // BaseLoss validates with its validation loss (or the training one) in physical units, the same
   // per-variable overrides
   std::vector<LossFunction> per_channel = fc.channel_losses;
@@ -53,8 +65,8 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   }
   const size_t nv = keys.size();
   fc.validate_every = fc.steps / std::max<int64_t>(1, c.epochs);
-  fc.validate = [vs, data, w, n, L, nv, var_of, vloss, per_channel,
-                 physical](const std::function<Tensor(const Tensor&)>& predict) {
+  fc.validate = [vs, data, w, n, L, nv, var_of, vloss, per_channel, physical, crps, vcrps,
+                 E](const std::function<Tensor(const Tensor&)>& predict) {
     double loss = 0;
     std::vector<double> sq(nv), sum(nv), cnt(nv);
     for (int64_t i = 0; i < n; ++i) {
@@ -66,11 +78,20 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
           feed_back(x, data->prediction_to_input(y), data->feedback_map());
         }
         y = predict(x);
-        Tensor p = y.clone(), t = s.targets[k].clone();
+        if (crps) {
+          loss += ensemble_crps(y, s.targets[k], w, vcrps);
+        } else {
+          const Tensor tm = E > 1 ? repeat_members(s.targets[k], E) : s.targets[k];
+          Tensor pp = y.clone(), tp = tm.clone();
+          if (physical) {
+            data->denormalise_target(pp);
+            data->denormalise_target(tp);
+          }
+          loss += weighted_loss(physical ? pp : y, physical ? tp : tm, w, vloss, nullptr, 1.0, per_channel);
+        }
+        Tensor p = E > 1 ? ensemble_mean(y, E) : y.clone(), t = s.targets[k].clone();
         data->denormalise_target(p);
         data->denormalise_target(t);
-        loss += physical ? weighted_loss(p, t, w, vloss, nullptr, 1.0, per_channel)
-                         : weighted_loss(y, s.targets[k], w, vloss, nullptr, 1.0, per_channel);
         const int64_t hw = p.numel() / p.shape[1];
         for (int64_t ch = 0; ch < p.shape[1]; ++ch)
           for (int64_t j = 0; j < hw; ++j) {
@@ -116,14 +137,19 @@ Schedule credit_schedule(const CreditConfig& c, int64_t accum, int64_t epoch_bat
   return sc;
 }
 
+LossSpec credit_validation_spec(const CreditConfig& c) {
+  if (c.base_loss.on) return c.base_loss.has_validation ? c.base_loss.validation : c.base_loss.training;
+  const bool weighted = c.use_latitude_weights || c.use_variable_weights;
+  // VariableTotalLoss2D: "for ensembles, load same loss for train and valid"
+  if (weighted && c.training_loss.name == "KCRPS") return c.training_loss;
+  if (c.has_validation_loss) return c.validation_loss;
+  if (weighted) return LossSpec{"mae"};
+  return c.training_loss;
+}
+
 LossFunction credit_validation_loss(const CreditConfig& c) {
-  if (c.base_loss.on) {
-    const LossSpec& l = c.base_loss.has_validation ? c.base_loss.validation : c.base_loss.training;
-    return loss_function(l.name, l.delta);
-  }
-  if (c.has_validation_loss) return loss_function(c.validation_loss.name, c.validation_loss.delta);
-  if (c.use_latitude_weights || c.use_variable_weights) return loss_function("mae");
-  return loss_function(c.training_loss.name, c.training_loss.delta);
+  const LossSpec l = credit_validation_spec(c);
+  return loss_function(l.name, l.delta);
 }
 
 // CREDIT's BaseLoss: each target variable's mean loss in physical units, combined with weights w_v
@@ -261,11 +287,14 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
               (fs::path(fc.save) / "latest").string(), " is missing)");
     fc.weights = (fs::path(latest) / "model.safetensors").string();
   }
-  const LossFunction vloss = credit_validation_loss(c);
+  const LossSpec vspec = credit_validation_spec(c);
+  fc.ensemble_size = c.ensemble_size;
+  fc.use_crps = !given("--loss") && is_crps_loss(c.training_loss.name);  // a BaseLoss's is its training_loss
+  if (fc.use_crps) fc.crps = crps_loss(c.training_loss.name, c.training_loss.biased, c.training_loss.alpha);
   if (!given("--loss") && c.base_loss.on) {
     const BaseLossSpec& b = c.base_loss;
     const std::vector<ChannelInfo>& tc = data->target_channels();
-    fc.loss = loss_function(b.training.name, b.training.delta);
+    fc.loss = fc.use_crps ? LossFunction{} : loss_function(b.training.name, b.training.delta);
     fc.plain_mse = false;
     fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
     fc.channel_weights = base_loss_channel_weights(c, *data, config, lead);
@@ -276,7 +305,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     }
     fc.to_physical = [data](Tensor& y, Tensor* d) { data->denormalise_target(y, d); };
   } else if (!given("--loss")) {
-    fc.loss = loss_function(c.training_loss.name, c.training_loss.delta);
+    fc.loss = fc.use_crps ? LossFunction{} : loss_function(c.training_loss.name, c.training_loss.delta);
     fc.plain_mse = !c.use_latitude_weights && !c.use_variable_weights;
     // latitudes at 0 degrees weigh every row 1 (cos(0) normalised)
     fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
@@ -303,7 +332,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
                   ": no such target variable in the data (prognostic and diagnostic variables are weighted)");
     }
   }
-  if (c.valid_start && c.valid_end) validation(c, data, fc, c.valid_forecast_len > 0 ? c.valid_forecast_len : L, vloss);
+  if (c.valid_start && c.valid_end) validation(c, data, fc, c.valid_forecast_len > 0 ? c.valid_forecast_len : L, vspec);
   if (lead) {
     fs::create_directories(fc.save);
     write_file_atomic((fs::path(fc.save) / "channel_schema.yaml").string(), data->channel_schema_yaml());

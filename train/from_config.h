@@ -21,7 +21,10 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
 Schedule credit_schedule(const CreditConfig& c, int64_t accum, int64_t epoch_batches);
 
 // CREDIT's validation loss: loss.validation_loss where given; with latitude or variable weights
-// and none given, L1 (VariableTotalLoss2D's default); else the training loss.
+// and none given, L1 (VariableTotalLoss2D's default); else the training loss. KCRPS with weights
+// validates with KCRPS whatever validation_loss says (VariableTotalLoss2D's rule for ensembles).
+LossSpec credit_validation_spec(const CreditConfig& c);
+// The same as an elementwise loss (train/loss.h; fails for a CRPS loss).
 LossFunction credit_validation_loss(const CreditConfig& c);
 
 }  // namespace wxe

@@ -56,17 +56,37 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     data_fp_ = fingerprint(str(data_->size(), "|"));
     for (const Tensor* t : {&first.input, &first.targets[0]}) data_fp_ = fingerprint(t->raw(), t->nbytes(), data_fp_);
   }
+  // ensemble training: each sample's members are rows of the model's batch (ring-crps: one per rank)
+  const bool ring = cfg.use_crps && cfg.crps.kind == CrpsKind::Ring;
+  WXE_CHECK(cfg.ensemble_size >= 1, "ensemble_size ", cfg.ensemble_size, " must be at least 1");
+  WXE_CHECK(!cfg.use_crps || cfg.ensemble_size > 1, "loss ", crps_name(cfg.crps.kind),
+            " is an ensemble CRPS loss and needs ensemble_size > 1");
+  WXE_CHECK(cfg.ensemble_size == 1 || cfg.forecast_len == 1, "ensemble training (ensemble_size ", cfg.ensemble_size,
+            ") with forecast_len ", cfg.forecast_len, ": ensemble rollouts are not implemented");
+  WXE_CHECK(!ring || cfg.ensemble_size == dp_, "ring-crps holds one ensemble member per data-parallel rank: "
+            "ensemble_size ", cfg.ensemble_size, " must equal the data-parallel size ", dp_);
+  WXE_CHECK(cfg.ensemble_size == 1 || std::any_of(graph_.nodes.begin(), graph_.nodes.end(),
+                                                   [](const Node& n) { return op_is_random(n.op); }),
+            cfg.model, ": ensemble_size ", cfg.ensemble_size, ": the model has no random nodes (RandomNormal, "
+            "RandomNormalLike), so its members would be identical; train a noise model (CREDIT's crossformer-ensemble) "
+            "or set ensemble_size 1");
+  members_ = ring ? 1 : cfg.ensemble_size;
+  Shape in_shape = first.input.shape;
+  in_shape[0] *= members_;
   LoadOptions lo;
   lo.weights = cfg.weights;
   lo.training = true;
-  prepare_model(graph_, {{input_name_, {first.input.dtype, first.input.shape}}}, lo);
+  prepare_model(graph_, {{input_name_, {first.input.dtype, in_shape}}}, lo);
   check_training_parameters(graph_, nullptr, cfg.model);
   WXE_CHECK(graph_.outputs.size() >= 1, cfg.model, ": the model has no output");
   const Shape out_shape = graph_.values[graph_.outputs[0]].shape;
   WXE_CHECK(first.targets.size() == (size_t)cfg.forecast_len, cfg.data, ": a sample has ", first.targets.size(),
             " target steps, the rollout has forecast_len ", cfg.forecast_len);
-  WXE_CHECK(first.targets[0].shape == out_shape, cfg.data, ": targets are ", shape_str(first.targets[0].shape),
-            ", the model's output is ", shape_str(out_shape));
+  Shape target_rows = first.targets[0].shape;
+  target_rows[0] *= members_;
+  WXE_CHECK(target_rows == out_shape, cfg.data, ": targets are ", shape_str(first.targets[0].shape),
+            members_ > 1 ? str(" (x ", members_, " members)") : std::string(), ", the model's output is ",
+            shape_str(out_shape));
   if (tp_ > 1) {  // Megatron: this rank's heads and feed-forward columns; CopyToTP / AllReduceTP at the seams
     TpPlan plan = plan_for(graph_, cfg.plan, tp_, true);
     slices_ = parameter_slices(plan, graph_, tp_, tp_rank_);
@@ -149,6 +169,10 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   if (sp_stats_.gathers || sp_stats_.halos || (domain_stats.halos && cfg.device == "cpu"))
     add_recompute_segments(graph_, opt.segments);
   if (cfg.device == "cpu") add_recompute_segments(graph_, opt.segments, [](const Node& n) { return n.op == "Gelu"; });
+  for (size_t k = 0; k < graph_.nodes.size(); ++k)
+    if (op_is_random(graph_.nodes[k].op)) random_nodes_.push_back((int)k);
+  WXE_CHECK(cfg.ensemble_size == 1 || (tp_ == 1 && domain_ == 1), "ensemble training with --tp or --domain is not "
+            "implemented (each shard would draw its own noise); use data parallelism only");
   exec_ = std::make_unique<GradExecutor>(graph_, trainable_, opt);
   if (cfg.device != "cpu") dev_ = &backend_for(cfg.device);
   if (!exec_->host_nodes().empty()) {
@@ -215,6 +239,8 @@ void Trainer::check_same_plan() {
       {"AdamW's betas, eps or --weight-decay", str(num(a.beta1), num(a.beta2), num(a.eps), num(a.weight_decay))},
       {"--grad-max-norm", str(num(cfg_.grad_max_norm), cfg_.grad_clip_dynamic)}, {"--ema / --ema-decay", str(cfg_.ema, num(cfg_.ema_decay))},
       {"--shuffle / --seed", str(cfg_.shuffle, "/", cfg_.seed)}, {"--loss", str(cfg_.plain_mse, (int)cfg_.loss.kind, num(cfg_.loss.delta), cfg_.channel_losses.size(), (bool)cfg_.to_physical)},
+      {"the ensemble (ensemble_size, CRPS loss)", str(cfg_.ensemble_size, "/", cfg_.use_crps, "/", (int)cfg_.crps.kind,
+                                                       cfg_.crps.biased, num(cfg_.crps.alpha))},
       {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device},
       {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}, {"--precision", cfg_.precision},
       {"--sequence-parallel", str(cfg_.sequence_parallel)}};
@@ -251,6 +277,20 @@ int64_t Trainer::sample_index(int64_t micro) {
   return perm_[micro % n];
 }
 
+void Trainer::set_random_streams(const std::string& key) {
+  for (size_t q = 0; q < random_nodes_.size(); ++q)
+    graph_.nodes[random_nodes_[q]].attrs["stream"] = attr_i((int64_t)fingerprint(str(cfg_.seed, "/", key, "/", q)));
+}
+
+double Trainer::score(const Tensor& pred, const Tensor& target, Tensor* grad, double scale) {
+  if (cfg_.use_crps && cfg_.crps.kind == CrpsKind::Ring)
+    return ring_crps(pred, target, loss_w_, dp_ > 1 ? mesh_->dp_comm.get() : nullptr, grad, scale);
+  if (cfg_.use_crps) return ensemble_crps(pred, target, loss_w_, cfg_.crps, grad, scale);
+  // each member scored against the target (CREDIT: the target broadcast over the members)
+  return weighted_loss(pred, members_ > 1 ? repeat_members(target, members_) : target, loss_w_, cfg_.loss, grad, scale,
+                       cfg_.channel_losses);
+}
+
 Tensor Trainer::predict(const Tensor& x) {
   // PyTorch's eval forward: spectral norm divides by u . (W_mat v) with the stored u and v, no
   // power iteration (which would also move u and v, the training state)
@@ -261,7 +301,10 @@ Tensor Trainer::predict(const Tensor& x) {
       saved.push_back({&a, a.i});
       a = attr_i(0);
     }
-  Tensor y = exec_->forward({{input_name_, x}}).at(0).clone();
+  // an ensemble's members from one sample's input, their noise keyed by the step and the call
+  const bool repeat = members_ > 1 && x.rank() >= 1 && x.dim(0) * members_ == graph_.values[graph_.inputs[0]].shape[0];
+  if (!random_nodes_.empty()) set_random_streams(str("predict/", step_, "/", predict_calls_++));
+  Tensor y = exec_->forward({{input_name_, repeat ? repeat_members(x, members_) : x}}).at(0).clone();
   for (auto& [a, iters] : saved) *a = attr_i(iters);
   return y;
 }
@@ -278,11 +321,15 @@ StepLog Trainer::step() {
             std::min(channels_in, channels_out), " channels input and output share");
   // this dp group's micro-batches: j = dp_rank, dp_rank + dp, ... of the step's `accum`
   double loss_sum = 0;
+  predict_calls_ = 0;
   for (int j = dp_rank_; j < cfg_.accum; j += dp_) {
-    Sample s = data_->get(sample_index(step_ * cfg_.accum + j));
+    // an ensemble's dp ranks read the same samples (CREDIT: shared batches), each its own members
+    const int64_t micro = cfg_.ensemble_size > 1 ? step_ * (cfg_.accum / dp_) + j / dp_ : step_ * cfg_.accum + j;
+    Sample s = data_->get(sample_index(micro));
     Tensor x = std::move(s.input), pred;
     if (!s.forcing.empty()) s.forcing[0] = Tensor();  // x itself (the window slides in forcing[1..])
     log.samples += (int)x.shape[0];
+    if (members_ > 1) x = repeat_members(x, members_);
     for (int k = 0; k < cfg_.forecast_len; ++k) {
       if (k > 0) {  // step k's input slid into the window, its prognostic channels the prediction (detached)
         x = slide_window(x, s.forcing[k]);
@@ -291,6 +338,7 @@ StepLog Trainer::step() {
         else
           feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, prognostic);
       }
+      if (!random_nodes_.empty()) set_random_streams(str("train/", step_, "/", j, "/", k));
       // the last step's input goes to the executor, which frees it after its last use
       std::map<std::string, Tensor> in{{input_name_, k + 1 < cfg_.forecast_len ? x : std::move(x)}};
       std::vector<Tensor> outs = exec_->forward(std::move(in));
@@ -303,13 +351,12 @@ StepLog Trainer::step() {
         Tensor p = outs[0].clone(), dp, g;
         cfg_.to_physical(p, &dp);
         cfg_.to_physical(s.targets[k], nullptr);
-        loss_sum += weighted_loss(p, s.targets[k], loss_w_, cfg_.loss, &g, 1.0 / cfg_.accum, cfg_.channel_losses);
+        loss_sum += score(p, s.targets[k], &g, 1.0 / cfg_.accum);
         float* go = gout[0].data<float>();
         const float *a = g.data<float>(), *b = dp.data<float>();
         for (int64_t i = 0; i < g.numel(); ++i) go[i] = a[i] * b[i];
       } else {
-        loss_sum += weighted_loss(outs[0], s.targets[k], loss_w_, cfg_.loss, &gout[0], 1.0 / cfg_.accum,
-                                  cfg_.channel_losses);
+        loss_sum += score(outs[0], s.targets[k], &gout[0], 1.0 / cfg_.accum);
       }
       // The backward needs none of the whole-grid tensors the loss read: the target goes, the
       // prediction stays only as the next rollout step's input, and the loss gradient is the

@@ -35,6 +35,7 @@
 #include "parallel/mesh.h"
 #include "parallel/bands.h"
 #include "parallel/shard.h"
+#include "train/ensemble_loss.h"
 #include "train/loss.h"
 #include "train/optim.h"
 
@@ -60,6 +61,16 @@ struct FinetuneConfig {
   // (a factor norm / (norm + 1e-6)); grad_max_norm is then not used
   bool grad_clip_dynamic = false;
   LossFunction loss;               // the elementwise loss (train/loss.h), weighted as plain_mse says
+  // Ensemble training (CREDIT's trainer.ensemble_size > 1; forecast_len 1): each micro-batch's
+  // input repeated ensemble_size times over the batch (repeat_interleave), the members differing
+  // only by the model's random nodes, scored by `crps` (train/ensemble_loss.h) where use_crps, else
+  // each member by `loss` against the target. ring-crps instead: one member per dp rank
+  // (ensemble_size = dp), the input not repeated. Either way every dp rank reads the same samples.
+  // Random nodes draw from streams keyed by (seed, step, micro-batch, node), so a resumed run
+  // draws what the uninterrupted one did.
+  int ensemble_size = 1;
+  bool use_crps = false;
+  CrpsLoss crps;
   std::vector<LossFunction> channel_losses;  // per output channel (empty: `loss` for all)
   // Set: the loss scores physical values (CREDIT's loss.type base): prediction and target go
   // through it (normalised -> physical in place; with the second argument also d physical /
@@ -230,6 +241,15 @@ class Trainer {
   void device_gradient_shard();   // dev_state_.g = this rank's block of the dp-summed gradient
   void device_update(double lr);  // AdamW, the parameters back into the executor, EMA
   int64_t sample_index(int64_t micro);
+  // Ensemble training: rows of the model's input per sample (ensemble_size; ring-crps and no
+  // ensemble: 1), the random nodes (RandomNormal/Like) whose streams set_random_streams keys
+  int64_t members_ = 1;
+  std::vector<int> random_nodes_;
+  int64_t predict_calls_ = 0;  // since the last step (validation's streams)
+  void set_random_streams(const std::string& key);
+  // The loss of pred against target (train/loss.h, train/ensemble_loss.h as cfg_ says), its
+  // gradient into *grad scaled by `scale`
+  double score(const Tensor& pred, const Tensor& target, Tensor* grad, double scale);
 };
 // A non-finite loss or gradient norm (the same on every rank: both are all-reduced).
 struct NonFiniteLoss : Error {

@@ -61,7 +61,9 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
       bw_on_host_.push_back(false);
       if (!k && !is_view_op(n.op)) host_nodes_.push_back(n.name + " (" + n.op + ", forward)");
     }
-    bool any = std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && needs_grad_[i]; });
+    // a random op's output depends on no input's value: no gradient through it
+    bool any = !op_is_random(n.op) &&
+               std::any_of(n.inputs.begin(), n.inputs.end(), [&](int i) { return i >= 0 && needs_grad_[i]; });
     backward_.push_back(any ? backward_kernel(n.op) : nullptr);
     passthrough_.push_back(any ? gradient_passthrough(n.op) : 0u);
     accumulation_.push_back(any ? gradient_accumulation(n.op) : 0u);

@@ -13,6 +13,7 @@ struct OpEntry {
   BackwardReads reads;
   uint32_t passthrough = 0;
   uint32_t accumulation = 0;
+  bool random = false;
 };
 std::map<std::string, OpEntry>& table() {
   static std::map<std::string, OpEntry> t;
@@ -31,6 +32,12 @@ void register_fast_kernel(const std::string& op, KernelFn fast) { table()[op].fa
 void register_backward(const std::string& op, BackwardFn backward) { table()[op].backward = backward; }
 
 void register_backward_reads(const std::string& op, BackwardReads reads) { table()[op].reads = reads; }
+
+void register_random_op(const std::string& op) { table()[op].random = true; }
+bool op_is_random(const std::string& op) {
+  auto it = table().find(op);
+  return it != table().end() && it->second.random;
+}
 
 BackwardReads backward_reads(const std::string& op) {
   auto it = table().find(op);

@@ -75,6 +75,15 @@ bool backward_accumulates(size_t i);
 // Set by the executor around a backward kernel's call (0 after it).
 void set_backward_accumulates(uint32_t inputs);
 
+// Random ops (RandomNormal, RandomNormalLike): their output depends on no input's value, so they
+// are never folded into constants (engine/passes/fold.cpp) and no gradient flows through them
+// (engine/exec/autograd.cpp: their outputs need none). Their numbers are a function of the
+// node's "stream" attribute and the element index alone (kernels/cpu/data_ops.cpp), so running a
+// node again with the same stream (activation checkpointing's recompute) gives the same numbers;
+// a trainer sets the stream before each forward (train/trainer.cpp set_random_streams).
+void register_random_op(const std::string& op);
+bool op_is_random(const std::string& op);
+
 bool op_known(const std::string& op);
 ShapeFn shape_rule(const std::string& op);
 // Fast kernel if asked and present, otherwise the reference kernel.

@@ -105,7 +105,7 @@ void propagate(Graph& g, bool drop, const std::function<bool(size_t, const Node&
   std::vector<Node> kept;
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     Node& n = g.nodes[k];
-    bool allowed = may_fold(k, n) && !op_updates_inputs(n.op);
+    bool allowed = may_fold(k, n) && !op_updates_inputs(n.op) && !op_is_random(n.op);
     if (only && !allowed) {
       kept.push_back(std::move(n));
       continue;

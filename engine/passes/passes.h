@@ -141,7 +141,8 @@ void finalize_graph(Graph& g);
 void prepare_training_graph(Graph& g, const std::map<std::string, InputSpec>& given = {});
 
 // The parameters an optimizer updates: every float32 parameter the graph reads except the
-// spectral-norm buffers (names ending in weight_u / weight_v). Value ids.
+// spectral-norm buffers (names ending in weight_u / weight_v) and CREDIT's noise_factor
+// (crossformer-ensemble's StochasticDecompositionLayer holds it with requires_grad=False). Value ids.
 std::vector<int> trainable_parameters(const Graph& g);
 
 // prepare_graph, load_weights when `weights` is given, finalize_graph.

@@ -86,8 +86,10 @@ std::vector<int> trainable_parameters(const Graph& g) {
   std::vector<int> uses = g.use_counts(), r;
   for (size_t v = 0; v < g.values.size(); ++v) {
     const Value& x = g.values[v];
+    // not trained: spectral norm's u and v (buffers), and CREDIT's StochasticDecompositionLayer
+    // noise_factor (crossformer-ensemble's noise scale: a Parameter with requires_grad=False)
     if (x.is_param && x.is_const() && uses[v] && x.dtype == DType::F32 && !ends_with(x.name, ".weight_u") &&
-        !ends_with(x.name, ".weight_v"))
+        !ends_with(x.name, ".weight_v") && !ends_with(x.name, ".noise_factor"))
       r.push_back((int)v);
   }
   return r;

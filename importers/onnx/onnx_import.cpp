@@ -234,7 +234,7 @@ const std::map<std::string, Arity>& onnx_arities() {
       {"InstanceNormalization", {3, 3}}, {"LayerNormalization", {2, 3, 1, 3}}, {"LeakyRelu", {1, 1}},
       {"Less", {2, 2}}, {"LessOrEqual", {2, 2}}, {"Log", {1, 1}}, {"MatMul", {2, 2}}, {"MaxPool", {1, 1}},
       {"Max", {1, INT_MAX}}, {"Min", {1, INT_MAX}}, {"Mod", {2, 2}}, {"Mul", {2, 2}}, {"Neg", {1, 1}},
-      {"Not", {1, 1}}, {"Or", {2, 2}}, {"Pad", {2, 4}}, {"Pow", {2, 2}}, {"RandomNormalLike", {1, 1}}, {"Range", {3, 3}},
+      {"Not", {1, 1}}, {"Or", {2, 2}}, {"Pad", {2, 4}}, {"Pow", {2, 2}}, {"RandomNormal", {0, 0}}, {"RandomNormalLike", {1, 1}}, {"Range", {3, 3}},
       {"Reciprocal", {1, 1}}, {"ReduceL1", {1, 2}}, {"ReduceL2", {1, 2}}, {"ReduceLogSum", {1, 2}},
       {"ReduceLogSumExp", {1, 2}}, {"ReduceMax", {1, 2}}, {"ReduceMean", {1, 2}}, {"ReduceMin", {1, 2}},
       {"ReduceProd", {1, 2}}, {"ReduceSum", {1, 2}}, {"ReduceSumSquare", {1, 2}}, {"Relu", {1, 1}}, {"Reshape", {2, 2}}, {"Resize", {1, 4}}, {"Shape", {1, 1}},

@@ -647,22 +647,63 @@ std::vector<TypeShape> flatten_shape(const Node& n, const Values& in) {
 }  // namespace
 
 
-// RandomNormalLike (CREDIT's CrossFormerWithNoise injects noise with randn_like): float32 with
-// the input's shape, mean + scale * N(0, 1). The generator (mt19937_64) is seeded from the
-// `seed` attribute, or 0 without one, so a run is reproducible (ONNX leaves the seed open).
-static std::vector<TypeShape> randn_like_shape(const Node& n, const std::vector<const Value*>& in) {
-  WXE_CHECK(in.size() == 1 && in[0], "node ", n.name, " (RandomNormalLike): expects 1 input");
-  WXE_CHECK(n.i("dtype", 1) == 1, "node ", n.name, " (RandomNormalLike): float32 output only, dtype ",
-            n.i("dtype", 1));
-  return {{DType::F32, in[0]->shape}};
+// RandomNormal (shape attribute) and RandomNormalLike (the input's shape; CREDIT's
+// CrossFormerWithNoise draws its noise with torch.randn, which exports as RandomNormalLike):
+// float32, mean + scale * N(0, 1). Counter-based: element e is a function of (key, e) alone
+// (splitmix64 of the pair index, Box-Muller), so the numbers are the same for any thread count
+// and when the node runs again (activation checkpointing's recompute). key mixes the node's
+// "stream" attribute (a trainer sets it per forward: engine/ir/ops.h register_random_op; without
+// one, the hash of the node's name, so two nodes draw different numbers) with the ONNX `seed`.
+namespace {
+inline uint64_t mix64(uint64_t z) {  // splitmix64's finaliser: a bijection of 64 bits
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 
-static void randn_like_kernel(const Node& n, const std::vector<const Tensor*>&, const std::vector<Tensor*>& out) {
-  std::mt19937_64 gen((uint64_t)(int64_t)n.f("seed", 0.f));
-  std::normal_distribution<double> dist(n.f("mean", 0.f), n.f("scale", 1.f));
-  float* y = out[0]->data<float>();
-  for (int64_t e = 0; e < out[0]->numel(); ++e) y[e] = (float)dist(gen);
+DType random_dtype(const Node& n, DType like) {
+  const int64_t t = n.has("dtype") ? n.i("dtype", 1) : (like == DType::F32 ? 1 : -1);
+  WXE_CHECK(t == 1, "node ", n.name, " (", n.op, "): float32 output only, dtype ", t);
+  return DType::F32;
 }
+
+std::vector<TypeShape> randn_shape(const Node& n, const std::vector<const Value*>& in) {
+  WXE_CHECK(in.empty() && n.has("shape"), "node ", n.name, " (RandomNormal): expects no input and a shape attribute");
+  Shape s = n.ints("shape");
+  for (int64_t d : s) WXE_CHECK(d >= 0, "node ", n.name, " (RandomNormal): shape ", shape_str(s), " has a negative dimension");
+  return {{random_dtype(n, DType::F32), s}};
+}
+
+std::vector<TypeShape> randn_like_shape(const Node& n, const std::vector<const Value*>& in) {
+  WXE_CHECK(in.size() == 1 && in[0], "node ", n.name, " (RandomNormalLike): expects 1 input");
+  return {{random_dtype(n, in[0]->dtype), in[0]->shape}};
+}
+
+void randn_kernel(const Node& n, const std::vector<const Tensor*>&, const std::vector<Tensor*>& out) {
+  uint64_t stream = 1469598103934665603ull;  // FNV-1a of the name unless the trainer set one
+  if (n.has("stream")) {
+    stream = (uint64_t)n.i("stream", 0);
+  } else {
+    for (unsigned char c : n.name) stream = (stream ^ c) * 1099511628211ull;
+  }
+  const float seed = n.f("seed", 0.f);
+  uint32_t seed_bits;
+  std::memcpy(&seed_bits, &seed, 4);
+  const uint64_t key = mix64(stream ^ mix64(seed_bits));
+  const double mean = n.f("mean", 0.f), scale = n.f("scale", 1.f);
+  float* y = out[0]->data<float>();
+  const int64_t count = out[0]->numel(), pairs = (count + 1) / 2;
+#pragma omp parallel for schedule(static) if (count > 65536)
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint64_t a = mix64(key ^ (uint64_t)(2 * p)), b = mix64(key ^ (uint64_t)(2 * p + 1));
+    const double u1 = (double)((a >> 11) + 1) * 0x1.0p-53, u2 = (double)(b >> 11) * 0x1.0p-53;  // (0, 1], [0, 1)
+    const double r = std::sqrt(-2 * std::log(u1)), t = 2 * M_PI * u2;
+    y[2 * p] = (float)(mean + scale * r * std::cos(t));
+    if (2 * p + 1 < count) y[2 * p + 1] = (float)(mean + scale * r * std::sin(t));
+  }
+}
+}  // namespace
 
 // PlaneGather(x, map; lead): out[p, i] = x[p, map[i]] over the planes p of x's last two dims,
 // made by fuse_plane_gathers (engine/passes/fuse.h) from chains of Slice and Concat on those
@@ -710,7 +751,10 @@ static void plane_gather_kernel(const Node&, const std::vector<const Tensor*>& i
 
 void register_data_ops() {
   register_op("PlaneGather", plane_gather_shape, plane_gather_kernel);
-  register_op("RandomNormalLike", randn_like_shape, randn_like_kernel);
+  register_op("RandomNormal", randn_shape, randn_kernel);
+  register_op("RandomNormalLike", randn_like_shape, randn_kernel);
+  register_random_op("RandomNormal");
+  register_random_op("RandomNormalLike");
   register_op("Slice", slice_shape, slice_kernel);
   register_op("Gather", gather_shape, gather_kernel);
   register_op("GatherND", gathernd_shape, gathernd_kernel);
