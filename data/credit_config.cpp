@@ -776,6 +776,7 @@ struct Reader {
           b.manual[it->first.as<std::string>()] =
               ranged<double>(it->second, k + "variable_weights." + it->first.as<std::string>(), 1.0, 0, 1e30);
       b.normalize = get<bool>(a["normalize_weights"], k + "normalize_weights", true);
+      c->include_computed = get<bool>(a["include_computed_diagnostics"], k + "include_computed_diagnostics", true);
       b.use_latitude_weights = get<bool>(a["use_latitude_weights"], k + "use_latitude_weights", false);
       if (a["latitude_weights"])
         c->warnings.push_back(where(k + "latitude_weights") +
@@ -797,6 +798,9 @@ struct Reader {
       fail(where(k + "base_loss_overrides"), ": with training_loss ring-crps the per-variable overrides are not "
            "implemented (wxe scores every variable with ring-crps)");
     ensemble_rules(b.training.name, k + "training_loss");
+    if (c->include_computed && !c->computed.empty() && kCrpsLosses.count(b.training.name))
+      fail(where(k + "include_computed_diagnostics"), ": scoring ", c->computed.front().block, "'s variable with ",
+           b.training.name, " is not implemented (set include_computed_diagnostics: false)");
   }
 
   void loss(const YAML::Node& l) {

@@ -168,33 +168,33 @@ void Era5Data::bind_computed() {
 }
 
 Tensor Era5Data::compute_diagnostics(const Tensor& y, int64_t t, const Tensor* g, Tensor* gy) const {
-  WXE_CHECK(y.dtype == DType::F32 && y.rank() >= 2 && y.dim(0) == 1 && y.dim(1) == (int64_t)out_.size(),
-            "computed diagnostics: y is ", shape_str(y.shape), ", expected (1, ", out_.size(), ", ...)");
   WXE_ASSERT(h_);
-  const int64_t n = h_ * w_;
-  WXE_CHECK(y.numel() == y.dim(1) * n, "computed diagnostics: y is ", shape_str(y.shape), ", not one step on the ",
-            h_, "x", w_, " grid");
+  const int64_t n = h_ * w_, C = (int64_t)out_.size(), C2 = (int64_t)computed_.size();
+  WXE_CHECK(y.dtype == DType::F32 && y.rank() >= 2 && y.dim(1) == C && y.numel() == y.dim(0) * C * n,
+            "computed diagnostics: y is ", shape_str(y.shape), ", expected (batch, ", C, ", 1, ", h_, ", ", w_, ")");
   Shape shape = y.shape;
-  shape[1] = (int64_t)computed_.size();
+  shape[1] = C2;
   Tensor out(DType::F32, shape);
-  const float* p = y.data<float>();
   std::vector<float> zs((size_t)n);
   int64_t at = 0;  // the block's first output channel
   for (const Computed& c : comp_) {
     read_var(in_[c.zs], t, zs.data());
     const int64_t L = (int64_t)c.levels.a.size() - 1;
     const bool flip = cfg_.computed[computed_[at].computed].flip;
-    float* phi = out.data<float>() + at * n;
-    for (int64_t i = 0; i < n; ++i) {
-      if (!g) {
-        geopotential_column(c.levels, flip, zs[i], p[c.sp * n + i], p + c.t * n + i, p + c.q * n + i, n, phi + i);
-        continue;
+    for (int64_t b = 0; b < y.dim(0); ++b) {  // each sample (or ensemble member) of the batch
+      const float* p = y.data<float>() + b * C * n;
+      float* phi = out.data<float>() + (b * C2 + at) * n;
+      for (int64_t i = 0; i < n; ++i) {
+        if (!g) {
+          geopotential_column(c.levels, flip, zs[i], p[c.sp * n + i], p + c.t * n + i, p + c.q * n + i, n, phi + i);
+          continue;
+        }
+        float* d = gy->data<float>() + b * C * n;
+        double gsp = 0;
+        geopotential_column(c.levels, flip, zs[i], p[c.sp * n + i], p + c.t * n + i, p + c.q * n + i, n, phi + i,
+                            g->data<float>() + (b * C2 + at) * n + i, d + c.t * n + i, d + c.q * n + i, &gsp);
+        d[c.sp * n + i] += (float)gsp;
       }
-      float* d = gy->data<float>();
-      double gsp = 0;
-      geopotential_column(c.levels, flip, zs[i], p[c.sp * n + i], p + c.t * n + i, p + c.q * n + i, n, phi + i,
-                          g->data<float>() + at * n + i, d + c.t * n + i, d + c.q * n + i, &gsp);
-      d[c.sp * n + i] += (float)gsp;
     }
     at += L;
   }

@@ -81,9 +81,9 @@ class Era5Data {
   // The variables the prediction's postblocks compute (geopotential_diagnostic), one channel per
   // level, in the blocks' order; their levels are their temperature's source's.
   const std::vector<ChannelInfo>& computed_channels() const { return computed_; }
-  // y (1, C_out, 1, H, W) in physical units -> the computed channels (1, C_computed, 1, H, W).
+  // y (B, C_out, 1, H, W) in physical units -> the computed channels (B, C_computed, 1, H, W).
   // The surface geopotential is the static input's raw value at time t (CREDIT's ic_raw).
-  // With g (d loss / d computed) and gy, also accumulates d loss / d y into gy (y's shape).
+  // With g (d loss / d computed) and gy, also accumulates d loss / d y into *gy (y's shape).
   Tensor compute_diagnostics(const Tensor& y, int64_t t, const Tensor* g = nullptr, Tensor* gy = nullptr) const;
   // A prediction's prognostic channels as the next step's input takes them: y itself where the
   // target (postblock) and input statistics agree and no transform applies, else through the

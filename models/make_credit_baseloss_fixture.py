@@ -58,7 +58,30 @@ LOSS = {
 }
 
 
+GEO = "ERA5/computed_diagnostic/3d/geopotential"
+
+
+def geo_block(key):
+    """CREDIT's geopotential_diagnostic over the sample's variables: LSM standing in for the surface
+    geopotential, U (after its exp) for specific humidity, the lowest two of ERA5's 137 levels."""
+    args = {"output_name": GEO, "surface_geopotential_var": "ERA5/static/2d/LSM", "surface_pressure_var": reg.SP,
+            "temperature_var": reg.T, "specific_humidity_var": reg.U, "levels": [136, 137]}
+    if key:
+        args["key"] = key
+    return {"type": "geopotential_diagnostic", "args": args}
+
+
 def main():
+    for name, geo in (("baseloss", False), ("baseloss_geo", True)):
+        make(name, geo)
+
+
+def make(name, geo):
+    """name.yml, name.json, name_grad.npy (and, for baseloss, the prediction and target). geo: with
+    a geopotential_diagnostic block on the prediction and on the target twin (include_computed_diagnostics
+    true, CREDIT's default), the prediction float64: in float32 the block's rounding, amplified
+    near the surface, moves this loss by percents; BaseLoss itself scores in float32 as always
+    (mse throughout: mae's sign would flip where float32 and float64 postblocks tie)."""
     import pandas as pd
     import torch
     from credit.datasets.gen_2.channel_utils import ChannelSchema
@@ -69,16 +92,24 @@ def main():
 
     conf = reg.transforms_config()
     conf["postblocks"]["per_step"]["reconstruct"] = {"type": "reconstruct", "args": {"detach": False}}
+    if geo:
+        conf["postblocks"]["per_step"]["geopotential"] = geo_block(None)
     conf["postblocks"]["per_step"].update(copy.deepcopy(TWIN))
+    if geo:
+        conf["postblocks"]["per_step"]["geopotential_target"] = geo_block("y_target_processed")
     conf["loss"] = copy.deepcopy(LOSS)
-    with open(os.path.join(OUT, "baseloss.yml"), "w") as fh:
-        fh.write("# transforms.yml with the target twin postblocks and CREDIT 2026's loss.type base.\n"
+    if geo:
+        conf["loss"]["args"]["variable_weights"][GEO] = 1.0e-3
+        del conf["loss"]["args"]["base_loss_overrides"]
+    with open(os.path.join(OUT, name + ".yml"), "w") as fh:
+        fh.write("# transforms.yml with the target twin postblocks and CREDIT 2026's loss.type base" +
+                 (" and geopotential_diagnostic blocks" if geo else "") + ".\n"
                  "# Written by models/make_credit_baseloss_fixture.py.\n")
         yaml.safe_dump(conf, fh, sort_keys=False)
     cwd = os.getcwd()
     os.chdir(OUT)
     try:
-        with open("baseloss.yml") as fh:
+        with open(name + ".yml") as fh:
             conf = yaml.safe_load(fh)
         with tempfile.TemporaryDirectory() as tmp:
             conf["save_loc"] = tmp
@@ -92,8 +123,9 @@ def main():
             pred = (y + 0.05 * torch.randn(y.shape, generator=gen)).float()
             out = {}
             for validation in (False, True):
-                p = pred.clone().requires_grad_(True)
-                full = {"x": res["x"], "y": y.clone(), "y_pred": p, "metadata": res["metadata"]}
+                p = (pred.double() if geo else pred.clone()).requires_grad_(True)
+                full = {"x": res["x"], "y": y.double() if geo else y.clone(), "y_pred": p, "metadata": res["metadata"],
+                        "ic_raw": batch["input"]}
                 full = apply_postblocks(build_postblocks(conf, phase="per_step"), full)
                 crit = BaseLoss(channel_schema=ChannelSchema.load_or_from_config(conf), validation=validation,
                                 **conf["loss"]["args"])
@@ -102,16 +134,17 @@ def main():
                 tag = "validation" if validation else "training"
                 out[tag] = {"value": float(loss), "var_losses": crit.last_var_losses}
                 if not validation:
-                    reg.save_npy("baseloss_grad.npy", p.grad.numpy().astype(np.float32))
-                    out[tag]["grad"] = "baseloss_grad.npy"
+                    reg.save_npy(name + "_grad.npy", p.grad.numpy().astype(np.float32))
+                    out[tag]["grad"] = name + "_grad.npy"
                     out["weights"] = {k: float(v) for k, v in crit._combination_weights.items()}
-            reg.save_npy("baseloss_pred.npy", pred.numpy().astype(np.float32))
-            reg.save_npy("baseloss_target.npy", y.numpy().astype(np.float32))
+            if not geo:
+                reg.save_npy("baseloss_pred.npy", pred.numpy().astype(np.float32))
+                reg.save_npy("baseloss_target.npy", y.numpy().astype(np.float32))
     finally:
         os.chdir(cwd)
-    out.update({"config": "baseloss.yml", "pred": "baseloss_pred.npy", "target": "baseloss_target.npy",
+    out.update({"config": name + ".yml", "pred": "baseloss_pred.npy", "target": "baseloss_target.npy",
                 "time": reg.SAMPLE_TIME, "credit_version": reg.credit_version()})
-    with open(os.path.join(OUT, "baseloss.json"), "w") as fh:
+    with open(os.path.join(OUT, name + ".json"), "w") as fh:
         json.dump(out, fh, indent=1, sort_keys=True)
         fh.write("\n")
     print(json.dumps(out, indent=1))

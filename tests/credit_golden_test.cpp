@@ -240,3 +240,59 @@ TEST(CreditGolden, BaseLossMatchesCredit) {
   std::remove(bad.c_str());
   EXPECT_TRUE(e.find("the target twin's postblocks") != std::string::npos) << e;
 }
+
+// BaseLoss with a computed diagnostic (models/make_credit_baseloss_fixture.py, baseloss_geo): a
+// geopotential_diagnostic block on the prediction and on the target twin, its variable scored as
+// one more (include_computed_diagnostics, CREDIT's default: it counts in the weights' mean, its
+// weight the manual one as the scaler has no variance of it), the gradient back through the block
+// and the postblocks. CREDIT ran the blocks on a float64 prediction (BaseLoss scores in float32).
+TEST(CreditGolden, BaseLossScoresTheComputedGeopotentialAsCredit) {
+  const Json ref = read_json("baseloss_geo.json");
+  const std::string cfg = kReg + "baseloss_geo.yml";
+  FinetuneConfig fc;
+  finetune_from_config(cfg, fc, [](const std::string&) { return false; }, false);
+  ASSERT_TRUE((bool)fc.to_physical);
+  ASSERT_TRUE((bool)fc.computed_loss);
+  const Tensor pred = read_npy(kReg + "baseloss_pred.npy"), target = read_npy(kReg + "baseloss_target.npy");
+  LossWeights w;
+  w.lat_weights = latitude_weights(fc.lat);
+  w.channel_weights = fc.channel_weights;
+  Tensor p = pred.clone(), t = target.clone(), d, g;
+  fc.to_physical(p, &d);
+  fc.to_physical(t, nullptr);
+  const double targets = weighted_loss(p, t, w, fc.loss, &g, 1.0, fc.channel_losses);
+  const double computed = fc.computed_loss(p, t, &g, 1.0);
+  const double want = num(*ref.get("training")->get("value"));
+  EXPECT_GT(computed, 0.5 * want);  // the geopotential's share is most of it here: the test sees it
+  EXPECT_NEAR(targets + computed, want, 1e-5 * want);
+  for (int64_t i = 0; i < g.numel(); ++i) g.data<float>()[i] *= d.data<float>()[i];
+  const Tensor rg = read_npy(kReg + "baseloss_geo_grad.npy");
+  ASSERT_EQ(rg.shape, g.shape);
+  const int64_t C = g.shape[1], hw = g.numel() / C;
+  for (int64_t ch = 0; ch < C; ++ch) {
+    double dd = 0, rr = 0;
+    for (int64_t i = 0; i < hw; ++i) {
+      const double a = g.data<float>()[ch * hw + i], b = rg.data<float>()[ch * hw + i];
+      dd += (a - b) * (a - b);
+      rr += b * b;
+    }
+    // tp (channel 5): where prediction and target are 40 float32 ulps apart, CREDIT's float64
+    // postblocks and wxe's float32 ones round their difference apart by a few of them
+    EXPECT_LE(std::sqrt(dd / rr), ch == 5 ? 5e-3 : 1e-4) << "channel " << ch;
+  }
+  // include_computed_diagnostics false: the targets alone, weighed among themselves
+  std::string text = slurp(cfg);
+  const size_t at = text.find("  type: base\n  args:\n");
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at + 21, "    include_computed_diagnostics: false\n");
+  const std::string manual = "      ERA5/computed_diagnostic/3d/geopotential: 0.001\n";
+  const size_t mw = text.find(manual);
+  ASSERT_NE(mw, std::string::npos);
+  text.erase(mw, manual.size());  // its manual weight: no such variable now
+  const std::string off = kReg + "baseloss_geo_off_tmp.yml";
+  spit(off, text);
+  FinetuneConfig fo;
+  finetune_from_config(off, fo, [](const std::string&) { return false; }, false);
+  std::remove(off.c_str());
+  EXPECT_FALSE((bool)fo.computed_loss);
+}

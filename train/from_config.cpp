@@ -23,7 +23,7 @@ namespace {
 // per variable (all its levels) the RMSE and bias (mean of prediction - truth) in physical
 // units, as CREDIT's valid_loss, valid_rmse/<var_key>, valid_bias/<var_key> columns.
 void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneConfig& fc, int L,
-                const LossSpec& vspec) {
+                const LossSpec& vspec, const std::function<double(const Tensor&, const Tensor&, Tensor*, double)>& vcomputed) {
   // an ensemble validates its members (the input repeated, as in training): a CRPS loss over them,
   // another loss of each member against the target; RMSE and bias of the ensemble mean
   WXE_CHECK(vspec.name != "ring-crps", c.file, ": validation with ring-crps is not implemented (CREDIT's own check "
@@ -65,8 +65,8 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   }
   const size_t nv = keys.size();
   fc.validate_every = fc.steps / std::max<int64_t>(1, c.epochs);
-  fc.validate = [vs, data, w, n, L, nv, var_of, vloss, per_channel, physical, crps, vcrps,
-                 E](const std::function<Tensor(const Tensor&)>& predict) {
+  fc.validate = [vs, data, w, n, L, nv, var_of, vloss, per_channel, physical, crps, vcrps, E,
+                 vcomputed](const std::function<Tensor(const Tensor&)>& predict) {
     double loss = 0;
     std::vector<double> sq(nv), sum(nv), cnt(nv);
     for (int64_t i = 0; i < n; ++i) {
@@ -88,6 +88,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
             data->denormalise_target(tp);
           }
           loss += weighted_loss(physical ? pp : y, physical ? tp : tm, w, vloss, nullptr, 1.0, per_channel);
+          if (vcomputed) loss += vcomputed(pp, tp, nullptr, 1.0);
         }
         Tensor p = E > 1 ? ensemble_mean(y, E) : y.clone(), t = s.targets[k].clone();
         data->denormalise_target(p);
@@ -154,19 +155,24 @@ LossFunction credit_validation_loss(const CreditConfig& c) {
 
 // CREDIT's BaseLoss: each target variable's mean loss in physical units, combined with weights w_v
 // (manual / variance, normalised to mean 1): channel c of variable v weighs
-// w_v * C / (V * levels_v) in the mean over all elements.
+// w_v * C / (V * levels_v) in the mean over all C elements' channels. The variables the postblocks
+// compute (include_computed_diagnostics) count among the V; their channels' weights follow the
+// targets' (C then their own channel count).
 std::vector<double> base_loss_channel_weights(const CreditConfig& c, const Era5Data& data, const std::string& config,
                                               bool lead) {
   const BaseLossSpec& b = c.base_loss;
   const std::vector<ChannelInfo>& tc = data.target_channels();
+  std::vector<const std::vector<ChannelInfo>*> groups = {&tc};
+  if (c.include_computed && !data.computed_channels().empty()) groups.push_back(&data.computed_channels());
   std::map<std::string, double> variances;
   if (b.weighting == "inverse_variance") variances = scaler_target_variances(b.scaler_path);
   std::vector<std::string> keys;
   std::map<std::string, int> levels;
-  for (const ChannelInfo& ch : tc) {
-    const std::string key = var_key(c, ch);
-    if (!levels[key]++) keys.push_back(key);
-  }
+  for (const auto* g : groups)
+    for (const ChannelInfo& ch : *g) {
+      const std::string key = var_key(c, ch);
+      if (!levels[key]++) keys.push_back(key);
+    }
   for (const auto& kv : b.manual)
     WXE_CHECK(levels.count(kv.first), config, ": loss.args.variable_weights.", kv.first,
               ": no such target variable (keys as ", keys.front(), ")");
@@ -192,11 +198,40 @@ std::vector<double> base_loss_channel_weights(const CreditConfig& c, const Era5D
   if (b.normalize && sum > 0)
     for (auto& kv : wv) kv.second /= sum / (double)keys.size();
   std::vector<double> out;
-  for (const ChannelInfo& ch : tc) {
-    const std::string key = var_key(c, ch);
-    out.push_back(wv[key] * (double)tc.size() / ((double)keys.size() * levels[key]));
-  }
+  for (const auto* g : groups)
+    for (const ChannelInfo& ch : *g) {
+      const std::string key = var_key(c, ch);
+      out.push_back(wv[key] * (double)g->size() / ((double)keys.size() * levels[key]));
+    }
   return out;
+}
+
+// BaseLoss's share of the computed diagnostics: each scored as a target variable is (`loss`, or
+// its base_loss_overrides entry), from the computed prediction against the same block on the
+// target twin, with `weights` (base_loss_channel_weights' tail); its gradient goes back through
+// the block into the physical prediction. The surface geopotential: the static at the data's start.
+std::function<double(const Tensor&, const Tensor&, Tensor*, double)> computed_loss(
+    const CreditConfig& c, std::shared_ptr<const Era5Data> data, std::vector<double> weights, const LossSpec& loss) {
+  std::vector<LossFunction> per;
+  for (const ChannelInfo& ch : data->computed_channels()) {
+    auto o = c.base_loss.overrides.find(var_key(c, ch));
+    const LossSpec& l = o != c.base_loss.overrides.end() ? o->second : loss;
+    per.push_back(loss_function(l.name, l.delta));
+  }
+  LossWeights w;
+  if (c.use_latitude_weights) w.lat_weights = latitude_weights(data->lat());
+  w.channel_weights = std::move(weights);
+  const int64_t t0 = c.start;
+  return [data, w, per, t0](const Tensor& p, const Tensor& t, Tensor* g, double scale) {
+    const Tensor cp = data->compute_diagnostics(p, t0);
+    // an ensemble's members each against the target (as the targets' loss)
+    const Tensor tt = p.dim(0) != t.dim(0) ? repeat_members(t, p.dim(0) / t.dim(0)) : t;
+    const Tensor ct = data->compute_diagnostics(tt, t0);
+    Tensor gc;
+    const double l = weighted_loss(cp, ct, w, per[0], g ? &gc : nullptr, scale, per);
+    if (g) data->compute_diagnostics(p, t0, &gc, g);
+    return l;
+  };
 }
 
 void finetune_from_config(const std::string& config, FinetuneConfig& fc,
@@ -288,6 +323,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     fc.weights = (fs::path(latest) / "model.safetensors").string();
   }
   const LossSpec vspec = credit_validation_spec(c);
+  std::function<double(const Tensor&, const Tensor&, Tensor*, double)> valid_computed;  // BaseLoss: computed diagnostics
   fc.ensemble_size = c.ensemble_size;
   fc.use_crps = !given("--loss") && is_crps_loss(c.training_loss.name);  // a BaseLoss's is its training_loss
   if (fc.use_crps) fc.crps = crps_loss(c.training_loss.name, c.training_loss.biased, c.training_loss.alpha);
@@ -298,6 +334,12 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     fc.plain_mse = false;
     fc.lat = c.use_latitude_weights ? data->lat() : std::vector<double>(data->lat().size(), 0.0);
     fc.channel_weights = base_loss_channel_weights(c, *data, config, lead);
+    if (fc.channel_weights.size() > tc.size()) {  // the computed diagnostics' weights follow the targets'
+      const std::vector<double> tail(fc.channel_weights.begin() + (int64_t)tc.size(), fc.channel_weights.end());
+      fc.channel_weights.resize(tc.size());
+      fc.computed_loss = computed_loss(c, data, tail, b.training);
+      if (c.valid_start && c.valid_end) valid_computed = computed_loss(c, data, tail, credit_validation_spec(c));
+    }
     fc.channel_losses.clear();
     for (const ChannelInfo& ch : tc) {
       auto o = b.overrides.find(var_key(c, ch));
@@ -332,7 +374,8 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
                   ": no such target variable in the data (prognostic and diagnostic variables are weighted)");
     }
   }
-  if (c.valid_start && c.valid_end) validation(c, data, fc, c.valid_forecast_len > 0 ? c.valid_forecast_len : L, vspec);
+  if (c.valid_start && c.valid_end)
+    validation(c, data, fc, c.valid_forecast_len > 0 ? c.valid_forecast_len : L, vspec, valid_computed);
   if (lead) {
     fs::create_directories(fc.save);
     write_file_atomic((fs::path(fc.save) / "channel_schema.yaml").string(), data->channel_schema_yaml());

@@ -352,6 +352,7 @@ StepLog Trainer::step() {
         cfg_.to_physical(p, &dp);
         cfg_.to_physical(s.targets[k], nullptr);
         loss_sum += score(p, s.targets[k], &g, 1.0 / cfg_.accum);
+        if (cfg_.computed_loss) loss_sum += cfg_.computed_loss(p, s.targets[k], &g, 1.0 / cfg_.accum);
         float* go = gout[0].data<float>();
         const float *a = g.data<float>(), *b = dp.data<float>();
         for (int64_t i = 0; i < g.numel(); ++i) go[i] = a[i] * b[i];

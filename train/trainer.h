@@ -76,6 +76,10 @@ struct FinetuneConfig {
   // through it (normalised -> physical in place; with the second argument also d physical /
   // d normalised per element) before the loss, and the gradient comes back through it.
   std::function<void(Tensor&, Tensor*)> to_physical;
+  // With to_physical, BaseLoss's computed diagnostics (postblocks geopotential_diagnostic): their
+  // share of the loss from the physical prediction p and target t; with g, adds its gradient by p
+  // (scaled by `scale`) into *g. Unset: none.
+  std::function<double(const Tensor& p, const Tensor& t, Tensor* g, double scale)> computed_loss;
   bool ema = false;
   // "blocks": each attention and feed-forward block's inner activations are recomputed in the
   // backward instead of kept (engine/passes/passes.h checkpoint_segments; on the CPU and devices);
