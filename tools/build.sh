@@ -14,6 +14,8 @@ packages=(build-essential cmake libprotobuf-dev protobuf-compiler libonnx-dev li
           libcli11-dev libgtest-dev zlib1g-dev libopenmpi-dev openmpi-bin
           libplplot-dev plplot-driver-cairo libnetcdf-dev libyaml-cpp-dev
           libblosc-dev libzstd-dev)
+# a full build's tests also compile the CPU kernels for aarch64 (tests/portable_simd_test.sh)
+[ ${#target[@]} -eq 0 ] && [ "$(uname -m)" = x86_64 ] && packages+=(g++-aarch64-linux-gnu)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

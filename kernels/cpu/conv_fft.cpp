@@ -11,7 +11,7 @@
 // spectra), and the scale 1 / (4 F^2) is applied once, on the way out.
 #include "kernels/cpu/conv_fft.h"
 
-#include <immintrin.h>
+#include "kernels/cpu/simd.h"
 #include <omp.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Conv with few output channels and a wide kernel: see conv_small_oc.h.
 #include "kernels/cpu/conv_small_oc.h"
 
-#include <immintrin.h>
+#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 

@@ -4,7 +4,6 @@
 //                 ((0, 2, 3, 1): NCHW -> NHWC, ...): transpose_planes
 //   Add, Sub, Mul, Div  float32 of one shape (or a one-element second operand), in parallel
 // and transpose_planes itself (transpose.h).
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>

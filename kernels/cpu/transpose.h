@@ -1,7 +1,7 @@
 // Fast 2-D transposes of float32 planes and strided float32 copies (fast.cpp), shared by the
 // Transpose fast kernel, the oneDNN convolution and einsum paths and the Slice backward.
 #pragma once
-#include <immintrin.h>
+#include "kernels/cpu/simd.h"
 
 #include <cstdint>
 #include <vector>
