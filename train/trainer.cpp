@@ -73,6 +73,10 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   members_ = ring ? 1 : cfg.ensemble_size;
   Shape in_shape = first.input.shape;
   in_shape[0] *= members_;
+  const Shape& declared = graph_.values[graph_.inputs[0]].shape;
+  WXE_CHECK(members_ == 1 || declared.empty() || declared[0] < 0 || declared[0] == in_shape[0], cfg.model,
+            ": input '", input_name_, "' has a fixed batch of ", declared[0], "; ensemble_size ", members_,
+            " runs the members as rows of the batch (", in_shape[0], "): export the model with a dynamic batch axis");
   LoadOptions lo;
   lo.weights = cfg.weights;
   lo.training = true;
