@@ -296,7 +296,8 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   if (mesh && mesh->world > 1)
     note("wxe: mesh dp %d x tp %d x domain %d: %d micro-batches per step per data-parallel group; optimizer "
          "state %.1f MiB per rank\n",
-         mesh->dp, mesh->tp, mesh->domain, cfg.accum / mesh->dp, t.optimizer_bytes() / 1048576.0);
+         mesh->dp, mesh->tp, mesh->domain, cfg.ensemble_size > 1 ? cfg.accum : cfg.accum / mesh->dp,  // an ensemble's: each
+         t.optimizer_bytes() / 1048576.0);
   note("wxe: training %lld parameters (%zu tensors); %zu nodes; accum %d, forecast_len %d\n",
        (long long)t.trainable_count(), t.executor().trainable().size(), t.graph().nodes.size(), cfg.accum,
        cfg.forecast_len);

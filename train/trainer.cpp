@@ -43,7 +43,10 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     domain_rank_ = mesh_->domain_rank;
   }
   WXE_CHECK(cfg.accum >= 1, "--accum must be at least 1");
-  WXE_CHECK(cfg.accum % dp_ == 0, "--accum ", cfg.accum, " micro-batches cannot be divided over ", dp_,
+  // an ensemble's dp ranks read the same samples (CREDIT's ensemble mode): `accum` counts each
+  // rank's micro-batches, dp times as many in all
+  if (cfg.ensemble_size > 1) cfg_.accum = cfg.accum * dp_;
+  WXE_CHECK(cfg_.accum % dp_ == 0, "--accum ", cfg_.accum, " micro-batches cannot be divided over ", dp_,
             " data-parallel groups; make it a multiple of ", dp_);
   WXE_CHECK(cfg.forecast_len >= 1, "--forecast-len must be at least 1");
   WXE_CHECK(data_ && data_->size() > 0, "no training samples");

@@ -65,7 +65,8 @@ struct FinetuneConfig {
   // input repeated ensemble_size times over the batch (repeat_interleave), the members differing
   // only by the model's random nodes, scored by `crps` (train/ensemble_loss.h) where use_crps, else
   // each member by `loss` against the target. ring-crps instead: one member per dp rank
-  // (ensemble_size = dp), the input not repeated. Either way every dp rank reads the same samples.
+  // (ensemble_size = dp), the input not repeated. Either way every dp rank reads the same samples,
+  // `accum` of them per step (each rank's micro-batches, not all dp groups' together).
   // Random nodes draw from streams keyed by (seed, step, micro-batch, node), so a resumed run
   // draws what the uninterrupted one did.
   int ensemble_size = 1;
