@@ -24,6 +24,7 @@ constexpr int64_t kMaxTimestep = 366 * 86400;
 // CREDIT's elementwise registry losses wxe computes (train/loss.h LossKind)
 const std::set<std::string> kElementwiseLosses = {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"};
 const std::set<std::string> kCrpsLosses = {"KCRPS", "almost-fair-crps", "ring-crps"};
+const std::set<std::string> kTensorLosses = {"spectral", "power", "covmse"};
 }
 
 int64_t parse_datetime(const std::string& s, const std::string& what) {
@@ -689,9 +690,12 @@ struct Reader {
   LossSpec loss_spec(const YAML::Node& l, const std::string& which) {
     LossSpec ls;
     ls.name = get<std::string>(l[which], "loss." + which, "mse");
-    if (!kElementwiseLosses.count(ls.name) && !kCrpsLosses.count(ls.name))
-      fail(where("loss." + which), ": '", ls.name, "' is not implemented (mse, mae, msle, huber, logcosh, xtanh, xsigmoid, "
-           "KCRPS, almost-fair-crps, ring-crps; spectral, power and covmse are not)");
+    if (!kElementwiseLosses.count(ls.name) && !kCrpsLosses.count(ls.name) && !kTensorLosses.count(ls.name))
+      fail(where("loss." + which), ": '", ls.name, "' is not one of CREDIT's losses (mse, mae, msle, huber, logcosh, "
+           "xtanh, xsigmoid, KCRPS, almost-fair-crps, ring-crps, spectral, power, covmse)");
+    if (ls.name == "power")  // _instantiate_loss passes reduction, which PSDLoss does not take
+      fail(where("loss." + which), ": 'power': CREDIT 2026.2 cannot build it here (PSDLoss takes no reduction: a "
+           "TypeError); use loss.type: power, or use_power_loss: true for the term");
     loss_parameters(ls, l[which + "_parameters"], "loss." + which + "_parameters");
     return ls;
   }
@@ -700,13 +704,21 @@ struct Reader {
   // and no_autocast are CREDIT's own business)
   void loss_parameters(LossSpec& ls, const YAML::Node& p, const std::string& key) {
     if (!is_map(p, key)) return;
-    known(p, key + ".", {"reduction", "delta", "biased", "alpha", "no_autocast"});
+    known(p, key + ".", {"reduction", "delta", "biased", "alpha", "no_autocast", "wavenum_init", "batch_normalize",
+                         "off_diagonal_scale"});
     auto only = [&](const char* param, const char* loss) {
       if (p[param] && ls.name != loss) fail(where(key + "." + param), ": only ", loss, " takes ", param);
     };
     only("delta", "huber");
     only("biased", "KCRPS");
     only("alpha", "almost-fair-crps");
+    if (p["wavenum_init"] && ls.name != "spectral" && ls.name != "power")
+      fail(where(key + ".wavenum_init"), ": only spectral and power take wavenum_init");
+    only("batch_normalize", "covmse");
+    only("off_diagonal_scale", "covmse");
+    ls.wavenum_init = ranged<int64_t>(p["wavenum_init"], key + ".wavenum_init", 20, 0, 1 << 30);
+    ls.batch_normalize = get<bool>(p["batch_normalize"], key + ".batch_normalize", false);
+    ls.off_diagonal_scale = ranged<double>(p["off_diagonal_scale"], key + ".off_diagonal_scale", 1.0, -1e30, 1e30);
     ls.delta = ranged<double>(p["delta"], key + ".delta", 1.0, 1e-30, 1e30);
     ls.biased = get<bool>(p["biased"], key + ".biased", false);
     ls.alpha = ranged<double>(p["alpha"], key + ".alpha", 1.0, -1e30, 1e30);
@@ -811,10 +823,21 @@ struct Reader {
                        "args"});
     if (l["type"]) {
       const std::string type = get<std::string>(l["type"], "loss.type", "");
-      if (type != "base")
-        fail(where("loss.type"), ": '", printable(type), "' is not implemented (base, or the flat keys "
-             "loss.training_loss, use_latitude_weights, use_variable_weights)");
-      base_loss(l);
+      if (type == "base") {
+        base_loss(l);
+        return;
+      }
+      // another registry loss by type: that loss alone, args its constructor's (no weights, no
+      // terms: CREDIT's load_loss builds cls(**args) and nothing else), validated with it too
+      if (!kElementwiseLosses.count(type) && !kTensorLosses.count(type))
+        fail(where("loss.type"), ": '", printable(type), "' is not implemented (base, a registry loss: mse, mae, msle, "
+             "huber, logcosh, xtanh, xsigmoid, spectral, power, covmse; or the flat keys loss.training_loss, "
+             "use_latitude_weights, use_variable_weights)");
+      known(l, "loss.", {"type", "args"});
+      c->training_loss.name = type;
+      loss_parameters(c->training_loss, l["args"], "loss.args");
+      c->validation_loss = c->training_loss;
+      c->has_validation_loss = true;
       return;
     }
     if (!c->twin_chain.empty() || !c->twin_block.empty())
@@ -823,10 +846,6 @@ struct Reader {
     c->training_loss = loss_spec(l, "training_loss");
     c->has_validation_loss = (bool)l["validation_loss"];
     if (c->has_validation_loss) c->validation_loss = loss_spec(l, "validation_loss");
-    if (get<bool>(l["use_power_loss"], "loss.use_power_loss", false))
-      fail(where("loss.use_power_loss"), ": the power-spectrum loss term is not implemented (set it false)");
-    if (get<bool>(l["use_spectral_loss"], "loss.use_spectral_loss", false))
-      fail(where("loss.use_spectral_loss"), ": the spectral loss term is not implemented (set it false)");
     c->use_latitude_weights = get<bool>(l["use_latitude_weights"], "loss.use_latitude_weights", false);
     if (l["latitude_weights"])
       c->warnings.push_back(where("loss.latitude_weights") +
@@ -848,6 +867,30 @@ struct Reader {
         c->variable_weights[name] = w;
       }
     ensemble_rules(c->training_loss.name, "loss.training_loss");
+    // the whole-tensor losses return one number: VariableTotalLoss2D (the weights) indexes an
+    // elementwise loss by channel (CREDIT fails so)
+    for (const char* which : {"training_loss", "validation_loss"}) {
+      const LossSpec& ls = std::string(which) == "training_loss" ? c->training_loss : c->validation_loss;
+      if ((std::string(which) == "training_loss" || c->has_validation_loss) && kTensorLosses.count(ls.name) &&
+          (c->use_latitude_weights || c->use_variable_weights))
+        fail(where(std::string("loss.") + which), ": '", ls.name, "' returns one number and CREDIT's weighted loss "
+             "(use_latitude_weights / use_variable_weights) needs an elementwise one; set both false");
+    }
+    // VariableTotalLoss2D's terms: only with the weights (else CREDIT builds a plain loss without them)
+    const bool spectral = get<bool>(l["use_spectral_loss"], "loss.use_spectral_loss", false);
+    const bool power = get<bool>(l["use_power_loss"], "loss.use_power_loss", false);
+    if ((spectral || power) && !c->use_latitude_weights && !c->use_variable_weights) {
+      c->warnings.push_back(where(spectral ? "loss.use_spectral_loss" : "loss.use_power_loss") +
+                            ": ignored, as CREDIT does without use_latitude_weights or use_variable_weights (the "
+                            "terms belong to its weighted loss)");
+    } else if (spectral || power) {
+      for (const char* k : {"spectral_lambda_reg", "spectral_wavenum_init"})
+        if (!l[k]) fail(where(std::string("loss.") + k), ": missing (use_spectral_loss / use_power_loss read it)");
+      c->spectral_term = spectral;
+      c->power_term = power;
+      c->spectral_lambda = ranged<double>(l["spectral_lambda_reg"], "loss.spectral_lambda_reg", 0.1, -1e30, 1e30);
+      c->spectral_wavenum = ranged<int64_t>(l["spectral_wavenum_init"], "loss.spectral_wavenum_init", 20, 0, 1 << 30);
+    }
   }
 };
 

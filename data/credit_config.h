@@ -52,12 +52,18 @@ struct GeopotentialSpec {
 };
 
 // A loss of CREDIT's registry (credit/losses): mse, mae, msle, huber, logcosh, xtanh, xsigmoid,
-// and the ensemble CRPS losses KCRPS, almost-fair-crps, ring-crps (train/ensemble_loss.h).
+// the ensemble CRPS losses KCRPS, almost-fair-crps, ring-crps (train/ensemble_loss.h), and the
+// whole-tensor spectral, power, covmse (train/spectral_loss.h).
 struct LossSpec {
   std::string name = "mse";
   double delta = 1.0;   // huber's
   bool biased = false;  // KCRPS's
   double alpha = 1.0;   // almost-fair-crps's
+  // the whole-tensor losses (train/spectral_loss.h): spectral's and power's wavenum_init;
+  // covmse's batch_normalize and off_diagonal_scale
+  int64_t wavenum_init = 20;
+  bool batch_normalize = false;
+  double off_diagonal_scale = 1.0;
 };
 
 // CREDIT 2026's loss.type base (credit/losses/base.py BaseLoss): each target variable scored in
@@ -136,6 +142,11 @@ struct CreditConfig {
   LossSpec training_loss, validation_loss;
   bool has_validation_loss = false;  // loss.validation_loss given (else CREDIT's default: see train/loss.h)
   bool use_latitude_weights = false, use_variable_weights = false;
+  // VariableTotalLoss2D's use_spectral_loss / use_power_loss terms (training only), each times
+  // spectral_lambda_reg, over wavenumbers from spectral_wavenum_init
+  bool spectral_term = false, power_term = false;
+  double spectral_lambda = 0;
+  int64_t spectral_wavenum = 20;
   std::map<std::string, std::vector<double>> variable_weights;  // by variable name: one value, or one per level
   // preblocks before the scaler, postblocks after the inverse scaler, in the config's order
   std::vector<PointTransform> pre_transforms, post_transforms;

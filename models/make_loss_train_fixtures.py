@@ -10,7 +10,12 @@ What it makes (tests/data/train/losses/, ~2 KB of .npy + a ~20 KB JSON):
     runs.json             the settings, and per loss: the registry class, the micro-batch
                           losses, CREDIT's dynamic max_norm and the clip factor applied
 
-for <loss> in mse, mae, msle, huber, logcosh, xtanh, xsigmoid (CREDIT's registry names).
+for <loss> in mse, mae, msle, huber, logcosh, xtanh, xsigmoid (CREDIT's registry names), and
+the whole-tensor runs (TENSOR_RUNS): mse_terms (VariableTotalLoss2D with use_spectral_loss and
+use_power_loss, spectral_lambda_reg 0.1, spectral_wavenum_init 5), spectral (wavenum_init 5),
+power (loss.type power: CREDIT cannot build it by training_loss), covmse (off_diagonal_scale
+0.5), the last three unweighted (the plain criterion load_loss builds without weights);
+mse_terms and power in float64 (FLOAT64_RUNS says why).
 
 Everything except the loss and the clipping is models/make_train_fixtures.py's 20-step
 run (imported, not copied: load_model, loss_weights, lr_at, the optimizer settings,
@@ -82,6 +87,20 @@ import make_train_fixtures as mtf  # noqa: E402  (load_model, loss_weights, lr_a
 MODEL = "crossformer_tiny"
 STEPS = 5
 LOSSES = ("mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid")
+# the whole-tensor losses and VariableTotalLoss2D's terms: name -> the loss section's changes
+# (weighted: VariableTotalLoss2D as above; else the plain criterion load_loss builds without weights)
+TENSOR_RUNS = {
+    "mse_terms": ({"training_loss": "mse", "use_spectral_loss": True, "use_power_loss": True,
+                   "spectral_lambda_reg": 0.1, "spectral_wavenum_init": 5}, True),
+    "spectral": ({"training_loss": "spectral", "training_loss_parameters": {"wavenum_init": 5}}, False),
+    "power": ({"type": "power", "args": {"wavenum_init": 5}}, False),
+    "covmse": ({"training_loss": "covmse", "training_loss_parameters": {"off_diagonal_scale": 0.5}}, False),
+}
+# Runs with the model in float64 (the criterion as CREDIT runs it, float32): the power loss's
+# gradient, through the model's float32 backward, moves CREDIT's own gradient norm by 1.2e-4 of
+# the float64 model's at the first step (93.93526 vs 93.92413), and Adam carries that on; wxe's
+# float32 backward gives 93.92409.
+FLOAT64_RUNS = ("mse_terms", "power")
 SERIES = os.path.join(REPO, "tests", "data", "train", "series")
 OUT = os.path.join(REPO, "tests", "data", "train", "losses")
 
@@ -133,8 +152,15 @@ def load_criterion(loss, lat_file, wvar):
     from credit.losses import load_loss
     from credit.losses.gen_1.weighted_loss import VariableTotalLoss2D
 
-    crit = load_loss(credit_conf(loss, lat_file, wvar))  # as credit/applications/train_gen2.py
-    assert isinstance(crit, VariableTotalLoss2D), type(crit)
+    conf = credit_conf(loss, lat_file, wvar)
+    weighted = True
+    if loss in TENSOR_RUNS:
+        changes, weighted = TENSOR_RUNS[loss]
+        if not weighted:
+            conf["loss"] = {"use_latitude_weights": False, "use_variable_weights": False}
+        conf["loss"].update(changes)
+    crit = load_loss(conf)  # as credit/applications/train_gen2.py
+    assert isinstance(crit, VariableTotalLoss2D) == weighted, type(crit)
     return crit
 
 
@@ -172,9 +198,13 @@ def run(loss, xs, ys, wvar, lat_file, log):
 
     crit = load_criterion(loss, lat_file, wvar)
     wlat, _ = mtf.loss_weights(ys[0].shape[-2])
-    assert torch.equal(crit.lat_weights.view(-1), wlat), "CREDIT latitude weights differ"
+    if getattr(crit, "lat_weights", None) is not None:
+        assert torch.equal(crit.lat_weights.view(-1), wlat), "CREDIT latitude weights differ"
 
     model = mtf.load_model(MODEL)
+    if loss in FLOAT64_RUNS:
+        model = model.double()
+        xs = [x.double() for x in xs]
     opt = torch.optim.AdamW(model.parameters(), lr=mtf.LR, betas=mtf.BETAS, eps=mtf.EPS,
                             weight_decay=mtf.WEIGHT_DECAY, foreach=False)
     r = {"losses": [], "microloss": [], "lr": [], "gradnorm": [], "global_norm": [], "clip_factor": []}
@@ -184,8 +214,10 @@ def run(loss, xs, ys, wvar, lat_file, log):
             i = (mtf.ACCUM * s + j) % mtf.N_SAMPLES
             y_pred = model(xs[i])
             y = ys[i]
+            if loss in FLOAT64_RUNS:  # the criterion in float32 as CREDIT runs it (its FFTs are float32 anyway)
+                y_pred = y_pred.float()
             loss_t = crit(y.float().to(y_pred.dtype), y_pred).mean()  # trainer_gen2.py ~l. 448
-            if s == 0 and j == 0:
+            if s == 0 and j == 0 and loss in LOSSES:
                 ref = reference_loss(loss, y, y_pred.detach(), wlat, wvar)
                 assert abs(loss_t.item() - ref) <= 2e-6 * abs(ref), (loss, loss_t.item(), ref)
             (loss_t / mtf.ACCUM).backward()
@@ -279,14 +311,14 @@ def generate(out, threads, log):
     with tempfile.TemporaryDirectory() as tmp:
         lat_file = os.path.join(tmp, "lat.nc")
         write_lat_file(lat_file, ys[0].shape[-2], ys[0].shape[-1])
-        for loss in LOSSES:
+        for loss in LOSSES + tuple(TENSOR_RUNS):
             r = run(loss, xs, ys, wvar, lat_file, log)
             np.save(os.path.join(out, f"{loss}_losses.npy"), np.array(r["losses"], dtype=np.float64))
             np.save(os.path.join(out, f"{loss}_gradnorm.npy"), np.array(r["gradnorm"], dtype=np.float64))
-            cls, formula = CLASSES[loss]
+            cls, formula = CLASSES[loss] if loss in CLASSES else (None, None)
             meta["runs"].append({
                 "loss": loss, "registry_class": cls, "constructor": {"reduction": "none"},
-                "elementwise": formula,
+                "elementwise": formula, "loss_section": TENSOR_RUNS.get(loss, (None,))[0],
                 "losses_file": f"{loss}_losses.npy", "gradnorm_file": f"{loss}_gradnorm.npy",
                 "final_loss": r["losses"][-1], "microloss": r["microloss"],
                 "global_norm": r["global_norm"], "clip_factor": r["clip_factor"],

@@ -252,7 +252,7 @@ TEST(CreditGolden, BaseLossScoresTheComputedGeopotentialAsCredit) {
   FinetuneConfig fc;
   finetune_from_config(cfg, fc, [](const std::string&) { return false; }, false);
   ASSERT_TRUE((bool)fc.to_physical);
-  ASSERT_TRUE((bool)fc.computed_loss);
+  ASSERT_TRUE((bool)fc.extra_loss);
   const Tensor pred = read_npy(kReg + "baseloss_pred.npy"), target = read_npy(kReg + "baseloss_target.npy");
   LossWeights w;
   w.lat_weights = latitude_weights(fc.lat);
@@ -261,7 +261,7 @@ TEST(CreditGolden, BaseLossScoresTheComputedGeopotentialAsCredit) {
   fc.to_physical(p, &d);
   fc.to_physical(t, nullptr);
   const double targets = weighted_loss(p, t, w, fc.loss, &g, 1.0, fc.channel_losses);
-  const double computed = fc.computed_loss(p, t, &g, 1.0);
+  const double computed = fc.extra_loss(p, t, &g, 1.0);
   const double want = num(*ref.get("training")->get("value"));
   EXPECT_GT(computed, 0.5 * want);  // the geopotential's share is most of it here: the test sees it
   EXPECT_NEAR(targets + computed, want, 1e-5 * want);
@@ -294,5 +294,5 @@ TEST(CreditGolden, BaseLossScoresTheComputedGeopotentialAsCredit) {
   FinetuneConfig fo;
   finetune_from_config(off, fo, [](const std::string&) { return false; }, false);
   std::remove(off.c_str());
-  EXPECT_FALSE((bool)fo.computed_loss);
+  EXPECT_FALSE((bool)fo.extra_loss);
 }

@@ -119,19 +119,45 @@ TEST(CreditConfigRegistry, LossSection) {
   };
   const std::vector<Case> cases = {
       {"training_loss: \"mse\"", "training_loss: \"KCRPS\"", "loss.training_loss: 'KCRPS' is an ensemble CRPS loss"},
-      {"training_loss: \"mse\"", "training_loss: \"spectral\"", "loss.training_loss: 'spectral' is not implemented"},
-      {"training_loss: \"mse\"", "training_loss: \"mse\"\n  use_spectral_loss: true", "loss.use_spectral_loss"},
+      {"training_loss: \"mse\"", "training_loss: \"spectral\"",
+       "loss.training_loss: 'spectral' returns one number and CREDIT's weighted loss"},
+      {"training_loss: \"mse\"", "training_loss: \"power\"", "loss.training_loss: 'power': CREDIT 2026.2 cannot build it"},
+      {"training_loss: \"mse\"", "training_loss: \"mse\"\n  use_spectral_loss: true", "loss.spectral_lambda_reg: missing"},
+      {"training_loss: \"mse\"", "type: covmse\n  args: {wavenum_init: 3}", "only spectral and power take wavenum_init"},
       {"training_loss: \"mse\"", "training_loss: \"mse\"\n  training_loss_parameters: {delta: 2}",
-       "only huber takes a delta"},
+       "only huber takes delta"},
       {"training_loss: \"mse\"", "type: base", "loss.args: missing"},
       {"training_loss: \"mse\"", "type: gradient", "loss.type: 'gradient' is not implemented"},
       {"training_loss: \"mse\"", "type: base\n  args: {var_weighting: learnable}", "'learnable'"},
-      {"use_ema: false", "use_ema: false\n  ensemble_size: 2", "trainer.ensemble_size: 2 (ensemble training"},
   };
   for (const Case& k : cases) {
     const std::string e = error_of([&] { read_credit_config(era5_tiny_config("loss_bad", {{k.from, k.to}})); });
     EXPECT_TRUE(has(e, k.want)) << k.to << " -> " << e;
   }
+  // the whole-tensor losses (train/spectral_loss.h): unweighted, their parameters; the terms
+  c = read_credit_config(era5_tiny_config(
+      "loss_covmse", {{"training_loss: \"mse\"", "training_loss: covmse\n  training_loss_parameters: "
+                                                  "{batch_normalize: true, off_diagonal_scale: 0.5}"},
+                      {"use_latitude_weights: true", "use_latitude_weights: false"}}));
+  EXPECT_EQ(c.training_loss.name, "covmse");
+  EXPECT_TRUE(c.training_loss.batch_normalize);
+  EXPECT_EQ(c.training_loss.off_diagonal_scale, 0.5);
+  c = read_credit_config(era5_tiny_config("loss_power", {{"training_loss: \"mse\"", "type: power\n  args: {wavenum_init: 4}"},
+                                                         {"  use_latitude_weights: true\n  use_variable_weights: false\n", ""}}));
+  EXPECT_EQ(c.training_loss.name, "power");
+  EXPECT_EQ(c.training_loss.wavenum_init, 4);
+  EXPECT_EQ(c.validation_loss.name, "power");  // load_loss(validation=True) builds the same type
+  c = read_credit_config(era5_tiny_config("loss_terms", {{"training_loss: \"mse\"",
+      "training_loss: mse\n  use_spectral_loss: true\n  use_power_loss: true\n  spectral_lambda_reg: 0.1\n"
+      "  spectral_wavenum_init: 5"}}));
+  EXPECT_TRUE(c.spectral_term && c.power_term);
+  EXPECT_EQ(c.spectral_lambda, 0.1);
+  EXPECT_EQ(c.spectral_wavenum, 5);
+  c = read_credit_config(era5_tiny_config("loss_terms_off", {{"training_loss: \"mse\"", "training_loss: mse\n  use_spectral_loss: true"},
+                                                             {"use_latitude_weights: true", "use_latitude_weights: false"}}));
+  EXPECT_FALSE(c.spectral_term);  // CREDIT adds it only to its weighted loss: a warning says so
+  ASSERT_FALSE(c.warnings.empty());
+  EXPECT_TRUE(has(c.warnings.back(), "loss.use_spectral_loss: ignored")) << c.warnings.back();
 }
 
 // trainer.grad_max_norm: dynamic and each scheduler's section, with CREDIT's defaults.

@@ -20,6 +20,7 @@
 #include "tests/test_util.h"
 #include "tests/train_util.h"
 #include "train/finetune.h"
+#include "train/spectral_loss.h"
 #include "load/model.h"
 
 namespace fs = std::filesystem;
@@ -622,6 +623,59 @@ TEST(TrainParity, CreditLossesFiveStepsMatchCredit) {
       const double want = ref_loss.data<double>()[s];
       EXPECT_NEAR(log.loss, want, 1e-5 * std::fabs(want)) << "step " << s + 1;
       EXPECT_NEAR(log.grad_norm, ref_norm.data<double>()[s], 1e-4 * ref_norm.data<double>()[s]) << "step " << s + 1;
+    }
+  }
+}
+
+
+// The same 5-step runs under CREDIT's whole-tensor losses (models/make_loss_train_fixtures.py's
+// TENSOR_RUNS): VariableTotalLoss2D's mse plus its spectral and power terms (lambda 0.1,
+// wavenumbers from 5, latitude-weighted), and, unweighted, spectral, power (loss.type) and covmse
+// (off_diagonal_scale 0.5) in place of the elementwise loss: the trainer's extra_loss and
+// whole_loss hooks, as from_config.cpp sets them.
+TEST(TrainParity, CreditWholeTensorLossesFiveStepsMatchCredit) {
+  const std::string dir = data_path("tests/data/train/");
+  for (const char* name : {"mse_terms", "spectral", "power", "covmse"}) {
+    SCOPED_TRACE(name);
+    FinetuneConfig c = crossformer_series_run(5);
+    c.grad_clip_dynamic = true;
+    TensorLoss f;
+    f.wavenum_init = 5;
+    if (std::string(name) == "mse_terms") {
+      const std::vector<double> lat = latitude_weights(regular_latitudes(32));
+      c.extra_loss = [lat](const Tensor& p, const Tensor& t, Tensor* g, double scale) {
+        TensorLoss s, pw;
+        s.wavenum_init = pw.wavenum_init = 5;
+        pw.kind = TensorLossKind::Power;
+        return 0.1 * tensor_loss(pw, p, t, lat, g, 0.1 * scale) + 0.1 * tensor_loss(s, p, t, lat, g, 0.1 * scale);
+      };
+    } else {
+      f.kind = std::string(name) == "spectral" ? TensorLossKind::Spectral
+               : std::string(name) == "power"  ? TensorLossKind::Power
+                                               : TensorLossKind::CovMSE;
+      f.off_diagonal_scale = 0.5;
+      c.whole_loss = [f](const Tensor& p, const Tensor& t, Tensor* g, double scale) {
+        Tensor tmp;
+        const double v = tensor_loss(f, p, t, {}, g ? &tmp : nullptr, scale);
+        if (g) *g = tmp;
+        return v;
+      };
+    }
+    Trainer t(c, open_npy_dir(c.data, 1));
+    const Tensor ref_loss = read_npy(dir + "losses/" + name + "_losses.npy");
+    const Tensor ref_norm = read_npy(dir + "losses/" + name + "_gradnorm.npy");
+    ASSERT_EQ(ref_loss.numel(), 5);
+    // With the power loss the run is chaotic: the reference's model ran in float64 (CREDIT's
+    // own float32 run's gradient norm is 1.2e-4 off at step 1), and from step 2 on any rounding
+    // grows (CREDIT's float32 and float64-model runs: losses 2e-4 apart at step 5, gradient norms
+    // 3 %): steps past the first are held to the losses' 1e-3
+    const bool chaotic = std::string(name) == "mse_terms" || std::string(name) == "power";
+    for (int s = 0; s < 5; ++s) {
+      StepLog log = t.step();
+      const double want = ref_loss.data<double>()[s];
+      EXPECT_NEAR(log.loss, want, (chaotic && s > 0 ? 1e-3 : 1e-5) * std::fabs(want)) << "step " << s + 1;
+      if (!chaotic || s == 0)
+        EXPECT_NEAR(log.grad_norm, ref_norm.data<double>()[s], 1e-4 * ref_norm.data<double>()[s]) << "step " << s + 1;
     }
   }
 }

@@ -9,6 +9,7 @@
 #include "engine/ir/error.h"
 #include "train/ensemble_loss.h"
 #include "train/loss.h"
+#include "train/spectral_loss.h"
 #include "data/era5.h"
 #include "load/model.h"
 
@@ -17,6 +18,16 @@ namespace fs = std::filesystem;
 namespace wxe {
 
 namespace {
+
+// A registry loss's whole-tensor form (train/spectral_loss.h).
+TensorLoss tensor_loss_of(const LossSpec& l) {
+  TensorLoss f;
+  f.kind = l.name == "spectral" ? TensorLossKind::Spectral : l.name == "power" ? TensorLossKind::Power : TensorLossKind::CovMSE;
+  f.wavenum_init = l.wavenum_init;
+  f.batch_normalize = l.batch_normalize;
+  f.off_diagonal_scale = l.off_diagonal_scale;
+  return f;
+}
 
 // Validation over valid_start_datetime..valid_end_datetime once per epoch: the rollout of
 // forecast_len steps from each sample (as in training, no gradients), the training loss, and
@@ -29,8 +40,10 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   WXE_CHECK(vspec.name != "ring-crps", c.file, ": validation with ring-crps is not implemented (CREDIT's own check "
             "says the same: validation keeps dp sharding); set loss.validation_loss (loss.args.validation_loss), e.g. mae");
   const bool crps = is_crps_loss(vspec.name);
+  const bool whole = is_tensor_loss(vspec.name);
+  const TensorLoss vwhole = whole ? tensor_loss_of(vspec) : TensorLoss{};
   const CrpsLoss vcrps = crps ? crps_loss(vspec.name, vspec.biased, vspec.alpha) : CrpsLoss{};
-  const LossFunction vloss = crps ? LossFunction{} : loss_function(vspec.name, vspec.delta);
+  const LossFunction vloss = crps || whole ? LossFunction{} : loss_function(vspec.name, vspec.delta);
   const int64_t E = fc.use_crps && fc.crps.kind == CrpsKind::Ring ? 1 : fc.ensemble_size;
   WXE_CHECK(E == 1 || L == 1, c.file, ": validation rollouts of ", L, " steps with trainer.ensemble_size ", E,
             " are not implemented (set validation_data.forecast_len 1)");
@@ -66,7 +79,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
   const size_t nv = keys.size();
   fc.validate_every = fc.steps / std::max<int64_t>(1, c.epochs);
   fc.validate = [vs, data, w, n, L, nv, var_of, vloss, per_channel, physical, crps, vcrps, E,
-                 vcomputed](const std::function<Tensor(const Tensor&)>& predict) {
+                 vcomputed, whole, vwhole](const std::function<Tensor(const Tensor&)>& predict) {
     double loss = 0;
     std::vector<double> sq(nv), sum(nv), cnt(nv);
     for (int64_t i = 0; i < n; ++i) {
@@ -80,6 +93,8 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
         y = predict(x);
         if (crps) {
           loss += ensemble_crps(y, s.targets[k], w, vcrps);
+        } else if (whole) {
+          loss += tensor_loss(vwhole, y, E > 1 ? repeat_members(s.targets[k], E) : s.targets[k], {});
         } else {
           const Tensor tm = E > 1 ? repeat_members(s.targets[k], E) : s.targets[k];
           Tensor pp = y.clone(), tp = tm.clone();
@@ -234,6 +249,19 @@ std::function<double(const Tensor&, const Tensor&, Tensor*, double)> computed_lo
   };
 }
 
+
+// A whole-tensor loss as the trainer's loss (train/trainer.h whole_loss): its gradient written
+// into *g (which may be the prediction itself: computed aside first).
+std::function<double(const Tensor&, const Tensor&, Tensor*, double)> whole_loss(const LossSpec& l) {
+  const TensorLoss f = tensor_loss_of(l);
+  return [f](const Tensor& p, const Tensor& t, Tensor* g, double scale) {
+    Tensor tmp;
+    const double v = tensor_loss(f, p, t, {}, g ? &tmp : nullptr, scale);
+    if (g) *g = tmp;
+    return v;
+  };
+}
+
 void finetune_from_config(const std::string& config, FinetuneConfig& fc,
                           const std::function<bool(const std::string&)>& given, bool lead) {
   CreditConfig c = read_credit_config(config);
@@ -337,7 +365,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
     if (fc.channel_weights.size() > tc.size()) {  // the computed diagnostics' weights follow the targets'
       const std::vector<double> tail(fc.channel_weights.begin() + (int64_t)tc.size(), fc.channel_weights.end());
       fc.channel_weights.resize(tc.size());
-      fc.computed_loss = computed_loss(c, data, tail, b.training);
+      fc.extra_loss = computed_loss(c, data, tail, b.training);
       if (c.valid_start && c.valid_end) valid_computed = computed_loss(c, data, tail, credit_validation_spec(c));
     }
     fc.channel_losses.clear();
@@ -346,6 +374,9 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
       fc.channel_losses.push_back(o != b.overrides.end() ? loss_function(o->second.name, o->second.delta) : fc.loss);
     }
     fc.to_physical = [data](Tensor& y, Tensor* d) { data->denormalise_target(y, d); };
+  } else if (!given("--loss") && is_tensor_loss(c.training_loss.name)) {  // unweighted (the config reader's rule)
+    fc.whole_loss = whole_loss(c.training_loss);
+    fc.plain_mse = true;
   } else if (!given("--loss")) {
     fc.loss = fc.use_crps ? LossFunction{} : loss_function(c.training_loss.name, c.training_loss.delta);
     fc.plain_mse = !c.use_latitude_weights && !c.use_variable_weights;
@@ -372,6 +403,22 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
       for (const auto& kv : c.variable_weights)
         WXE_CHECK(used.count(kv.first), config, ": loss.variable_weights.", kv.first,
                   ": no such target variable in the data (prognostic and diagnostic variables are weighted)");
+    }
+    if (c.spectral_term || c.power_term) {  // VariableTotalLoss2D's terms, latitude-weighted as its loss
+      const std::vector<double> lat = c.use_latitude_weights ? latitude_weights(data->lat()) : std::vector<double>{};
+      TensorLoss s, pw;
+      s.kind = TensorLossKind::Spectral;
+      pw.kind = TensorLossKind::Power;
+      s.wavenum_init = pw.wavenum_init = c.spectral_wavenum;
+      const double lambda = c.spectral_lambda;
+      const bool spectral = c.spectral_term, power = c.power_term;
+      fc.extra_loss = [=](const Tensor& p, const Tensor& t, Tensor* g, double scale) {
+        const Tensor tt = p.dim(0) != t.dim(0) ? repeat_members(t, p.dim(0) / t.dim(0)) : t;
+        double v = 0;
+        if (power) v += lambda * tensor_loss(pw, p, tt, lat, g, lambda * scale);
+        if (spectral) v += lambda * tensor_loss(s, p, tt, lat, g, lambda * scale);
+        return v;
+      };
     }
   }
   if (c.valid_start && c.valid_end)

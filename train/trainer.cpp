@@ -290,6 +290,7 @@ void Trainer::set_random_streams(const std::string& key) {
 }
 
 double Trainer::score(const Tensor& pred, const Tensor& target, Tensor* grad, double scale) {
+  if (cfg_.whole_loss) return cfg_.whole_loss(pred, members_ > 1 ? repeat_members(target, members_) : target, grad, scale);
   if (cfg_.use_crps && cfg_.crps.kind == CrpsKind::Ring)
     return ring_crps(pred, target, loss_w_, dp_ > 1 ? mesh_->dp_comm.get() : nullptr, grad, scale);
   if (cfg_.use_crps) return ensemble_crps(pred, target, loss_w_, cfg_.crps, grad, scale);
@@ -359,12 +360,19 @@ StepLog Trainer::step() {
         cfg_.to_physical(p, &dp);
         cfg_.to_physical(s.targets[k], nullptr);
         loss_sum += score(p, s.targets[k], &g, 1.0 / cfg_.accum);
-        if (cfg_.computed_loss) loss_sum += cfg_.computed_loss(p, s.targets[k], &g, 1.0 / cfg_.accum);
+        if (cfg_.extra_loss) loss_sum += cfg_.extra_loss(p, s.targets[k], &g, 1.0 / cfg_.accum);
         float* go = gout[0].data<float>();
         const float *a = g.data<float>(), *b = dp.data<float>();
         for (int64_t i = 0; i < g.numel(); ++i) go[i] = a[i] * b[i];
       } else {
+        Tensor gx;  // the extra terms' gradient, before score may write its own over the prediction
+        if (cfg_.extra_loss) loss_sum += cfg_.extra_loss(outs[0], s.targets[k], &gx, 1.0 / cfg_.accum);
         loss_sum += score(outs[0], s.targets[k], &gout[0], 1.0 / cfg_.accum);
+        if (gx.defined()) {
+          float* go = gout[0].data<float>();
+          const float* a = gx.data<float>();
+          for (int64_t i = 0; i < gx.numel(); ++i) go[i] += a[i];
+        }
       }
       // The backward needs none of the whole-grid tensors the loss read: the target goes, the
       // prediction stays only as the next rollout step's input, and the loss gradient is the

@@ -77,10 +77,14 @@ struct FinetuneConfig {
   // through it (normalised -> physical in place; with the second argument also d physical /
   // d normalised per element) before the loss, and the gradient comes back through it.
   std::function<void(Tensor&, Tensor*)> to_physical;
-  // With to_physical, BaseLoss's computed diagnostics (postblocks geopotential_diagnostic): their
-  // share of the loss from the physical prediction p and target t; with g, adds its gradient by p
-  // (scaled by `scale`) into *g. Unset: none.
-  std::function<double(const Tensor& p, const Tensor& t, Tensor* g, double scale)> computed_loss;
+  // Terms added to the loss of each step's prediction p against its target t (with to_physical,
+  // in physical units: BaseLoss's computed diagnostics, postblocks geopotential_diagnostic; else
+  // the model's values: VariableTotalLoss2D's spectral and power terms); with g, adds the term's
+  // gradient by p (scaled by `scale`) into *g. Unset: none.
+  std::function<double(const Tensor& p, const Tensor& t, Tensor* g, double scale)> extra_loss;
+  // Set: the loss over the whole prediction in place of the elementwise one (CREDIT's spectral,
+  // power, covmse: train/spectral_loss.h); with g, writes its gradient by p (scaled) into *g.
+  std::function<double(const Tensor& p, const Tensor& t, Tensor* g, double scale)> whole_loss;
   bool ema = false;
   // "blocks": each attention and feed-forward block's inner activations are recomputed in the
   // backward instead of kept (engine/passes/passes.h checkpoint_segments; on the CPU and devices);
