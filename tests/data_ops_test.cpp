@@ -166,6 +166,22 @@ TEST(DataOpsGatherND, TuplesAndSlicesAndBatchDims) {
   EXPECT_THROW(run_node(make_node("GatherND", 2), {&x, &too_long}), Error);
 }
 
+// ScatterND: data with the named slices replaced (rows, single elements, negative indices); a
+// mis-shaped updates tensor or a reduction other than none is an error.
+TEST(DataOpsScatterND, ReplacesTheNamedSlices) {
+  Tensor x = f32({3, 2}, {1, 2, 3, 4, 5, 6});
+  Tensor rows = i64s({2, 1}, {2, -3}), up = f32({2, 2}, {10, 11, 12, 13});
+  expect_close(run1(make_node("ScatterND", 3), {&x, &rows, &up}), f32({3, 2}, {12, 13, 3, 4, 10, 11}));
+  Tensor elems = i64s({2, 2}, {1, 0, 0, 1}), vals = f32({2}, {-1, -2});
+  expect_close(run1(make_node("ScatterND", 3), {&x, &elems, &vals}), f32({3, 2}, {1, -2, -1, 4, 5, 6}));
+  Tensor bad = f32({2, 3}, {0, 0, 0, 0, 0, 0});
+  EXPECT_THROW(run_node(make_node("ScatterND", 3), {&x, &rows, &bad}), Error);
+  EXPECT_THROW(run_node(make_node("ScatterND", 3, 1, {{"reduction", attr_s("add")}}), {&x, &rows, &up}), Error);
+  Tensor far = i64s({1, 1}, {3});
+  Tensor one = f32({1, 2}, {0, 0});
+  EXPECT_THROW(run_node(make_node("ScatterND", 3), {&x, &far, &one}), Error);
+}
+
 // ------------------------------------------------------------------ Transpose
 
 TEST(DataOpsTranspose, DefaultReversesAxes) {

@@ -247,6 +247,13 @@ GRAD_CASES("Gather") {
           grad_case("Gather scalar index axis -1", "Gather", {randn({2, 3, 4}, 142), ints({}, {-1})}, {{"axis", attr_i(-1)}}),
           grad_case("Gather int32 indices", "Gather", {randn({3, 4}, 143), ints32({3}, {1, 1, 2})}, {{"axis", attr_i(1)}})};
 }
+GRAD_CASES("ScatterND") {
+  // CREDIT's gen1 TracerFixer exports y[:, i] = where(y[:, i] < t, t, y[:, i]) as a ScatterND
+  return {grad_case("ScatterND channel slice", "ScatterND", {randn({2, 3, 4}, 160), ints({1, 2}, {0, 1}), randn({1, 4}, 161)}),
+          grad_case("ScatterND rows", "ScatterND", {randn({3, 4}, 162), ints({2, 1}, {2, -3}), randn({2, 4}, 163)}),
+          grad_case("ScatterND elements", "ScatterND", {randn({2, 3}, 164), ints({2, 2}, {1, 2, 0, 0}), randn({2}, 165)})};
+}
+
 GRAD_CASES("GatherND") {
   return {grad_case("GatherND pairs", "GatherND", {randn({2, 3, 4}, 150), ints({2, 2}, {0, 1, 1, -1})}),
           grad_case("GatherND repeated rows", "GatherND", {randn({2, 3, 4}, 151), ints({3, 1}, {1, 1, 0})}),

@@ -237,7 +237,7 @@ const std::map<std::string, Arity>& onnx_arities() {
       {"Not", {1, 1}}, {"Or", {2, 2}}, {"Pad", {2, 4}}, {"Pow", {2, 2}}, {"RandomNormal", {0, 0}}, {"RandomNormalLike", {1, 1}}, {"Range", {3, 3}},
       {"Reciprocal", {1, 1}}, {"ReduceL1", {1, 2}}, {"ReduceL2", {1, 2}}, {"ReduceLogSum", {1, 2}},
       {"ReduceLogSumExp", {1, 2}}, {"ReduceMax", {1, 2}}, {"ReduceMean", {1, 2}}, {"ReduceMin", {1, 2}},
-      {"ReduceProd", {1, 2}}, {"ReduceSum", {1, 2}}, {"ReduceSumSquare", {1, 2}}, {"Relu", {1, 1}}, {"Reshape", {2, 2}}, {"Resize", {1, 4}}, {"Shape", {1, 1}},
+      {"ReduceProd", {1, 2}}, {"ReduceSum", {1, 2}}, {"ReduceSumSquare", {1, 2}}, {"Relu", {1, 1}}, {"Reshape", {2, 2}}, {"Resize", {1, 4}}, {"ScatterND", {3, 3}}, {"Shape", {1, 1}},
       {"Sigmoid", {1, 1}}, {"Sin", {1, 1}}, {"Size", {1, 1}}, {"Slice", {3, 5}}, {"Softmax", {1, 1}},
       {"Softplus", {1, 1}}, {"Split", {1, 2, 1, INT_MAX}}, {"Sqrt", {1, 1}}, {"Squeeze", {1, 2}},
       {"Sub", {2, 2}}, {"Sum", {1, INT_MAX}}, {"Tanh", {1, 1}}, {"Tile", {2, 2}}, {"Transpose", {1, 1}},

@@ -105,6 +105,12 @@ void scatter_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout,
     scatter_bw_typed<int64_t>(n, in, out, gout, gin, data, injective, gconst);
 }
 
+// ScatterND: each output element copies a data element or an updates element (indices pass
+// through): the gradient goes back to whichever it copied.
+void scatternd_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
+  scatter_bw(n, in, out, gout, gin, {0, 2}, false);
+}
+
 void concat_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin) {
   std::vector<int> all;
   for (size_t i = 0; i < in.size(); ++i) all.push_back((int)i);

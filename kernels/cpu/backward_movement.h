@@ -69,6 +69,7 @@ void first_input_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& g
 }
 
 void concat_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin);
+void scatternd_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin);
 void pad_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin);
 void resize_bw(const Node& n, const Ins& in, const Ins& out, const Gouts& gout, const Gins& gin);
 

@@ -418,6 +418,7 @@ void register_pointwise_backward() {
   // the operands, not the output (which is only the broadcast shape); Where: the condition
   for (const char* op : {"Mul", "Div", "Pow", "Max", "Min", "Erf"}) register_backward_reads(op, {~0u, false});
   register_backward_reads("Where", {1u, false});
+  register_backward_reads("ScatterND", {2u, false});  // the indices
   // the output's gradient itself for Add's full-shape inputs and Sub's first (engine/ir/ops.h)
   register_gradient_passthrough("Add", 3u);
   register_gradient_passthrough("Sub", 1u);
@@ -448,6 +449,7 @@ void register_pointwise_backward() {
   register_backward("Split", checked<first_input_bw<true>>);
   register_backward("Gather", checked<first_input_bw<false>>);    // repeated indices
   register_backward("GatherND", checked<first_input_bw<false>>);
+  register_backward("ScatterND", checked<scatternd_bw>);
   register_backward("Expand", checked<first_input_bw<false>>);
   register_backward("Tile", checked<first_input_bw<false>>);
   register_backward("Pad", checked<pad_bw>);

@@ -1,4 +1,4 @@
-// Ops that move data by index arithmetic: Slice, Gather, GatherND, Transpose, Pad, DepthToSpace,
+// Ops that move data by index arithmetic: Slice, Gather, GatherND, ScatterND, Transpose, Pad, DepthToSpace,
 // Split, Tile, Flatten (ONNX opsets 13-20; Resize is resize.cpp). Reference kernels: plain loops, the
 // oracle for faster paths. All but Resize's linear/cubic modes are dtype-generic: elements
 // are copied as dtype_size(dtype) bytes.
@@ -278,6 +278,52 @@ void gathernd_kernel(const Node& n, const Ins& in, const Outs& out) {
   if (!chunk) return;
 #pragma omp parallel for schedule(static) if (B * M * S > kParallelMin)
   for (int64_t t = 0; t < B * M; ++t) std::memcpy(dst + t * chunk, src + off[t] * (int64_t)es, chunk);
+}
+
+// ScatterND (opset 11-18, reduction "none"): data, indices (int64, last dim k), updates of shape
+// indices.shape[:-1] + data.shape[k:]. Output: data with the slices indices name replaced by
+// updates, in order (a repeated index: the last wins; ONNX leaves it undefined).
+std::vector<TypeShape> scatternd_shape(const Node& n, const Values& in) {
+  const Value& x = req_v(n, in, 0);
+  const Value& idx = req_v(n, in, 1);
+  const Value& up = req_v(n, in, 2);
+  NCHECK(idx.dtype == DType::I64 || idx.dtype == DType::I32, "indices must be int32 or int64, got ",
+         dtype_name(idx.dtype));
+  NCHECK(up.dtype == x.dtype, "updates are ", dtype_name(up.dtype), ", data ", dtype_name(x.dtype));
+  const std::string red = n.s("reduction", "none");
+  NCHECK(red == "none", "reduction '", red, "' is not implemented (none)");
+  const int64_t r = (int64_t)x.shape.size(), q = (int64_t)idx.shape.size();
+  NCHECK(q >= 1 && idx.shape[q - 1] >= 1 && idx.shape[q - 1] <= r, "index tuples of length ",
+         q ? idx.shape[q - 1] : 0, " for data of rank ", r);
+  Shape want(idx.shape.begin(), idx.shape.end() - 1);
+  want.insert(want.end(), x.shape.begin() + idx.shape[q - 1], x.shape.end());
+  NCHECK(up.shape == want, "updates ", shape_str(up.shape), ", expected ", shape_str(want), " for data ",
+         shape_str(x.shape), " and indices ", shape_str(idx.shape));
+  return {{x.dtype, x.shape}};
+}
+
+void scatternd_kernel(const Node& n, const Ins& in, const Outs& out) {
+  const Tensor& x = *in[0];
+  const Tensor& up = *in[2];
+  const std::vector<int64_t> idx = in[1]->to_i64();
+  const int64_t k = in[1]->shape.back(), M = k ? (int64_t)idx.size() / k : 0;
+  const int64_t S = numel(Shape(x.shape.begin() + k, x.shape.end()));
+  const auto st = strides_of(x.shape);
+  const size_t es = dtype_size(x.dtype), chunk = (size_t)S * es;
+  uint8_t* dst = (uint8_t*)out[0]->raw();
+  if (dst != x.raw()) std::memcpy(dst, x.raw(), (size_t)x.numel() * es);
+  const uint8_t* src = (const uint8_t*)up.raw();
+  for (int64_t t = 0; t < M; ++t) {
+    int64_t o = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t dim = x.shape[j];
+      int64_t v = idx[t * k + j];
+      NCHECK(v >= -dim && v < dim, "index ", v, " out of range for axis ", j, " of size ", dim);
+      if (v < 0) v += dim;
+      o += v * st[j];
+    }
+    if (chunk) std::memcpy(dst + o * (int64_t)es, src + t * (int64_t)chunk, chunk);
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -758,6 +804,7 @@ void register_data_ops() {
   register_op("Slice", slice_shape, slice_kernel);
   register_op("Gather", gather_shape, gather_kernel);
   register_op("GatherND", gathernd_shape, gathernd_kernel);
+  register_op("ScatterND", scatternd_shape, scatternd_kernel);
   register_op("Transpose", transpose_shape, transpose_kernel);
   register_op("Pad", pad_shape, pad_kernel);
   register_op("DepthToSpace", d2s_shape, d2s_kernel);
