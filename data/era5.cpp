@@ -61,6 +61,7 @@ std::string strftime_utc(const std::string& tmpl, int64_t t) {
 
 Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
   WXE_CHECK(!cfg_.sources.empty(), cfg_.file, ": no data source");
+  for (SourceConfig& sc : cfg_.sources) levels_from_files(sc);
   auto add = [&](std::vector<ChannelInfo>& v, int s, const char* type) {
     const VarGroup& g = group(s, type);
     auto channel = [&](const std::string& var, bool is3d, int level) {
@@ -199,6 +200,36 @@ Tensor Era5Data::compute_diagnostics(const Tensor& y, int64_t t, const Tensor* g
     at += L;
   }
   return out;
+}
+
+void Era5Data::levels_from_files(SourceConfig& sc) const {
+  bool any3d = false;
+  for (const VarGroup* g : {&sc.prognostic, &sc.diagnostic, &sc.dynamic_forcing, &sc.statics}) any3d |= !g->vars_3D.empty();
+  if (!any3d || !sc.levels.empty()) return;
+  // CREDIT (LocalDataset._find_grid): the first file, sorted, of the first field type with a path
+  // (its strftime codes as '*'), its level coordinate's values
+  const std::string where = cfg_.file + ": data.source." + sc.name + ".levels";
+  for (const VarGroup* g : {&sc.prognostic, &sc.dynamic_forcing, &sc.diagnostic, &sc.statics}) {
+    if (g->path.empty()) continue;
+    std::string pat = g->path;
+    for (size_t i = pat.find('%'); i != std::string::npos && i + 1 < pat.size(); i = pat.find('%', i + 1)) pat.replace(i, 2, "*");
+    const fs::path dir = fs::path(pat).parent_path();
+    std::vector<std::string> hits;
+    if (fs::is_directory(dir.empty() ? "." : dir))
+      for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir))
+        if (glob_match(fs::path(pat).filename().string(), e.path().filename().string())) hits.push_back(e.path().string());
+    if (hits.empty()) continue;
+    std::sort(hits.begin(), hits.end());
+    std::unique_ptr<DataFile> f = open_data_file(hits[0]);
+    if (!f->has(sc.level_coord))
+      fail(where, ": missing, and ", hits[0], " (whose levels CREDIT would take) has no coordinate '", sc.level_coord, "'");
+    sc.levels = f->read(sc.level_coord);
+    for (double l : sc.levels)
+      if (!std::isfinite(l)) fail(hits[0], ": '", sc.level_coord, "' holds ", l, " (a missing level value)");
+    if (sc.levels.empty()) fail(hits[0], ": '", sc.level_coord, "' is empty");
+    return;
+  }
+  fail(where, ": missing, and no file matches the source's paths to take them from (CREDIT takes the first file's)");
 }
 
 void Era5Data::learn_grid(int64_t h, int64_t w, std::vector<double> lat, std::vector<double> lon,
@@ -528,14 +559,7 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   }
   const size_t ilat = lonlat ? d.size() - 1 : d.size() - 2, ilon = lonlat ? d.size() - 2 : d.size() - 1;
   const int64_t h = s[ilat], w = s[ilon];
-  if (!h_) {  // the grid, from the first file read
-    std::vector<double> lat = f.read(d[ilat]), lon = f.read(d[ilon]);
-    for (double v : lat)
-      if (!(v >= -90 && v <= 90)) fail(f.path(), ": latitude ", v, " in '", d[ilat], "' is not in [-90, 90]");
-    for (double v : lon)
-      if (!std::isfinite(v)) fail(f.path(), ": longitude ", v, " in '", d[ilon], "' is missing");
-    learn_grid(h, w, std::move(lat), std::move(lon), f.path());
-  }
+  if (!grid_checked_.count(f.path())) check_coordinates(f, c.var, d[ilat], d[ilon], h, w);
   if (h != h_ || w != w_)
     fail(f.path(), ": variable '", c.var, "' is ", h, "x", w, ", the grid is ", h_, "x", w_);
   if (!meta_.count(c.var)) meta_[c.var] = {f.attr(c.var, "units"), f.attr(c.var, "long_name")};
@@ -571,6 +595,44 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   }
   for (int64_t i = 0; i < h; ++i)
     for (int64_t j = 0; j < w; ++j) out[i * w + j] = v[(size_t)(j * h + i)];
+}
+
+// Each file's coordinates against its data and against the grid: as long as the variable's
+// rows and columns (a longer or shorter coordinate is another grid), latitudes in [-90, 90] and
+// strictly monotonic, longitudes finite; and the same latitudes as the file the grid came from
+// (in the same order: rows of files whose latitudes run the other way must not be combined).
+void Era5Data::check_coordinates(const DataFile& f, const std::string& var, const std::string& lat_name,
+                                 const std::string& lon_name, int64_t h, int64_t w) const {
+  if (h_ && (!f.has(lat_name) || !f.has(lon_name))) {  // dimensions without coordinates: nothing to compare
+    grid_checked_.insert(f.path());
+    return;
+  }
+  std::vector<double> lat = f.read(lat_name), lon = f.read(lon_name);
+  if (h < 1 || w < 1) fail(f.path(), ": variable '", var, "' is ", h, "x", w, ": an empty grid");
+  if ((int64_t)lat.size() != h || (int64_t)lon.size() != w)
+    fail(f.path(), ": coordinates '", lat_name, "' (", lat.size(), ") and '", lon_name, "' (", lon.size(),
+         ") do not fit variable '", var, "' (", h, "x", w, ")");
+  for (double v : lat)
+    if (!(v >= -90 && v <= 90)) fail(f.path(), ": latitude ", v, " in '", lat_name, "' is not in [-90, 90]");
+  for (double v : lon)
+    if (!std::isfinite(v)) fail(f.path(), ": longitude ", v, " in '", lon_name, "' is missing");
+  for (size_t i = 1; i < lat.size(); ++i)
+    if (!((lat[i] - lat[i - 1]) * (lat.back() - lat.front()) > 0))
+      fail(f.path(), ": latitudes in '", lat_name, "' are not strictly monotonic (rows ", i - 1, " and ", i, ": ",
+           lat[i - 1], ", ", lat[i], ")");
+  if (!h_) {
+    learn_grid(h, w, lat, lon, f.path());
+    grid_file_ = f.path();
+  } else if ((int64_t)lat.size() == h_) {
+    // against another data file: the same latitudes; against a tisr grid: the same direction
+    const bool flipped = (lat.back() - lat.front()) * (lat_.back() - lat_.front()) < 0;
+    for (size_t i = 0; i < lat.size(); ++i)
+      if (grid_file_.empty() ? flipped : std::fabs(lat[i] - lat_[i]) > 1e-3)
+        fail(f.path(), ": latitudes run ", lat.front(), " to ", lat.back(), ", those of ",
+             grid_file_.empty() ? cfg_.file + "'s tisr grid" : grid_file_, " ", lat_.front(), " to ", lat_.back(),
+             " (row ", i, ": ", lat[i], " vs ", lat_[i], "): flip or regrid one file so both hold the same latitudes in the same order");
+  }
+  grid_checked_.insert(f.path());
 }
 
 void Era5Data::check_finite(const ChannelInfo& c, const std::vector<const PointTransform*>& ts, int64_t t,

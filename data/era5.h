@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -114,6 +115,8 @@ class Era5Data {
   void load_scaler();
   void bind_transforms();
   void learn_grid(int64_t h, int64_t w, std::vector<double> lat, std::vector<double> lon, const std::string& from) const;
+  void check_coordinates(const DataFile& f, const std::string& var, const std::string& lat_name,
+                         const std::string& lon_name, int64_t h, int64_t w) const;
   // tisr sources (computed solar radiation): their grid and options, by source index
   struct Tisr {
     TisrGrid grid;
@@ -128,12 +131,16 @@ class Era5Data {
   std::vector<Computed> comp_;
   std::vector<ChannelInfo> computed_;
   void bind_computed();
+  // a local source without levels: its files' (CREDIT's rule), into sc.levels
+  void levels_from_files(SourceConfig& sc) const;
   CreditConfig cfg_;
   std::vector<ChannelInfo> in_, out_;
   int n_prog_ = 0;
   std::vector<int64_t> feedback_;
   mutable int64_t h_ = 0, w_ = 0;
   mutable std::vector<double> lat_, lon_;
+  mutable std::string grid_file_;             // the data file the grid came from ("": a tisr grid)
+  mutable std::set<std::string> grid_checked_;  // files whose coordinates check_coordinates read
   mutable std::string level_units_;
   mutable std::map<std::string, std::pair<std::string, std::string>> meta_;  // var -> units, long_name
   mutable std::map<std::string, std::unique_ptr<DataFile>> files_;

@@ -7,6 +7,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -69,9 +70,19 @@ bool plain_name(const std::string& v) {
          v[0] != '.';
 }
 
-// Decompresses a chunk file's bytes into exactly `out.size()` bytes.
-void decode_chunk(const std::string& comp, const std::string& src, std::string& out, const std::string& file) {
-  const size_t want = out.size();
+// `n` bytes for `what`, or an Error naming it (a bare std::bad_alloc names nothing).
+void allocate(std::string& out, size_t n, const std::string& what) {
+  try {
+    out.assign(n, '\0');
+  } catch (const std::bad_alloc&) {
+    fail(what, ": cannot allocate ", n, " bytes (out of memory)");
+  }
+}
+
+// Decompresses a chunk file's bytes into exactly `want` bytes. What the chunk can hold is
+// checked before the `want` bytes are allocated: a 16-byte file declaring 3 GiB is refused, not
+// allocated.
+void decode_chunk(const std::string& comp, const std::string& src, size_t want, std::string& out, const std::string& file) {
   if (comp.empty()) {
     if (src.size() != want) fail(file, ": chunk is ", src.size(), " bytes, expected ", want, " (uncompressed)");
     out = src;
@@ -82,33 +93,71 @@ void decode_chunk(const std::string& comp, const std::string& src, std::string& 
     if (src.size() < BLOSC_MIN_HEADER_LENGTH || blosc_cbuffer_validate(src.data(), src.size(), &nbytes) != 0)
       fail(file, ": not a valid blosc chunk (", src.size(), " bytes)");
     if (nbytes != want) fail(file, ": blosc chunk holds ", nbytes, " bytes, expected ", want);
+    allocate(out, want, file);
     const int r = want ? blosc_decompress_ctx(src.data(), &out[0], want, 1) : 0;
     if (r < 0 || (size_t)r != want) fail(file, ": corrupt blosc chunk");
     return;
   }
   if (comp == "zstd") {
+    // the frame's declared size, or (not declared) the most its blocks can hold: an RLE block of
+    // 4 bytes makes at most 128 KiB
+    const unsigned long long declared = ZSTD_getFrameContentSize(src.data(), src.size());
+    if (declared == ZSTD_CONTENTSIZE_ERROR) fail(file, ": corrupt zstd chunk (no zstd frame)");
+    if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != want)
+      fail(file, ": zstd chunk holds ", declared, " bytes, expected ", want);
+    if (declared == ZSTD_CONTENTSIZE_UNKNOWN && want / 32768 > src.size())
+      fail(file, ": a zstd chunk of ", src.size(), " bytes cannot hold the ", want, " bytes expected");
+    allocate(out, want, file);
     const size_t r = ZSTD_decompress(&out[0], want, src.data(), src.size());
     if (ZSTD_isError(r)) fail(file, ": corrupt zstd chunk (", ZSTD_getErrorName(r), ")");
     if (r != want) fail(file, ": zstd chunk holds ", r, " bytes, expected ", want);
     return;
   }
-  // zlib (numcodecs Zlib: a zlib stream) or gzip (numcodecs GZip)
+  // zlib (numcodecs Zlib: a zlib stream) or gzip (numcodecs GZip: one or more gzip members, as
+  // Python's gzip.decompress reads them). Deflate expands at most 1032:1.
   if (src.size() > std::numeric_limits<uInt>::max() || want > std::numeric_limits<uInt>::max())
     fail(file, ": chunk too large for zlib");
+  if (want / 1032 > src.size()) fail(file, ": a ", comp, " chunk of ", src.size(), " bytes cannot hold the ", want, " bytes expected");
+  allocate(out, want, file);
   z_stream z{};
   if (inflateInit2(&z, comp == "gzip" ? 15 + 16 : 15) != Z_OK) fail(file, ": zlib cannot start");
   z.next_in = (Bytef*)src.data();
   z.avail_in = (uInt)src.size();
   z.next_out = (Bytef*)&out[0];
   z.avail_out = (uInt)want;
-  const int r = inflate(&z, Z_FINISH);
-  const size_t got = z.total_out;
+  int r = inflate(&z, Z_FINISH);
+  while (comp == "gzip" && r == Z_STREAM_END && z.avail_in != 0 && inflateReset(&z) == Z_OK)
+    r = inflate(&z, Z_FINISH);  // the next gzip member
+  const size_t got = want - z.avail_out;
   const bool rest = z.avail_in != 0;
   inflateEnd(&z);
   if (r == Z_BUF_ERROR && got == want) fail(file, ": ", comp, " chunk holds more than the ", want, " bytes expected");
   if (r != Z_STREAM_END) fail(file, ": corrupt or truncated ", comp, " chunk");
   if (got != want) fail(file, ": ", comp, " chunk holds ", got, " bytes, expected ", want);
   if (rest) fail(file, ": trailing bytes after the ", comp, " stream");
+}
+
+// An integer fill_value; an unsigned one may reach 2^64 - 1 (numpy's uint64 maximum), past int64.
+double integer_fill(const std::string& text, bool is_unsigned, const std::string& what) {
+  if (is_unsigned && !text.empty() && std::isdigit((unsigned char)text[0])) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+    if (end == text.c_str() + text.size() && errno != ERANGE) return (double)v;
+  }
+  return (double)parse_int64(text, what);
+}
+
+// An Error unless `path` (which need not exist) resolves, symlinks followed, to a path inside
+// the store's folder `root` (itself resolved): a chunk or an array folder linked elsewhere is
+// not read.
+void check_inside(const std::string& root, const std::string& path) {
+  std::error_code ec;
+  const fs::path real = fs::weakly_canonical(path, ec);
+  if (ec) fail(path, ": cannot resolve (", ec.message(), ")");
+  const fs::path rel = real.lexically_relative(root);
+  if (rel.empty() || *rel.begin() == "..")
+    fail(path, ": resolves to ", real.string(), ", outside the zarr store ", root, " (a symlink out of the store)");
 }
 
 // Element i of a decoded chunk as double.
@@ -151,9 +200,13 @@ ZarrStore::ZarrStore(const std::string& dir) : dir_(dir) {
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   std::error_code ec;
   WXE_CHECK(fs::is_directory(dir_, ec), dir_, ": no such zarr store (a directory)");
+  root_ = fs::canonical(dir_, ec).string();
+  WXE_CHECK(!ec, dir_, ": cannot resolve the zarr store (", ec.message(), ")");
   if (!fs::exists(dir_ + "/.zgroup") && fs::exists(dir_ + "/zarr.json"))
     fail(dir_, "/zarr.json: zarr format 3 is not supported (wxe reads zarr v2 stores)");
   const std::string zg = dir_ + "/.zgroup";
+  check_inside(root_, zg);
+  check_inside(root_, dir_ + "/.zattrs");
   Json g = read_meta(zg, "zarr .zgroup");
   const Json* f = g.get("zarr_format");
   if (!f || f->type != Json::Num || f->s != "2") fail(zg, ": zarr_format ", f ? f->s : "missing", " is not supported (zarr v2)");
@@ -174,6 +227,7 @@ const ZarrStore::Array& ZarrStore::array(const std::string& var) const {
   a->name = var;
   a->dir = dir_ + "/" + var;
   const std::string za = a->dir + "/.zarray";
+  check_inside(root_, za);  // the array's folder (or its .zarray) may not be a link out of the store
   Json j = read_meta(za, "zarr .zarray");
   auto key = [&](const char* k) -> const Json& {
     const Json* v = j.get(k);
@@ -187,6 +241,10 @@ const ZarrStore::Array& ZarrStore::array(const std::string& var) const {
       shape.items.size() > 32)
     fail(za, ": shape and chunks must be lists of the same length");
   for (const Json& d : shape.items) a->shape.push_back(dim_value(d, za, "shape", 0));
+  int64_t values = 1;  // the whole array's count must be a number: a read of it must not wrap
+  for (int64_t d : a->shape)
+    if (__builtin_mul_overflow(values, d, &values) || values > (std::numeric_limits<int64_t>::max() >> 4))
+      fail(za, ": shape ", shape_str(a->shape), " holds more values than any store can");
   for (const Json& d : chunks.items) a->chunks.push_back(dim_value(d, za, "chunks", 1));
   // dtype: "<f4", ">i8", "|u1", "|b1"
   const Json& dt = key("dtype");
@@ -229,7 +287,7 @@ const ZarrStore::Array& ZarrStore::array(const std::string& var) const {
   const Json& fv = key("fill_value");
   if (fv.type == Json::Num) {
     a->has_fill = true;
-    a->fill = a->kind == 'f' ? parse_double(fv.s, za + ": fill_value") : (double)parse_int64(fv.s, za + ": fill_value");
+    a->fill = a->kind == 'f' ? parse_double(fv.s, za + ": fill_value") : integer_fill(fv.s, a->kind == 'u', za + ": fill_value");
     if (a->kind == 'f' && a->itemsize == 4) a->fill = (double)(float)a->fill;  // compared in the array's dtype
   } else if (fv.type == Json::Str && a->kind == 'f' && (fv.s == "NaN" || fv.s == "Infinity" || fv.s == "-Infinity")) {
     a->has_fill = true;
@@ -240,6 +298,7 @@ const ZarrStore::Array& ZarrStore::array(const std::string& var) const {
   }
   // attributes and xarray's dimension names
   const std::string zt = a->dir + "/.zattrs";
+  check_inside(root_, zt);
   if (fs::exists(zt)) a->attrs = read_meta(zt, "zarr .zattrs");
   else a->attrs.type = Json::Obj;
   const Json* dims = a->attrs.get("_ARRAY_DIMENSIONS");
@@ -281,14 +340,20 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
   WXE_CHECK(start.size() == rank && count.size() == rank, dir_, ": variable '", a.name, "': a read of rank ",
             start.size(), " from rank ", rank);
   size_t total = 1;
+  bool wraps = false;
   for (size_t d = 0; d < rank; ++d) {
     WXE_CHECK(start[d] <= (size_t)a.shape[d] && count[d] <= (size_t)a.shape[d] - start[d], dir_, ": variable '", a.name,
               "': read outside its shape ", shape_str(a.shape));
-    total *= count[d];
+    wraps |= __builtin_mul_overflow(total, count[d], &total);
   }
-  WXE_CHECK(total <= max_alloc_bytes() / sizeof(double), dir_, ": variable '", a.name, "': a read of ", total,
-            " values is larger than this machine's memory");
-  std::vector<double> out(total);
+  WXE_CHECK(!wraps && total <= max_alloc_bytes() / sizeof(double), dir_, ": variable '", a.name, "': a read of ",
+            shape_str(std::vector<int64_t>(count.begin(), count.end())), " values is larger than this machine's memory");
+  std::vector<double> out;
+  try {
+    out.resize(total);
+  } catch (const std::bad_alloc&) {
+    fail(dir_, ": variable '", a.name, "': cannot allocate ", total, " values (out of memory)");
+  }
   if (!total) return out;
   int64_t chunk_elems = 1;
   for (int64_t c : a.chunks) chunk_elems *= c;
@@ -315,14 +380,14 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
     // the last chunk decoded is kept: reading a 3D variable level by level decodes each chunk once
     if (cached_file_ != file) {
       cached_file_.clear();
+      check_inside(root_, file);
       std::error_code ec;
       if (!fs::exists(file, ec))
         fail(file, ": missing chunk of variable '", a.name,
              "' (the zarr spec would read it as fill_value; wxe needs every chunk)");
       // a compressed chunk is at most a little larger than its data
       const std::string src = read_regular_file(file, chunk_bytes + chunk_bytes / 8 + 4096);
-      cached_.assign(chunk_bytes, '\0');
-      decode_chunk(a.compressor, src, cached_, file);
+      decode_chunk(a.compressor, src, chunk_bytes, cached_, file);
       cached_file_ = file;
     }
     const char* raw = cached_.data();

@@ -16,7 +16,10 @@
 //   default fill_value 0 makes zeros missing, for xarray as here).
 // - A missing chunk is an error naming its file. (The zarr spec reads a missing chunk as
 //   fill_value; for model inputs that is a silent wrong answer, so wxe refuses it.)
-// - Chunk files and metadata must be regular files: a FIFO is an error, not a hang.
+// - Chunk files and metadata must be regular files: a FIFO is an error, not a hang. They and the
+//   array folders must resolve inside the store (a symlink out of it is an error; the store's
+//   own path may be a link). A chunk's decoded size is checked against what its compressed
+//   bytes can hold before it is allocated, and a shape whose size overflows is refused.
 // Every malformed case is an Error naming the file.
 #pragma once
 #include <map>
@@ -60,6 +63,7 @@ class ZarrStore : public DataFile {
   // Reads the hyperslab (start, count) as doubles.
   std::vector<double> read_slab(const Array& a, const std::vector<size_t>& start, const std::vector<size_t>& count) const;
   std::string dir_;
+  std::string root_;  // dir_ with symlinks resolved: no array folder or chunk is read from outside it
   Json attrs_;  // the group's .zattrs
   mutable std::map<std::string, std::unique_ptr<Array>> arrays_;
   mutable std::string cached_file_, cached_;  // the last chunk decoded: its file and bytes

@@ -4,14 +4,17 @@
 // every malformed case an error naming the file (never a crash, a hang or fill values).
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <future>
 #include <iomanip>
+#include <sstream>
 
 #include "data/credit_config.h"
 #include "data/era5.h"
@@ -247,4 +250,199 @@ TEST(Zarr, FillValuesAreMissingDataNotNumbers) {
             std::string::npos)
       << e;
   fs::remove_all(d);
+}
+
+// Issue 41: hostile stores found by trying as an attacker would.
+namespace {
+
+// An uncompressed float64 1-D array `name` (dimension `dim`) holding `v`, replacing what the
+// store had under that name.
+void write_coord(const std::string& store, const std::string& name, const std::string& dim, const std::vector<double>& v) {
+  const std::string d = store + "/" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  spit(d + "/.zarray", str("{\"zarr_format\": 2, \"shape\": [", v.size(), "], \"chunks\": [", std::max<size_t>(v.size(), 1),
+                           "], \"dtype\": \"<f8\", \"fill_value\": null, \"order\": \"C\", \"compressor\": null, "
+                           "\"filters\": null}"));
+  spit(d + "/.zattrs", "{\"_ARRAY_DIMENSIONS\": [\"" + dim + "\"]}");
+  if (!v.empty()) spit(d + "/0", std::string((const char*)v.data(), v.size() * sizeof(double)));
+}
+
+// The era5_tiny config with its 2021 data from a copy of era5_blosc.zarr (in `dir`, beside a
+// link to the 2020 netCDF file), to break.
+CreditConfig era5_with_store(const std::string& dir) {
+  const std::string tiny = data_path("tests/data/era5_tiny");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy(kDir + "/era5_blosc.zarr", dir + "/era5_2021.zarr", fs::copy_options::recursive);
+  fs::create_symlink(tiny + "/era5_2020.nc", dir + "/era5_2020.nc");
+  CreditConfig c = read_credit_config(tiny + "/config.yml");
+  c.sources.at(0).prognostic.path = c.sources.at(0).diagnostic.path = dir + "/era5_%Y.*";
+  return c;
+}
+
+// f() with the address space limited to what the process has plus `extra` bytes: an allocation
+// of more throws std::bad_alloc instead of taking the memory.
+template <class F>
+std::string with_address_space_limit(size_t extra, F f) {
+  size_t vm_kb = 0;
+  std::istringstream st(slurp("/proc/self/status"));
+  for (std::string line; std::getline(st, line);)
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
+  struct rlimit old, small;
+  getrlimit(RLIMIT_AS, &old);
+  small = old;
+  small.rlim_cur = vm_kb * 1024 + extra;
+  setrlimit(RLIMIT_AS, &small);
+  std::string e;
+  try {
+    e = error_of(f);
+  } catch (const std::exception& x) {
+    e = std::string("<not a wxe::Error: ") + x.what() + ">";
+  }
+  setrlimit(RLIMIT_AS, &old);
+  return e;
+}
+
+}  // namespace
+
+// A coordinate longer or shorter than the data's grid, empty, or not monotonic: an error naming
+// the file (was: a forecast file of the coordinate's length filled from past the model output).
+TEST(Zarr, CoordinatesMustFitTheData) {
+  const std::string dir = tmp_path("zarr_coords");
+  const int64_t t = parse_datetime("2021-01-01T00", "t");
+  const std::vector<double> lat = ZarrStore(kDir + "/era5_blosc.zarr").read("latitude");
+  ASSERT_EQ(lat.size(), 32u);
+  std::vector<double> longer = lat, shorter(lat.begin(), lat.end() - 1), bumpy = lat;
+  for (int i = 0; i < 5; ++i) longer.push_back(lat.back());
+  std::swap(bumpy[3], bumpy[4]);
+  struct Case {
+    const char* name;
+    std::vector<double> lat;
+    const char* want;
+  };
+  for (const Case& k : {Case{"longer", longer, "do not fit variable"}, Case{"shorter", shorter, "do not fit variable"},
+                        Case{"empty", {}, "do not fit variable"}, Case{"bumpy", bumpy, "not strictly monotonic"}}) {
+    SCOPED_TRACE(k.name);
+    CreditConfig c = era5_with_store(dir);
+    write_coord(dir + "/era5_2021.zarr", "latitude", "latitude", k.lat);
+    const std::string e = error_of([&] { Era5Data(c).input(t); });
+    EXPECT_NE(e.find(dir + "/era5_2021.zarr: "), std::string::npos) << e;
+    EXPECT_NE(e.find(k.want), std::string::npos) << e;
+  }
+  // the longitude too
+  CreditConfig c = era5_with_store(dir);
+  write_coord(dir + "/era5_2021.zarr", "longitude", "longitude", std::vector<double>(4096, 1.0));
+  const std::string e = error_of([&] { Era5Data(c).input(t); });
+  EXPECT_NE(e.find("'longitude' (4096)"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
+// Files whose latitudes run in opposite directions are not combined row by row (was: exit 0,
+// temperature off by 22.6 K): an error naming both files.
+TEST(Zarr, FlippedLatitudesAcrossFilesAreRefused) {
+  const std::string dir = tmp_path("zarr_flipped");
+  CreditConfig c = era5_with_store(dir);
+  std::vector<double> lat = ZarrStore(kDir + "/era5_blosc.zarr").read("latitude");
+  Era5Data same(c);
+  same.input(parse_datetime("2020-12-31T18", "t"));
+  EXPECT_EQ(error_of([&] { same.input(parse_datetime("2021-01-01T00", "t")); }), "<no error>");
+  std::reverse(lat.begin(), lat.end());
+  write_coord(dir + "/era5_2021.zarr", "latitude", "latitude", lat);
+  Era5Data d(c);
+  d.input(parse_datetime("2020-12-31T18", "t"));  // the grid from the 2020 netCDF file
+  const std::string e = error_of([&] { d.input(parse_datetime("2021-01-01T00", "t")); });
+  EXPECT_NE(e.find(dir + "/era5_2021.zarr: latitudes run"), std::string::npos) << e;
+  EXPECT_NE(e.find(dir + "/era5_2020.nc"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
+// A shape whose size wraps a 64-bit count (3 x 6148914691236517206 x 7 "reads" 2 values): an
+// error naming the .zarray (was: SIGSEGV in the slab copy).
+TEST(Zarr, ShapeOverflowIsRefused) {
+  const std::string s = copy_store("none.zarr", "shape_wrap");
+  spit(s + "/f/.zarray", "{\"zarr_format\": 2, \"shape\": [3, 6148914691236517206, 7], \"chunks\": [2, 3, 4], "
+                         "\"dtype\": \"<f4\", \"fill_value\": 0, \"order\": \"C\", \"compressor\": null, \"filters\": null}");
+  const std::string e = read_error(s);
+  EXPECT_NE(e.find(s + "/f/.zarray: shape (3, 6148914691236517206, 7) holds more values"), std::string::npos) << e;
+  fs::remove_all(s);
+}
+
+// A 16-byte chunk declaring 3 GiB is refused before the 3 GiB are allocated, with every codec
+// (was: 3.1 GB allocated, and under a memory limit a bare std::bad_alloc).
+TEST(Zarr, SmallChunkDeclaringGiBsIsNotAllocated) {
+  for (const char* store : {"none", "blosc", "zstd", "zlib", "gzip"}) {
+    SCOPED_TRACE(store);
+    const std::string s = copy_store(std::string(store) + ".zarr", "big_chunk");
+    std::string meta = slurp(s + "/f/.zarray");
+    const std::string chunks = "\"chunks\": [2, 3, 4]";
+    const size_t at = meta.find("\"chunks\"");
+    ASSERT_NE(at, std::string::npos);
+    meta.replace(at, meta.find(']', at) + 1 - at, "\"chunks\": [1024, 1024, 768]");  // 3 GiB of float32
+    spit(s + "/f/.zarray", meta);
+    spit(s + "/f/0.0.0", slurp(s + "/f/0.0.0").substr(0, 16));
+    const std::string e = with_address_space_limit(size_t(1) << 30, [&] { ZarrStore(s).read("f"); });
+    EXPECT_NE(e.find(s + "/f/0.0.0: "), std::string::npos) << e;
+    fs::remove_all(s);
+  }
+}
+
+// An array folder or a chunk linked to outside the store is not read; a link inside it is.
+TEST(Zarr, LinksOutOfTheStoreAreNotRead) {
+  const std::string s = copy_store("none.zarr", "links"), out = tmp_path("zarr_links_outside");
+  fs::remove_all(out);
+  fs::create_directories(out);
+  fs::copy(s + "/f", out + "/f", fs::copy_options::recursive);
+  // the chunk
+  fs::rename(s + "/f/0.0.0", s + "/f_0.0.0");
+  fs::create_symlink(out + "/f/0.0.0", s + "/f/0.0.0");
+  std::string e = read_error(s);
+  EXPECT_NE(e.find(s + "/f/0.0.0: resolves to " + out + "/f/0.0.0, outside the zarr store"), std::string::npos) << e;
+  fs::remove(s + "/f/0.0.0");
+  fs::create_symlink("../f_0.0.0", s + "/f/0.0.0");  // inside: read
+  EXPECT_EQ(read_error(s), "<no error>");
+  // the variable's folder
+  fs::remove_all(s + "/f");
+  fs::create_directory_symlink(out + "/f", s + "/f");
+  e = read_error(s);
+  EXPECT_NE(e.find("outside the zarr store"), std::string::npos) << e;
+  fs::remove_all(s);
+  fs::remove_all(out);
+}
+
+// Legal stores that were refused: a uint64 fill_value of 2^64 - 1, a gzip chunk of two members.
+TEST(Zarr, LegalEdgeCasesRead) {
+  const std::string s = copy_store("none.zarr", "legal");
+  fs::create_directories(s + "/q");
+  spit(s + "/q/.zarray", "{\"zarr_format\": 2, \"shape\": [2], \"chunks\": [2], \"dtype\": \"<u8\", \"fill_value\": "
+                         "18446744073709551615, \"order\": \"C\", \"compressor\": null, \"filters\": null}");
+  spit(s + "/q/.zattrs", "{\"_ARRAY_DIMENSIONS\": [\"x\"]}");
+  const uint64_t q[2] = {5, ~uint64_t(0)};
+  spit(s + "/q/0", std::string((const char*)q, sizeof q));
+  std::vector<double> v;
+  EXPECT_EQ(error_of([&] { v = ZarrStore(s).read("q"); }), "<no error>");
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0], 5);
+  EXPECT_TRUE(std::isnan(v[1]));  // the fill value: missing
+  fs::remove_all(s);
+  // numcodecs GZip reads a chunk of two gzip members (gzip.decompress) as their concatenation
+  const std::string g = copy_store("gzip.zarr", "gzip2");
+  const std::string raw = slurp(kDir + "/none.zarr/f/0.0.0");
+  auto gz = [](const std::string& b) {
+    z_stream z{};
+    deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
+    std::string out(deflateBound(&z, b.size()) + 64, '\0');
+    z.next_in = (Bytef*)b.data();
+    z.avail_in = (uInt)b.size();
+    z.next_out = (Bytef*)&out[0];
+    z.avail_out = (uInt)out.size();
+    deflate(&z, Z_FINISH);
+    out.resize(z.total_out);
+    deflateEnd(&z);
+    return out;
+  };
+  spit(g + "/f/0.0.0", gz(raw.substr(0, 40)) + gz(raw.substr(40)));
+  EXPECT_EQ(read_error(g), "<no error>");
+  expect_same(ZarrStore(g).read("f"), expected("f"), "two gzip members");
+  fs::remove_all(g);
 }
