@@ -1,6 +1,9 @@
 #include "parallel/mesh.h"
 
+#include <algorithm>
 #include <cstring>
+
+#include "engine/io/json.h"
 
 #include "parallel/mpi_comm.h"
 
@@ -8,14 +11,18 @@ namespace wxe {
 
 Mesh make_mesh(int tp, int domain) { return make_mesh(world_comm(), tp, domain); }
 
-Mesh make_mesh(std::unique_ptr<Communicator> world, int tp, int domain) {
-  WXE_CHECK(world != nullptr, "make_mesh: no world communicator");
-  int n = world->size();
-  // Same answer on every rank (see mesh.h), so throwing here cannot strand a rank.
+void check_mesh_sizes(int n, int tp, int domain) {
   WXE_CHECK(tp >= 1, "--tp must be at least 1 (got ", tp, ")");
   WXE_CHECK(domain >= 1, "--domain must be at least 1 (got ", domain, ")");
   WXE_CHECK(n % tp == 0, "world size ", n, " is not divisible by --tp ", tp);
-  WXE_CHECK(n % (tp * domain) == 0, "world size ", n, " is not divisible by --tp ", tp, " x --domain ", domain);
+  // as int64: tp x domain may not fit an int (an int product wraps to 0 or below, and divides)
+  WXE_CHECK(n % ((int64_t)tp * domain) == 0, "world size ", n, " is not divisible by --tp ", tp, " x --domain ", domain);
+}
+
+Mesh make_mesh(std::unique_ptr<Communicator> world, int tp, int domain) {
+  WXE_CHECK(world != nullptr, "make_mesh: no world communicator");
+  int n = world->size();
+  check_mesh_sizes(n, tp, domain);  // the same answer on every rank (see mesh.h): no rank is stranded
   Mesh m;
   m.world = n;
   m.rank = world->rank();
@@ -52,6 +59,31 @@ void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what
   for (int r = 1; r < m.world; ++r)
     WXE_CHECK(all.data<int64_t>()[r] == all.data<int64_t>()[0], "rank ", r, " built a different ", what,
               " than rank 0 (different model, plan file or options?)");
+}
+
+void check_options_agree(Communicator& world, const std::vector<RankOption>& options) {
+  if (world.size() <= 1 || options.empty()) return;
+  const int64_t n = (int64_t)options.size(), size = world.size();
+  Tensor mine(DType::I64, {n}), all(DType::I64, {size * n});
+  for (int64_t i = 0; i < n; ++i) mine.data<int64_t>()[i] = (int64_t)(fingerprint(options[i].compared) >> 1);
+  world.all_gather(mine, all);
+  const int64_t* fp = all.data<int64_t>();
+  for (int64_t r = 1; r < size; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      if (fp[r * n + i] == fp[i]) continue;
+      // every rank found the same (r, i): gather that option's text to name both values
+      constexpr int64_t kWords = 32;  // 256 bytes: the value as printable() shortens it
+      Tensor text = Tensor::zeros(DType::I64, {kWords}), texts(DType::I64, {size * kWords});
+      const std::string& v = options[i].value;
+      const std::string mine_text = v.empty() ? "(not given)" : "'" + printable(v, 120) + "'";
+      std::memcpy(text.raw(), mine_text.data(), std::min<size_t>(mine_text.size(), kWords * 8 - 1));
+      world.all_gather(text, texts);
+      const char* t = (const char*)texts.raw();
+      const std::string theirs(t + r * kWords * 8), first(t);
+      fail("rank ", r, " was started with another ", options[i].name, " than rank 0 (", theirs, " on rank ", r, ", ", first,
+           " on rank 0", theirs == first ? ": files of one name with other contents" : "",
+           "): every rank must be given the same options");
+    }
 }
 
 std::vector<uint64_t> gather_on_all_ranks(const Mesh& m, const std::vector<uint64_t>& values) {

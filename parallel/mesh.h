@@ -10,6 +10,8 @@
 // and tp collectives stay on the fast links.
 #pragma once
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "parallel/comm.h"
 
@@ -28,6 +30,8 @@ struct Mesh {
 // size, tp, domain), which every rank has the same, so every rank throws the same error before
 // any communication: each can print it and exit non-zero without the others hanging.
 Mesh make_mesh(int tp, int domain = 1);
+// make_mesh's checks of (world size, tp, domain) alone, any ints (tp x domain past INT_MAX too).
+void check_mesh_sizes(int world, int tp, int domain);
 // The same over a given world (tests, or a world of one).
 Mesh make_mesh(std::unique_ptr<Communicator> world, int tp, int domain = 1);
 
@@ -40,6 +44,17 @@ uint64_t fingerprint(const void* data, size_t n, uint64_t h = 146959810393466560
 // the first collective that depends on the plan) and throws the same Error on every rank when
 // one differs from rank 0's, naming the rank and `what`.
 void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what);
+// An option every rank of a job must be given alike: its name, its value as given, and what is
+// compared (the value, or what stands for it: a file's contents rather than its path).
+struct RankOption {
+  std::string name, value, compared;
+};
+// Compares the options (the same names in the same order on every rank) with one all_gather of
+// their fingerprints over `world`; call it before any other collective. A difference throws the
+// same Error on every rank, naming the first option that differs and both values: "rank 1 was
+// started with another --steps than rank 0 ('4' on rank 1, '3' on rank 0): ...". Then one more
+// all_gather, of the values' text (only when they differ), so no rank waits for another.
+void check_options_agree(Communicator& world, const std::vector<RankOption>& options);
 // Every rank's `values` (the same count n on each) on every rank: all[r * n + i]. Collective
 // over the world.
 std::vector<uint64_t> gather_on_all_ranks(const Mesh& m, const std::vector<uint64_t>& values);

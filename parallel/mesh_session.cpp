@@ -36,7 +36,11 @@ void use_device_mesh(Mesh& mesh, const std::string& device, bool dp_nccl) {
 Mesh start_mesh(const MeshSession& s) {
   register_collective_ops();
   Mesh mesh;
-  if (s.mesh) mesh = make_mesh(s.tp, s.domain);
+  if (s.mesh) {
+    std::unique_ptr<Communicator> world = world_comm();
+    check_options_agree(*world, s.same_options);  // before the mesh's own collectives (its splits)
+    mesh = make_mesh(std::move(world), s.tp, s.domain);
+  }
   try {
     register_gpu_backends();
     register_collective_device_kernels();

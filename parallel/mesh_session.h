@@ -3,6 +3,7 @@
 // collectives in the GPU backends' tables, and on a GPU the ranks' devices and communicators.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "parallel/mesh.h"
 
@@ -13,9 +14,13 @@ struct MeshSession {
   int tp = 1, domain = 1;      // its --tp and --domain
   std::string device = "cpu";  // the backend the command runs on
   bool dp_nccl = false;        // finetune: the data-parallel group on the device too (ZeRO)
+  // the command's options, which every rank must be given alike: compared first (mesh.h
+  // check_options_agree)
+  std::vector<RankOption> same_options;
 };
 
-// Registers the collective ops (collective_ops.h), makes the mesh (make_mesh: a bad --tp or
+// Registers the collective ops (collective_ops.h), compares `same_options` over the world (a
+// difference is the same Error on every rank, before any other communication), makes the mesh (make_mesh: a bad --tp or
 // --domain throws the same wxe::Error on every rank, before any communication, so each can
 // print it and exit without the others hanging), registers the GPU backends and their
 // collective kernels, and for a device other than "cpu" binds the ranks to devices:

@@ -67,6 +67,13 @@ if "$wxe" inspect "$model" --domain 2 >"$tmp/out" 2>&1 && grep -q "domain 2: lat
 else
   echo "FAIL inspect-domain"; cat "$tmp/out" "$tmp/out3"; fails=$((fails + 1))
 fi
+# issue 41: inspect --tp/--domain below 1 are errors, not ignored; a hostile value in an error
+# (100 kB of --init) is cut, not echoed whole
+expect_fail inspect-domain-0 "inspect: --domain must be at least 1 (got 0)" "$wxe" inspect "$model" --domain 0
+expect_fail inspect-tp-negative "inspect: --tp must be at least 1 (got -3)" "$wxe" inspect "$model" --tp -3
+long=$(head -c 100000 /dev/zero | tr '\0' x)
+expect_fail long-value-cut "more bytes)" "$wxe" forecast "$src/tests/data/era5_tiny/config.yml" --model "$model" --init "$long" -o "$tmp/f.nc"
+if [ "$(wc -c <"$tmp/err")" -gt 4000 ]; then echo "FAIL long-value-cut: $(wc -c <"$tmp/err") bytes of error"; fails=$((fails + 1)); fi
 # convert: a legacy checkpoint to safetensors, checked against the graph; a mismatching one refused
 ckpt=$src/tests/data/wxformer_tiny_checkpoint.pt
 if "$wxe" convert "$ckpt" --output "$tmp/w.safetensors" --onnx "$model" >"$tmp/out" 2>"$tmp/err" \

@@ -517,6 +517,34 @@ int cmd_bench(const BenchArgs& a) {
   return 0;
 }
 
+// What stands for an option's value when the ranks' options are compared: a file it names
+// (or the FILE of NAME=FILE) by its size and its first and last MiB, so that node-local copies
+// at other paths agree and other files at one path do not; anything else by its text.
+std::string file_identity(const std::string& v) {
+  std::error_code ec;  // (no exceptions: a value may be no path at all, or one too long)
+  const size_t eq = v.find('=');
+  const std::string path = std::filesystem::is_regular_file(v, ec) || eq == std::string::npos ? v : v.substr(eq + 1);
+  if (!std::filesystem::is_regular_file(path, ec)) return v;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return v;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  std::string head(1 << 20, '\0'), tail(1 << 20, '\0');
+  head.resize(std::fread(&head[0], 1, head.size(), f));
+  if (size > head.size() && std::fseek(f, -(long)std::min<uintmax_t>(size - head.size(), tail.size()), SEEK_END) == 0)
+    tail.resize(std::fread(&tail[0], 1, tail.size(), f));
+  else
+    tail.clear();
+  std::fclose(f);
+  return str(path == v ? "" : v.substr(0, eq + 1), "file ", size, " ", fingerprint(head), " ", fingerprint(tail));
+}
+
+// An error's text as its one line shows it: a hostile value quoted in it (a 64 MiB YAML scalar,
+// a 100 kB --init) is cut, not echoed whole.
+std::string one_line(const std::string& m) {
+  constexpr size_t kMax = 2000;
+  return m.size() <= kMax ? m : m.substr(0, kMax) + str("... (", m.size() - kMax, " more bytes)");
+}
+
 constexpr const char* kVersion = "0.3.0";
 constexpr int kMaxThreads = 1024;
 
@@ -728,7 +756,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   auto usage_error = [](const std::string& msg) {
-    std::fprintf(stderr, "wxe: error: %s (see wxe --help)\n", msg.c_str());
+    std::fprintf(stderr, "wxe: error: %s (see wxe --help)\n", one_line(msg).c_str());
     return 1;
   };
   try {
@@ -740,6 +768,9 @@ int main(int argc, char** argv) {
   // options that would do nothing here are refused rather than silently ignored
   if (*infer && !ia.plan.empty() && ia.tp <= 1) return usage_error("--plan needs --tp 2 or more");
   if (*inspect && !inspect_plan.empty() && inspect_tp <= 1) return usage_error("--plan needs --tp 2 or more");
+  if (*inspect && (inspect_tp < 1 || inspect_domain < 1))
+    return usage_error(str("inspect: --", inspect_tp < 1 ? "tp" : "domain", " must be at least 1 (got ",
+                           inspect_tp < 1 ? inspect_tp : inspect_domain, ")"));
   {  // the band collectives (parallel/bands.h) have host kernels only so far
     const int domain = *infer ? ia.domain : *finetune ? finetune_domain : *forecast ? forecast_domain : 1;
     const std::string dev = *infer ? ia.device : *finetune ? fc.device : *forecast ? fa.device : "cpu";
@@ -791,11 +822,27 @@ int main(int argc, char** argv) {
                    : *forecast ? fa.device
                                : "cpu";
   session.dp_nccl = finetune->parsed();
+  // every option of the command as given, but those a rank may set for itself: ranks started
+  // with another --tp, --steps, --init, --input or --weights would hang or mix their results.
+  // Files by their contents (node-local copies at other paths agree); --data by its samples,
+  // later (train/trainer.cpp).
+  for (CLI::App* cmd : {infer, finetune, forecast})
+    if (cmd->parsed())
+      for (const CLI::Option* o : cmd->get_options()) {
+        const std::string name = o->get_name();
+        if (name == "--help" || name == "--threads" || name == "--output" || name == "--data") continue;
+        std::string value, compared;
+        for (const std::string& r : o->results()) {
+          value += (value.empty() ? "" : " ") + r;
+          compared += file_identity(r) + '\n';
+        }
+        session.same_options.push_back({name, value, compared});
+      }
   Mesh mesh;
   try {  // every rank raises the same error for a bad --tp, so no hang (parallel/mesh_session.h)
     mesh = start_mesh(session);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "wxe: error: %s\n", e.what());
+    std::fprintf(stderr, "wxe: error: %s\n", one_line(e.what()).c_str());
     return 1;
   }
   g_quiet = mesh.rank != 0;
@@ -818,8 +865,8 @@ int main(int argc, char** argv) {
     if (*convert) return cmd_convert(ca);
   } catch (const std::exception& e) {
     // with other ranks waiting in collectives, one rank's error ends the whole job
-    if (mesh.world > 1) abort_job(e.what());
-    std::fprintf(stderr, "wxe: error: %s\n", e.what());
+    if (mesh.world > 1) abort_job(one_line(e.what()));
+    std::fprintf(stderr, "wxe: error: %s\n", one_line(e.what()).c_str());
     return 1;
   }
   return 0;

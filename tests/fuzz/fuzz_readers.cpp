@@ -1,6 +1,6 @@
 // Seeded mutation fuzzing of the readers of untrusted files (issue 11): the ONNX importer
 // (with shape inference and constant folding), .npy, plan JSON, the restricted unpickler,
-// safetensors and zarr (.zarray metadata, blosc/zstd/zlib chunks). ctest runs it built with -fsanitize=address,undefined (CMakeLists.txt,
+// safetensors, zarr (.zarray metadata, blosc/zstd/zlib/gzip chunks) and the mesh sizes (--tp, --domain). ctest runs it built with -fsanitize=address,undefined (CMakeLists.txt,
 // target wxe_fuzz_readers) for a fixed number of mutations per target from a fixed seed, so a
 // run is reproducible and takes seconds. Contract checked: every input either loads or throws
 // wxe::Error; anything else (a crash, a sanitizer report, another exception) fails.
@@ -36,6 +36,7 @@
 #include "importers/torch/pickle.h"
 #include "importers/torch/zip.h"
 #include "models/credit_modules.h"
+#include "parallel/mesh.h"
 #include "parallel/shard.h"
 
 using namespace wxe;
@@ -87,6 +88,15 @@ void run_zarr(const std::string& store, const std::string& file, const std::stri
   std::ofstream((dir / file).string(), std::ios::binary | std::ios::trunc).write(bytes.data(), (std::streamsize)bytes.size());
   ZarrStore z(dir.string());
   z.read("f");
+}
+
+// mesh: "WORLD TP DOMAIN" (any ints) through make_mesh's checks of the sizes.
+void run_mesh(const std::string& bytes) {
+  long long v[3] = {0, 0, 0};
+  std::istringstream in(bytes);
+  for (long long& x : v) in >> x;
+  auto to_int = [](long long x) { return (int)std::max<long long>(INT_MIN, std::min<long long>(INT_MAX, x)); };
+  check_mesh_sizes(std::max(1, to_int(v[0])), to_int(v[1]), to_int(v[2]));
 }
 
 // A graph with three Linear weights for plan files to match.
@@ -447,11 +457,22 @@ std::vector<Target> targets() {
   ts.push_back({"safetensors", run_safetensors,
                 {slurp(src + "/tests/data/pt/py_written.safetensors"), slurp(src + "/tests/data/nextgen_block.safetensors")}});
   const std::string z = src + "/tests/data/zarr/";
+  // issue 41's hostile metadata as seeds too: a shape whose size wraps, a chunk of GiBs over a
+  // small chunk file, a uint64 fill_value of 2^64 - 1
+  auto zarray = [](const std::string& shape, const std::string& chunks, const std::string& rest) {
+    return "{\"zarr_format\": 2, \"shape\": " + shape + ", \"chunks\": " + chunks + ", " + rest +
+           ", \"order\": \"C\", \"filters\": null}";
+  };
+  const std::string blosc = "\"dtype\": \"<f4\", \"fill_value\": 0, \"compressor\": {\"id\": \"blosc\"}";
   ts.push_back({"zarray", [](const std::string& b) { run_zarr("blosc", "f/.zarray", b); },
-                {slurp(z + "blosc.zarr/f/.zarray"), slurp(z + "zstd.zarr/s/.zarray")}});
-  for (const char* codec : {"blosc", "zstd", "zlib"})
+                {slurp(z + "blosc.zarr/f/.zarray"), slurp(z + "zstd.zarr/s/.zarray"),
+                 zarray("[3, 6148914691236517206, 7]", "[2, 3, 4]", blosc), zarray("[3, 5, 7]", "[1024, 1024, 768]", blosc),
+                 zarray("[3, 5, 7]", "[2, 3, 4]", "\"dtype\": \"<u8\", \"fill_value\": 18446744073709551615, \"compressor\": null")}});
+  for (const char* codec : {"blosc", "zstd", "zlib", "gzip"})
     ts.push_back({std::string("zchunk_") + codec, [codec](const std::string& b) { run_zarr(codec, "f/0.0.0", b); },
                   {slurp(z + codec + ".zarr/f/0.0.0")}});
+  // the mesh options: any --tp and --domain (their product past INT_MAX too) over a world size
+  ts.push_back({"mesh", run_mesh, {"2 2 2147483647", "4 4 1073741824", "8 2 2"}});
   return ts;
 }
 
