@@ -187,5 +187,132 @@ TEST(CheckpointSafety, ShardedIndexPiecesAreChecked) {
   EXPECT_NE(error_of([&] { ShardedCheckpoint(dir).read("empty", {}); }).find("rank_00000.safetensors"), std::string::npos);
 }
 
+
+// Resumed state is checked (issue 41): a NaN exp_avg, a negative exp_avg_sq, a NaN EMA or an inf
+// parameter is refused naming its file and tensor (was: trained into NaN parameters saved as
+// the next step with latest on them, or an EMA carried on NaN).
+TEST(CheckpointSafety, ResumedStateMustBeFinite) {
+  const std::string data = make_series("resume_state_data", 2, kX, kY, 17);
+  FinetuneConfig c = tiny_config(data, tmp_path("resume_state"));
+  fs::remove_all(c.save);
+  c.accum = 1;
+  c.ema = true;
+  {
+    Trainer t(c, open_npy_dir(data, 1));
+    run_steps(t, 1);
+    t.save_checkpoint();
+  }
+  c.resume = true;
+  const std::string step = c.save + "/step_000001";
+  std::map<std::string, std::string> meta;
+  const std::string first = read_safetensors(step + "/ema.safetensors", &meta).at(0).first;
+  struct Case {
+    const char* file;
+    std::string tensor;
+    float value;
+    const char* want;
+  };
+  for (const Case& k : {Case{"optimizer", "exp_avg." + first, NAN, "not finite"},
+                        Case{"optimizer", "exp_avg_sq." + first, -1.f, "exp_avg_sq must be finite and >= 0"},
+                        Case{"ema", first, NAN, "not finite"}, Case{"model", first, INFINITY, "not finite"}}) {
+    SCOPED_TRACE(k.tensor);
+    const std::string file = step + "/" + k.file + ".safetensors";
+    const std::string keep = slurp(file);
+    std::map<std::string, std::string> m;
+    NamedTensors ts = read_safetensors(file, &m);
+    bool found = false;
+    for (auto& [n, x] : ts)
+      if (n == k.tensor) {
+        x = x.clone();
+        x.data<float>()[x.numel() / 2] = k.value;
+        found = true;
+      }
+    ASSERT_TRUE(found);
+    write_safetensors(file, ts, m);
+    const std::string e = error_of([&] { Trainer t(c, open_npy_dir(data, 1)); });
+    EXPECT_NE(e.find(file + ": tensor '" + k.tensor + "'"), std::string::npos) << e;
+    EXPECT_NE(e.find(k.want), std::string::npos) << e;
+    spit(file, keep);
+  }
+  EXPECT_EQ(error_of([&] { Trainer t(c, open_npy_dir(data, 1)); }), "<no error>");
+}
+
+// A step that made the parameters NaN is never saved: latest stays on the last good checkpoint,
+// which the error names.
+TEST(CheckpointSafety, NonFiniteParametersAreNeverSaved) {
+  const std::string data = make_series("nan_save_data", 2, kX, kY, 19);
+  FinetuneConfig c = tiny_config(data, tmp_path("nan_save"));
+  fs::remove_all(c.save);
+  c.accum = 1;
+  Trainer t(c, open_npy_dir(data, 1));
+  run_steps(t, 1);
+  const std::string good = t.save_checkpoint();
+  run_steps(t, 1);
+  NamedTensors ps = t.parameters();
+  ps.at(0).second.data<float>()[0] = NAN;  // as an update from NaN moments leaves them
+  const std::string e = error_of([&] { t.save_checkpoint(); });
+  EXPECT_NE(e.find("step 2: 1 parameter values are NaN or inf (in '" + ps.at(0).first + "')"), std::string::npos) << e;
+  EXPECT_NE(e.find("the last good checkpoint is " + good), std::string::npos) << e;
+  EXPECT_EQ(slurp(c.save + "/latest"), "step_000001\n");
+  EXPECT_FALSE(fs::exists(c.save + "/step_000002"));
+}
+
+// A resume that changes what the run trains says so in one line (was: nothing).
+TEST(CheckpointSafety, ResumeSaysWhatItChanges) {
+  const std::string data = make_series("resume_changes_data", 2, kX, kY, 23);
+  FinetuneConfig c = tiny_config(data, tmp_path("resume_changes"));
+  fs::remove_all(c.save);
+  c.accum = 1;
+  c.ema = true;
+  {
+    Trainer t(c, open_npy_dir(data, 1));
+    run_steps(t, 1);
+    t.save_checkpoint();
+  }
+  c.resume = true;
+  testing::internal::CaptureStderr();
+  { Trainer same(c, open_npy_dir(data, 1)); }
+  EXPECT_EQ(testing::internal::GetCapturedStderr().find("warning"), std::string::npos);
+  c.accum = 2;
+  c.forecast_len = 1;
+  c.freeze = {"*bias*"};
+  c.schedule.kind = ScheduleKind::Constant;
+  c.ema = false;
+  testing::internal::CaptureStderr();
+  { Trainer other(c, open_npy_dir(data, 1)); }
+  const std::string err = testing::internal::GetCapturedStderr();
+  for (const char* want : {"wxe: warning: resuming ", "--accum 2 (the checkpoint's 1)", "--freeze *bias* (the checkpoint's (none))",
+                           "--schedule constant (the checkpoint's linear-warmup-cosine)", "no --ema (the checkpoint's EMA of the weights is dropped)"})
+    EXPECT_NE(err.find(want), std::string::npos) << want << "\n" << err;
+}
+
+
+// Latitudes from a config's data (not a lat.npy) of another length than the model's rows: the
+// error names the data, not a DIR/lat.npy that does not exist (issue 41).
+TEST(CheckpointSafety, LatitudesOfTheDataAreNamedAsSuch) {
+  const std::string data = make_series("lat_named_data", 1, kX, kY, 29);
+  FinetuneConfig c = tiny_config(data, tmp_path("lat_named"));
+  c.lat = {-10, 0, 10};
+  const std::string e = error_of([&] { Trainer t(c, open_npy_dir(data, 1)); });
+  EXPECT_NE(e.find(data + ": the data's latitude coordinate: 3 latitudes, the output has 32 rows"), std::string::npos) << e;
+}
+
+
+// A write of latest killed (kill -9) before its rename leaves RUN/.latest.XXXXXX: the next save
+// removes it (was: kept forever).
+TEST(CheckpointSafety, KilledLatestTempIsRemovedByTheNextSave) {
+  const std::string data = make_series("latest_tmp_data", 1, kX, kY, 31);
+  FinetuneConfig c = tiny_config(data, tmp_path("latest_tmp"));
+  fs::remove_all(c.save);
+  c.accum = 1;
+  fs::create_directories(c.save);
+  spit(c.save + "/.latest.Ab3xYz", "step_000007\n");
+  Trainer t(c, open_npy_dir(data, 1));
+  run_steps(t, 1);
+  t.save_checkpoint();
+  EXPECT_FALSE(fs::exists(c.save + "/.latest.Ab3xYz"));
+  EXPECT_EQ(slurp(c.save + "/latest"), "step_000001\n");
+}
+
 }  // namespace
 }  // namespace wxe::test

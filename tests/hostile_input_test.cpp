@@ -18,6 +18,7 @@
 #include "engine/io/npy.h"
 #include "engine/passes/passes.h"
 #include "importers/onnx/onnx_import.h"
+#include "parallel/mesh.h"
 #include "parallel/shard.h"
 #include "tests/test_util.h"
 
@@ -415,6 +416,26 @@ TEST(HostileInput, AtomicWritesAreSafe) {
   EXPECT_EQ(entries, 4);
 }
 
+// A checkpoint's temporary directory (step_N.tmpPID) filled when SIGTERM comes goes with its
+// files (issue 41: it stayed until the next save).
+TEST(HostileInput, TempDirectoriesGoOnSignals) {
+  fs::path root = fresh_dir("tempdir");
+  const fs::path dir = root / "step_000003.tmp123";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    fs::create_directories(dir);
+    TempDirGuard g(dir.string(), {"model.safetensors", "trainer_state.json"});
+    write_file_atomic((dir / "model.safetensors").string(), "weights");
+    TempFile half((dir / "trainer_state.json").string());  // a file being written
+    ::raise(SIGTERM);
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+  EXPECT_FALSE(fs::exists(dir));
+}
+
 // A checkpoint whose names all carry a prefix: a short error with the first names and the
 // prefix to strip, not one line listing every tensor.
 TEST(HostileInput, WeightNameMismatchIsShortAndSuggestsThePrefix) {
@@ -448,4 +469,36 @@ TEST(HostileInput, WeightNameMismatchIsShortAndSuggestsThePrefix) {
   EXPECT_NE(e.find("missing 300"), std::string::npos) << e;
   EXPECT_NE(e.find("and 296 more"), std::string::npos) << e;
   EXPECT_NE(e.find("prefix 'module.': strip it"), std::string::npos) << e;
+}
+
+// A world of `n` ranks seen from rank 0 whose collectives and splits fail: make_mesh must refuse
+// bad sizes before it calls any.
+class NoCallsWorld : public Communicator {
+ public:
+  explicit NoCallsWorld(int n) : n_(n) {}
+  int rank() const override { return 0; }
+  int size() const override { return n_; }
+  void all_reduce_sum(Tensor&) override { fail("collective called"); }
+  void all_gather(const Tensor&, Tensor&) override { fail("collective called"); }
+  void reduce_scatter_sum(const Tensor&, Tensor&) override { fail("collective called"); }
+  void broadcast(Tensor&, int) override { fail("collective called"); }
+  void barrier() override { fail("collective called"); }
+  std::unique_ptr<Communicator> split(int, int) override { fail("split called"); }
+  [[noreturn]] void abort(const std::string& m, int) override { fail("abort: ", m); }
+
+ private:
+  int n_;
+};
+
+// --tp x --domain past INT_MAX (issue 41): the int product wrapped to -2, so 2 ranks "divided"
+// into tp 2 x domain INT_MAX and the mesh asserted (or divided by 0: SIGFPE).
+TEST(HostileInput, MeshSizesPastIntMaxAreRefused) {
+  struct Case {
+    int world, tp, domain;
+  };
+  for (const Case& c : {Case{2, 2, INT_MAX}, Case{4, 4, INT_MAX / 2 + 1}, Case{2, 65536, 65536}, Case{2, 1, INT_MIN}}) {
+    const std::string e = error_of([&] { make_mesh(std::make_unique<NoCallsWorld>(c.world), c.tp, c.domain); });
+    EXPECT_TRUE(e.find("is not divisible by --tp") != std::string::npos || e.find("must be at least 1") != std::string::npos)
+        << c.world << " " << c.tp << " " << c.domain << ": " << e;
+  }
 }

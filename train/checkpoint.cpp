@@ -27,6 +27,21 @@ std::string step_dir_name(int64_t step) {
   return b;
 }
 
+namespace {
+
+int64_t count_non_finite(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::count_if(p, p + t.numel(), [](float x) { return !std::isfinite(x); });
+}
+
+std::string freeze_text(const std::vector<std::string>& patterns) {
+  std::string r;
+  for (const std::string& f : patterns) r += (r.empty() ? "" : " ") + f;
+  return r;
+}
+
+}  // namespace
+
 std::string Trainer::save_checkpoint() {
   WXE_CHECK(!cfg_.save.empty(), "no --save directory");
   const fs::path root(cfg_.save), final_dir = root / step_dir_name(step_);
@@ -38,6 +53,31 @@ std::string Trainer::save_checkpoint() {
   }
   const std::string step = std::to_string(step_);
   sync_to_host();
+  // a step that made parameters NaN or inf (NaN moments, an overflow) is never saved, so
+  // `latest` stays on the last good checkpoint
+  int64_t bad = 0;
+  std::string first_bad;
+  for (const auto& [n, t] : host_parameters()) {
+    const int64_t k = t.dtype == DType::F32 ? count_non_finite(t) : 0;
+    if (k && first_bad.empty()) first_bad = n;
+    bad += k;
+  }
+  if (mesh_ && mesh_->world > 1) {  // every rank fails alike
+    Tensor b = Tensor::from_i64({bad});
+    mesh_->world_comm->all_reduce_sum(b);
+    bad = b.data<int64_t>()[0];
+  }
+  if (bad) {
+    std::string last;
+    try {
+      last = latest_checkpoint(cfg_.save);
+    } catch (const Error&) {
+    }
+    throw NonFiniteLoss(str("step ", step_, ": ", bad, " parameter values are NaN or inf",
+                            first_bad.empty() ? std::string() : " (in '" + first_bad + "')", "; not saved: ",
+                            last.empty() ? std::string("no checkpoint of this run was written before")
+                                         : "the last good checkpoint is " + last));
+  }
   std::vector<Tensor> m = gather_moments(adam_.exp_avg().empty() ? Tensor::zeros(DType::F32, {zS_}) : adam_.exp_avg()[0]);
   std::vector<Tensor> v = gather_moments(adam_.exp_avg_sq().empty() ? Tensor::zeros(DType::F32, {zS_}) : adam_.exp_avg_sq()[0]);
   const AdamWConfig& c = adam_.config();
@@ -45,7 +85,8 @@ std::string Trainer::save_checkpoint() {
       {"step", step}, {"adam_step", std::to_string(adam_.steps())}, {"seed", std::to_string(cfg_.seed)},
       {"lr", str(cfg_.schedule.lr)}, {"beta1", str(c.beta1)}, {"beta2", str(c.beta2)}, {"eps", str(c.eps)},
       {"weight_decay", str(c.weight_decay)}, {"source", cfg_.model}, {"written_by", "wxe finetune"},
-      {"accum", std::to_string(cfg_.accum)}, {"forecast_len", std::to_string(cfg_.forecast_len)}};
+      {"accum", std::to_string(cfg_.accum)}, {"forecast_len", std::to_string(cfg_.forecast_len)},
+      {"freeze", freeze_text(cfg_.freeze)}};
   // the learning-rate schedule, for resuming and CREDIT's scheduler_state_dict (train/credit_checkpoint.h)
   for (const auto& [k, v] : schedule_metadata(cfg_.schedule)) meta[k] = v;
   NamedTensors opt, ema;
@@ -79,6 +120,8 @@ std::string Trainer::save_checkpoint() {
     save_sharded(final_dir.string(), pieces, *mesh_->world_comm, meta);
   } else {
     const fs::path tmp = root / (step_dir_name(step_) + ".tmp" + std::to_string(getpid()));
+    // SIGINT/SIGTERM/SIGHUP during the save remove the temporary directory (its files first)
+    TempDirGuard on_signal(tmp.string(), {"model.safetensors", "optimizer.safetensors", "ema.safetensors", "trainer_state.json"});
     try {
       fs::remove_all(tmp, ec);
       fs::create_directories(tmp, ec);
@@ -117,6 +160,10 @@ std::string Trainer::save_checkpoint() {
     std::vector<std::string> dirs;
     for (auto& e : fs::directory_iterator(root)) {
       std::string n = e.path().filename().string();
+      if (n.rfind(".latest.", 0) == 0 && e.is_regular_file()) {  // a write of latest killed (kill -9) before its rename
+        fs::remove(root / n, ec);
+        continue;
+      }
       if (!e.is_directory() || n.rfind("step_", 0) != 0) continue;
       if (n.find(".tmp") != std::string::npos) {
         note("wxe: removing %s, left by an interrupted save\n", (root / n).string().c_str());
@@ -136,6 +183,25 @@ std::string Trainer::save_checkpoint() {
 
 void Trainer::load_checkpoint(const std::string& dir) {
   TrainCheckpoint ck = open_train_checkpoint(dir);
+  // Resumed state must be finite, and exp_avg_sq >= 0 (its square root divides the update): a
+  // tampered or damaged tensor is refused naming its file and name, not trained into NaN.
+  const bool sharded = is_sharded_checkpoint(dir);
+  auto check_state = [&](const Tensor& t, const std::string& name) {
+    if (t.dtype != DType::F32) return;
+    const bool sq = name.rfind("exp_avg_sq.", 0) == 0;
+    const float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (std::isfinite(p[i]) && !(sq && p[i] < 0)) continue;
+      const bool ema = name.rfind("ema.", 0) == 0;
+      const std::string file = sharded ? dir
+                               : dir + (TrainCheckpoint::is_moment(name) ? "/optimizer.safetensors"
+                                        : ema                            ? "/ema.safetensors"
+                                                                         : "/model.safetensors");
+      fail(file, ": tensor '", sharded || !ema ? name : name.substr(4), "' holds ", p[i], " at ", i,
+           sq ? " (exp_avg_sq must be finite and >= 0)" : " (not finite)",
+           ": damaged or tampered state; resume from an earlier checkpoint");
+    }
+  };
   auto slice_of = [&](const std::string& param) {
     auto it = slices_.find(param);
     return it == slices_.end() ? TensorSlice{} : it->second;
@@ -144,6 +210,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     Tensor src = ck.get(name, slice_of(name));
     WXE_CHECK(src.shape == t.shape && src.dtype == t.dtype, dir, ": '", name, "' is ", shape_str(src.shape),
               ", the model's is ", shape_str(t.shape));
+    check_state(src, name);
     std::memcpy(const_cast<Tensor&>(t).raw(), src.raw(), t.nbytes());  // in place: the executor shares it
   }
   std::vector<Tensor> m, v;
@@ -155,6 +222,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
     WXE_CHECK(m.back().shape == graph_.values[p].constant->shape && v.back().shape == m.back().shape, dir,
               ": optimizer state of '", name, "' is ", shape_str(m.back().shape), ", the parameter is ",
               shape_str(graph_.values[p].constant->shape));
+    check_state(m.back(), "exp_avg." + name);
+    check_state(v.back(), "exp_avg_sq." + name);
   }
   for (size_t i = 0; i < m.size(); ++i) {
     pm.push_back(&m[i]);
@@ -170,6 +239,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     for (size_t i = 0; i < trainable_.size(); ++i) {
       const std::string& name = graph_.values[trainable_[i]].name;
       ema_->shadow()[i] = ck.get("ema." + name, slice_of(name)).clone().reshaped(graph_.values[trainable_[i]].shape);
+      check_state(ema_->shadow()[i], "ema." + name);
     }
   WXE_CHECK(meta.count("step"), dir, ": no step in the metadata");
   step_ = parse_int64(meta["step"], dir + ": metadata 'step'");
@@ -182,5 +252,23 @@ void Trainer::load_checkpoint(const std::string& dir) {
     dev_state_.ready = false;
   }
   note("wxe: resumed from %s (step %lld)\n", dir.c_str(), (long long)step_);
+  // what this resume changes of the run, in one line (the checkpoint's own options otherwise
+  // go unsaid: another --accum or --schedule trains something else from here)
+  std::string changes;
+  auto differs = [&](const std::string& what, const std::string& key, const std::string& now) {
+    auto it = meta.find(key);
+    if (it != meta.end() && it->second != now)
+      changes += str(changes.empty() ? "" : ", ", what, " ", now.empty() ? "(none)" : now, " (the checkpoint's ",
+                     it->second.empty() ? "(none)" : it->second, ")");
+  };
+  differs("--accum", "accum", std::to_string(cfg_.accum));
+  differs("--forecast-len", "forecast_len", std::to_string(cfg_.forecast_len));
+  differs("--freeze", "freeze", freeze_text(cfg_.freeze));
+  for (const auto& [k, v] : schedule_metadata(cfg_.schedule))
+    if (k != "epoch_metrics" && !(k == "total_steps" && cfg_.schedule.kind == ScheduleKind::Constant))
+      differs(k == "schedule" ? "--schedule" : k == "lr" ? "--lr" : k == "warmup_steps" ? "--warmup-steps" : "the schedule's " + k, k, v);
+  if (!ema_ && !trainable_.empty() && ck.has("ema." + graph_.values[trainable_[0]].name))
+    changes += str(changes.empty() ? "" : ", ", "no --ema (the checkpoint's EMA of the weights is dropped)");
+  if (!changes.empty()) note("wxe: warning: resuming %s with %s\n", dir.c_str(), changes.c_str());
 }
 }  // namespace wxe

@@ -197,8 +197,8 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     if (!cfg.channel_weights.empty()) info.channel_weights = cfg.channel_weights;
     const int64_t h = out_shape.size() >= 2 ? out_shape[out_shape.size() - 2] : 1;
     if (info.lat.empty()) info.lat = regular_latitudes(h);
-    WXE_CHECK((int64_t)info.lat.size() == h, cfg.data, "/lat.npy: ", info.lat.size(), " latitudes, the output has ", h,
-              " rows");
+    WXE_CHECK((int64_t)info.lat.size() == h, cfg.data, cfg.lat.empty() ? "/lat.npy: " : ": the data's latitude coordinate: ",
+              info.lat.size(), " latitudes, the output has ", h, " rows");
     loss_w_.lat_weights = latitude_weights(info.lat);
     loss_w_.channel_weights = info.channel_weights;
   }

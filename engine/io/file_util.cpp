@@ -24,10 +24,20 @@ char g_paths[kSlots][kPathMax];
 std::atomic<bool> g_used[kSlots];
 std::mutex g_install;
 bool g_installed = false;
+// Temporary directories alive now (TempDirGuard): the directory, then the files it may hold.
+constexpr int kDirSlots = 4, kDirFiles = 8;
+char g_dirs[kDirSlots][1 + kDirFiles][kPathMax];
+std::atomic<bool> g_dir_used[kDirSlots];
 
 extern "C" void remove_temps_and_reraise(int sig) {
   for (int i = 0; i < kSlots; ++i)
     if (g_used[i].load()) ::unlink(g_paths[i]);
+  for (int i = 0; i < kDirSlots; ++i)
+    if (g_dir_used[i].load()) {
+      for (int k = 1; k <= kDirFiles; ++k)
+        if (g_dirs[i][k][0]) ::unlink(g_dirs[i][k]);
+      ::rmdir(g_dirs[i][0]);
+    }
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -73,6 +83,28 @@ TempFile::TempFile(const std::string& path, const std::string& suffix) : path_(p
             std::strerror(errno), ")");
   tmp_ = buf;
   slot_ = take_slot(tmp_);
+}
+
+TempDirGuard::TempDirGuard(const std::string& dir, const std::vector<std::string>& files) {
+  install_handlers();
+  if (dir.size() + 256 >= kPathMax || files.size() > (size_t)kDirFiles) return;
+  for (int i = 0; i < kDirSlots; ++i) {
+    bool expected = false;
+    if (g_dir_used[i].load() || !g_dir_used[i].compare_exchange_strong(expected, true)) continue;
+    // the handler may see the slot half written: harmless (unlink and rmdir fail)
+    for (int k = 0; k <= kDirFiles; ++k) g_dirs[i][k][0] = '\0';
+    for (size_t k = 0; k < files.size(); ++k) {
+      const std::string p = dir + "/" + files[k];
+      if (p.size() < kPathMax) std::memcpy(g_dirs[i][k + 1], p.c_str(), p.size() + 1);
+    }
+    std::memcpy(g_dirs[i][0], dir.c_str(), dir.size() + 1);
+    slot_ = i;
+    return;
+  }
+}
+
+TempDirGuard::~TempDirGuard() {
+  if (slot_ >= 0) g_dir_used[slot_].store(false);
 }
 
 TempFile::~TempFile() {

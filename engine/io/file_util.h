@@ -4,6 +4,7 @@
 // and on SIGINT/SIGTERM/SIGHUP while it exists, the temporary file is removed.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace wxe {
 
@@ -27,6 +28,21 @@ class TempFile {
   int fd_ = -1;
   int slot_ = -1;  // in the signal handler's list
   bool done_ = false;
+};
+
+// A directory being filled with files before it is renamed into place (a checkpoint's
+// step_N.tmpPID): while the guard lives, SIGINT/SIGTERM/SIGHUP remove `files` (plain names, at
+// most 8) from it and then the directory, as TempFile does for its file. Removing it on an
+// error stays the caller's.
+class TempDirGuard {
+ public:
+  TempDirGuard(const std::string& dir, const std::vector<std::string>& files);
+  ~TempDirGuard();
+  TempDirGuard(const TempDirGuard&) = delete;
+  TempDirGuard& operator=(const TempDirGuard&) = delete;
+
+ private:
+  int slot_ = -1;
 };
 
 // An Error naming `path` unless it is a regular file (after symlinks): "cannot open" when
