@@ -282,9 +282,9 @@ struct Reader {
           }
       const bool any3d = !sc.prognostic.vars_3D.empty() || !sc.diagnostic.vars_3D.empty() ||
                          !sc.dynamic_forcing.vars_3D.empty() || !sc.statics.vars_3D.empty();
-      if (any3d && sc.levels.empty())
-        fail(where(p + ".levels"), ": missing: CREDIT then takes every level of the files' '", sc.level_coord,
-             "' coordinate; wxe needs them listed (the coordinate's values)");
+      // a local source without levels: every level of its files' level coordinate (data/era5.h)
+      if (any3d && sc.levels.empty() && sc.dataset_type != "local")
+        fail(where(p + ".levels"), ": missing (a ", sc.dataset_type, " source lists its levels)");
       if (s["history_len"] && !history) history = get<int>(s["history_len"], p + ".history_len", 1);
       c->sources.push_back(std::move(sc));
     }

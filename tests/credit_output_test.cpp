@@ -112,6 +112,27 @@ TEST(ForecastOutput, GeopotentialErrorsNameTheArgument) {
                      "'era5/prognostic/3d/T'")) << e;
 }
 
+// A local source without `levels`: CREDIT takes every level of its first file's level
+// coordinate (the first, sorted, of its first field type's files); a file without that
+// coordinate is an error naming it.
+TEST(ForecastOutput, LevelsFromTheFilesWhenTheConfigListsNone) {
+  // (no scaler: era5_tiny's has T and U on the config's two levels, the files hold three)
+  std::string y = slurp(era5_tiny_config("no_levels", {{"      levels: [500, 850]\n", ""}}));
+  y.erase(y.find("preblocks:"), y.find("trainer:") - y.find("preblocks:"));
+  const std::string c = tmp_path("no_levels2.yml");
+  spit(c, y);
+  Era5Data d(read_credit_config(c));
+  EXPECT_EQ(d.config().sources[0].levels, (std::vector<double>{300, 500, 850}));
+  EXPECT_EQ(d.input_channels().size(), 9u);  // T, U on three levels, SP, LSM, tsi
+  const Tensor x = d.input(parse_datetime("2020-12-31T06", "t"));
+  EXPECT_EQ(x.dim(1), 9);
+  const std::string bad = era5_tiny_config("no_levels_coord", {{"      levels: [500, 850]\n", ""},
+                                                                {"level_coord: \"level\"", "level_coord: \"plev\""}});
+  const std::string e = error_of([&] { Era5Data x(read_credit_config(bad)); });
+  EXPECT_TRUE(has(e, "data.source.era5.levels: missing, and ") && has(e, "era5_2020.nc (whose levels CREDIT would take) "
+                                                                        "has no coordinate 'plev'")) << e;
+}
+
 // Two sources with different levels in one forecast file: the level axis their union
 // (ascending), each variable NaN at the levels its source lacks (CREDIT's output aligns so).
 TEST(ForecastOutput, SourcesWithDifferentLevelsShareTheUnion) {
