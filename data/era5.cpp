@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -783,7 +784,11 @@ class Era5Samples : public SampleSource {
 };
 
 void nc_check(int rc, const std::string& path) {
-  if (rc != NC_NOERR) fail(path, ": cannot write netCDF: ", nc_strerror(rc));
+  if (rc == NC_NOERR) return;
+  // libnetcdf says "HDF error" for a full disk: the write's errno says what happened
+  const int e = errno;
+  const bool disk = e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO;
+  fail(path, ": cannot write netCDF: ", nc_strerror(rc), disk ? str(" (", std::strerror(e), ")") : std::string());
 }
 
 void put_text(int id, int var, const char* name, const std::string& v, const std::string& path) {

@@ -4,6 +4,7 @@
 // every malformed case an error naming the file (never a crash, a hang or fill values).
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -445,4 +446,29 @@ TEST(Zarr, LegalEdgeCasesRead) {
   EXPECT_EQ(read_error(g), "<no error>");
   expect_same(ZarrStore(g).read("f"), expected("f"), "two gzip members");
   fs::remove_all(g);
+}
+
+// A forecast file that cannot be written for want of space says so (was: "NetCDF: HDF error"
+// alone); here a file size limit stands for a full disk.
+TEST(ForecastFile, AFullDiskIsNamed) {
+  CreditConfig c = read_credit_config(data_path("tests/data/era5_tiny/config.yml"));
+  Era5Data d(c);
+  (void)d.input(parse_datetime("2020-12-31T18", "t"));
+  Tensor out = Tensor::zeros(DType::F32, {1, (int64_t)d.target_channels().size(), 1, 32, 64});
+  const std::string path = tmp_path("full_disk.nc");
+  struct rlimit old, small;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, SIG_IGN);
+  small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string e = error_of([&] {
+    ForecastWriter w(path, d, parse_datetime("2020-12-31T18", "t"), 4);
+    for (int k = 0; k < 4; ++k) w.write(k, out);
+    w.close();
+  });
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_NE(e.find("cannot write netCDF"), std::string::npos) << e;
+  EXPECT_NE(e.find("(File too large)"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(path));
 }
