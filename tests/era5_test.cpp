@@ -543,3 +543,15 @@ TEST(FinetuneConfig, TrainsFromConfigAndValidationDoesNotChangeTraining) {
   }
   EXPECT_EQ(rows, 2);
 }
+
+// loss.variable_weights that weigh every target 0 (a loss of 0, nothing trained) are an error
+// naming the key (issue 41: accepted).
+TEST(FinetuneConfig, AllZeroVariableWeightsAreRefused) {
+  const std::string cfg = write_config("zero_weights", {{"use_variable_weights: false",
+                                                         "use_variable_weights: true\n  variable_weights: {T: 0, U: 0, SP: 0, tp: 0}"}});
+  FinetuneConfig fc;
+  fc.model = data_path("models/wxformer_tiny/model.onnx");
+  fc.save = tmp_path("ft_zero_weights");
+  const std::string e = error_of([&] { finetune_from_config(cfg, fc, [](const std::string& f) { return f == "--save"; }, false); });
+  EXPECT_NE(e.find(cfg + ": loss.variable_weights: every target's weight is 0"), std::string::npos) << e;
+}

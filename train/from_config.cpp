@@ -1,5 +1,6 @@
 #include "train/from_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -403,6 +404,8 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
       for (const auto& kv : c.variable_weights)
         WXE_CHECK(used.count(kv.first), config, ": loss.variable_weights.", kv.first,
                   ": no such target variable in the data (prognostic and diagnostic variables are weighted)");
+      WXE_CHECK(std::any_of(fc.channel_weights.begin(), fc.channel_weights.end(), [](double w) { return w > 0; }), config,
+                ": loss.variable_weights: every target's weight is 0 (the loss would be 0 and nothing trained)");
     }
     if (c.spectral_term || c.power_term) {  // VariableTotalLoss2D's terms, latitude-weighted as its loss
       const std::vector<double> lat = c.use_latitude_weights ? latitude_weights(data->lat()) : std::vector<double>{};
