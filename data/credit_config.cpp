@@ -125,6 +125,7 @@ struct Reader {
   std::string path(const YAML::Node& n, const std::string& key) {
     std::string p = get<std::string>(n, key, "");
     if (p.empty()) return p;
+    if (p.find('\0') != std::string::npos) fail(where(key), ": the path holds a NUL byte");
     return fs::path(p).is_absolute() ? p : (fs::path(c->dir) / p).lexically_normal().string();
   }
 
@@ -558,8 +559,12 @@ struct Reader {
   }
 
   // CREDIT 2026 reads validation from validation_data (all of data's keys, source inherited).
-  void validation_data(const YAML::Node& v) {
+  void validation_data(const YAML::Node& v, const YAML::Node& data) {
     if (!is_map(v, "validation_data")) return;
+    // validation reads data.source's files: another source here would be silently ignored
+    if (v["source"] && !(data && data["source"] && YAML::Dump(v["source"]) == YAML::Dump(data["source"])))
+      fail(where("validation_data.source"), ": a validation source other than data.source is not implemented (wxe "
+           "validates on data.source's variables and files); drop the key or make it data.source's");
     known(v, "validation_data.", {"source", "start_datetime", "end_datetime", "timestep", "history_len", "forecast_len",
                                   "valid_history_len", "valid_forecast_len", "valid_start_datetime", "valid_end_datetime",
                                   "mean_path", "std_path", "scaler_path", "retain_graph", "backprop_on_timestep"});
@@ -925,7 +930,7 @@ CreditConfig read_credit_config(const std::string& path, bool training) {
     c.seed = r.get<uint64_t>(root["seed"], "seed", 0);
     c.save_loc = r.path(root["save_loc"], "save_loc");
     r.data(root["data"]);
-    r.validation_data(root["validation_data"]);
+    r.validation_data(root["validation_data"], root["data"]);
     r.preblocks(root["preblocks"]);
     r.postblocks(root["postblocks"]);
     if (training) {

@@ -555,3 +555,14 @@ TEST(FinetuneConfig, AllZeroVariableWeightsAreRefused) {
   const std::string e = error_of([&] { finetune_from_config(cfg, fc, [](const std::string& f) { return f == "--save"; }, false); });
   EXPECT_NE(e.find(cfg + ": loss.variable_weights: every target's weight is 0"), std::string::npos) << e;
 }
+
+// A NUL byte in a config's path, and a validation_data.source other than data.source (its
+// variables would have been silently ignored): errors naming the key (issue 41).
+TEST(FinetuneConfig, NulPathsAndOtherValidationSourcesAreRefused) {
+  std::string e = error_of([&] { read_credit_config(write_config("nul_path", {{"static.nc\"", "static\\0.nc\""}})); });
+  EXPECT_NE(e.find("static.path: the path holds a NUL byte"), std::string::npos) << e;
+  e = error_of([&] {
+    read_credit_config(write_config("other_valid_source", {}, "validation_data:\n  source:\n    era5:\n      levels: [500]\n"));
+  });
+  EXPECT_NE(e.find("validation_data.source: a validation source other than data.source is not implemented"), std::string::npos) << e;
+}
