@@ -377,20 +377,7 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
     for (size_t d = 0; d < rank; ++d) key += (d ? a.separator : "") + std::to_string(ci[d]);
     if (rank == 0) key = "0";
     const std::string file = a.dir + "/" + key;
-    // the last chunk decoded is kept: reading a 3D variable level by level decodes each chunk once
-    if (cached_file_ != file) {
-      cached_file_.clear();
-      check_inside(root_, file);
-      std::error_code ec;
-      if (!fs::exists(file, ec))
-        fail(file, ": missing chunk of variable '", a.name,
-             "' (the zarr spec would read it as fill_value; wxe needs every chunk)");
-      // a compressed chunk is at most a little larger than its data
-      const std::string src = read_regular_file(file, chunk_bytes + chunk_bytes / 8 + 4096);
-      decode_chunk(a.compressor, src, chunk_bytes, cached_, file);
-      cached_file_ = file;
-    }
-    const char* raw = cached_.data();
+    const char* raw = chunk(a, file, chunk_bytes).data();
     // copy the intersection of this chunk with the slab, a run along the last dim at a time
     std::vector<int64_t> b(rank), e(rank), idx(rank);
     for (size_t d = 0; d < rank; ++d) {
@@ -426,6 +413,30 @@ std::vector<double> ZarrStore::read_slab(const Array& a, const std::vector<size_
     if (d == (size_t)-1) break;
   }
   return out;
+}
+
+const std::string& ZarrStore::chunk(const Array& a, const std::string& file, size_t chunk_bytes) const {
+  for (auto it = chunks_.begin(); it != chunks_.end(); ++it)
+    if (it->first == file) {
+      chunks_.splice(chunks_.begin(), chunks_, it);  // most recent first
+      return chunks_.front().second;
+    }
+  check_inside(root_, file);
+  std::error_code ec;
+  if (!fs::exists(file, ec))
+    fail(file, ": missing chunk of variable '", a.name, "' (the zarr spec would read it as fill_value; wxe needs every chunk)");
+  // a compressed chunk is at most a little larger than its data
+  const std::string src = read_regular_file(file, chunk_bytes + chunk_bytes / 8 + 4096);
+  std::string bytes;
+  decode_chunk(a.compressor, src, chunk_bytes, bytes, file);
+  ++decoded_;
+  chunk_bytes_ += bytes.size();
+  chunks_.emplace_front(file, std::move(bytes));
+  while (chunks_.size() > 2 && chunk_bytes_ > kChunkCacheBytes) {  // the oldest go, the last two stay
+    chunk_bytes_ -= chunks_.back().second.size();
+    chunks_.pop_back();
+  }
+  return chunks_.front().second;
 }
 
 std::unique_ptr<DataFile> open_data_file(const std::string& path) {

@@ -22,6 +22,7 @@
 //   bytes can hold before it is allocated, and a shape whose size overflows is refused.
 // Every malformed case is an Error naming the file.
 #pragma once
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,7 +67,18 @@ class ZarrStore : public DataFile {
   std::string root_;  // dir_ with symlinks resolved: no array folder or chunk is read from outside it
   Json attrs_;  // the group's .zattrs
   mutable std::map<std::string, std::unique_ptr<Array>> arrays_;
-  mutable std::string cached_file_, cached_;  // the last chunk decoded: its file and bytes
+  // The chunks decoded last, most recent first (their files and bytes): at most
+  // kChunkCacheBytes together, but always the last two, so that reading a variable level by level
+  // between reads of its level coordinate decodes each chunk once.
+  mutable std::list<std::pair<std::string, std::string>> chunks_;
+  mutable size_t chunk_bytes_ = 0;
+  mutable int64_t decoded_ = 0;  // chunks decoded, for tests (decoded_chunks)
+  const std::string& chunk(const Array& a, const std::string& file, size_t bytes) const;
+
+ public:
+  static constexpr size_t kChunkCacheBytes = size_t(256) << 20;
+  // How many chunks this store has decoded (each decode of one chunk file counts).
+  int64_t decoded_chunks() const { return decoded_; }
 };
 
 // The bytes of a regular file, at most max_bytes (an Error naming the file otherwise: missing,

@@ -472,3 +472,20 @@ TEST(ForecastFile, AFullDiskIsNamed) {
   EXPECT_NE(e.find("(File too large)"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(path));
 }
+
+// Issue 42: a variable read level by level, its level coordinate read before each level (as
+// Era5Data reads a 3D variable), decodes each chunk once: the chunk cache keeps more than the
+// last chunk (before it: the coordinate's read evicted the data chunk, decoded again per level).
+TEST(Zarr, EachChunkDecodedOncePerSample) {
+  ZarrStore z(kDir + "/era5_blosc.zarr");  // T: one chunk (4, 3, 32, 64); level: one chunk
+  std::vector<float> first;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t t = 0; t < 4; ++t)
+      for (size_t l = 0; l < 3; ++l) {
+        EXPECT_EQ(z.read("level").size(), 3u);
+        const std::vector<float> v = z.read_f32("T", {t, l, 0, 0}, {1, 1, 32, 64});
+        if (pass == 0 && t == 1 && l == 2) first = v;
+        if (pass == 1 && t == 1 && l == 2) EXPECT_EQ(v, first);  // the cached bytes read the same
+      }
+  EXPECT_EQ(z.decoded_chunks(), 2);  // T's one chunk and level's (was 2 x 12 x 2)
+}
