@@ -165,6 +165,7 @@ TEST(ModuleTable, EveryCreditFixtureShardsAttentionAndFeedForwardAtTp2) {
       {"nextgen_model_ts", "nextgen_model_x"},
       {"nextgen_block", "nextgen_block_x"},
       {"wxformer_mirror", "wxformer_mirror_x"},
+      {"crossformer_noise_tiny", "crossformer_noise_tiny_x"},  // crossformer-ensemble (CrossFormerWithNoise)
   };
   // every CREDIT model fixture in tests/data is listed above (hand-made graphs are not CREDIT's)
   size_t credit_files = 0;
