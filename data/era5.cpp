@@ -531,6 +531,9 @@ size_t Era5Data::time_index(DataFile& f, const std::string& var, int64_t t) cons
 }
 
 void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
+  // the files and caches are the data's, shared by every sample source over it (training's read
+  // ahead on its thread, validation's on the caller's): one read at a time
+  std::lock_guard<std::recursive_mutex> lock(io_);
   const SourceConfig& sc = cfg_.sources[c.src];
   auto tz = tisr_.find(c.src);
   if (tz != tisr_.end()) {  // computed: CREDIT's TISRDataset at t
@@ -644,8 +647,10 @@ void Era5Data::check_finite(const ChannelInfo& c, const std::vector<const PointT
   // NaN (a zarr fill_value, a gap) or inf would make the loss or the forecast NaN
   const std::string where = str("variable '", c.var, "'", c.is3d ? str(" level ", cfg_.sources[c.src].levels[c.level_index]) : "",
                                 " at ", format_datetime(t));
-  if (ts.empty())
+  if (ts.empty()) {
+    std::lock_guard<std::recursive_mutex> lock(io_);
     fail(file_for(c, t).path(), ": ", where, ": ", bad, " of ", n, " values are missing (NaN, inf or the fill value)");
+  }
   fail(cfg_.file, ": ", where, ": ", bad, " of ", n, " values are NaN or inf after ", ts.back()->block,
        " (missing values, or a log or sqrt of a negative value: a fill_values block before it replaces them)");
 }

@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,7 @@ class Era5Data {
   mutable std::map<std::string, std::pair<std::string, std::string>> meta_;  // var -> units, long_name
   mutable std::map<std::string, std::unique_ptr<DataFile>> files_;
   mutable std::map<std::string, std::vector<int64_t>> times_;  // file -> its times (s since 1970)
+  mutable std::recursive_mutex io_;  // read_var: the files and caches above, one thread at a time
 };
 
 // Training samples over [t0, t1] every timestep: sample i starts at t = t0 + (history_len - 1

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "engine/io/npy.h"
 #include "tests/test_util.h"
@@ -197,3 +200,46 @@ TEST(Samples, StackBatchConcatenatesAlongDimZero) {
 
 }  // namespace
 }  // namespace wxe
+
+// Issue 42: read ahead. Samples named by want() are read on the background thread, in order,
+// at most `depth` held; get() returns what the wrapped source returns (read ahead or not); an
+// error of a read ahead surfaces in the get() of that sample only.
+namespace {
+class CountingSource : public wxe::SampleSource {
+ public:
+  mutable std::atomic<int> reads{0};
+  int64_t size() const override { return 10; }
+  wxe::Sample get(int64_t i) const override {
+    ++reads;
+    if (i == 7) wxe::fail("sample_7.nc: unreadable");
+    wxe::Tensor x(wxe::DType::F32, {1, 1});
+    x.data<float>()[0] = (float)i;
+    return {x, {x}, {x}};
+  }
+  std::string describe() const override { return "counting"; }
+};
+}  // namespace
+
+TEST(Prefetch, ReadsAheadInOrderAndSurfacesErrorsWhereNeeded) {
+  auto inner = std::make_unique<CountingSource>();
+  CountingSource* c = inner.get();
+  wxe::PrefetchSource p(std::move(inner), 2);
+  p.want({3, 4, 7, 5});
+  for (int spin = 0; spin < 2000 && c->reads < 2; ++spin) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(c->reads.load(), 2);  // depth 2: 3 and 4 read ahead, no more until one is taken
+  EXPECT_EQ(p.get(3).input.data<float>()[0], 3.0f);
+  EXPECT_EQ(p.get(4).input.data<float>()[0], 4.0f);
+  EXPECT_EQ(p.hits(), 2);
+  std::string e;
+  try {
+    p.get(7);
+  } catch (const wxe::Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("sample_7.nc: unreadable"), std::string::npos) << e;
+  EXPECT_EQ(p.get(5).input.data<float>()[0], 5.0f);
+  EXPECT_EQ(p.get(9).input.data<float>()[0], 9.0f);  // never wanted: read by get itself
+  EXPECT_EQ(p.size(), 10);
+  EXPECT_GE(p.waited_seconds(), 0.0);
+}

@@ -690,6 +690,9 @@ int main(int argc, char** argv) {
   finetune->add_option("--eps", fc.adam.eps, "AdamW epsilon (default 1e-8)");
   finetune->add_option("--grad-max-norm", fc.grad_max_norm, "clip gradients to this global L2 norm (default 1; 0: off)");
   finetune->add_option("--accum", fc.accum, "micro-batches per optimizer step (gradient accumulation; default 1)");
+  finetune->add_option("--prefetch", fc.prefetch,
+                       "samples read ahead on a background thread while the steps run (default 2; 0: read in the step)")
+      ->check(CLI::Range(0, 64));
   finetune->add_option("--forecast-len", fc.forecast_len, "rollout steps per sample, prediction fed back (default 1)");
   finetune->add_option("--prognostic", fc.prognostic, "output channels fed back into the input in rollouts (default: min of input and output channels)");
   finetune->add_flag("--ema", fc.ema, "keep an exponential moving average of the weights (saved as ema.safetensors)");

@@ -118,16 +118,17 @@ class FixedSource : public SampleSource {
 
 struct LogRow {
   int64_t step;
-  double loss, lr, grad_norm, samples_per_s, seconds;
+  double loss, lr, grad_norm, samples_per_s, seconds, data_wait;
   std::string tail;  // validation columns: "" or ",v1,v2..." (FinetuneConfig::validate)
 };
 
-const char* kCsvHeader = "step,loss,lr,grad_norm,samples_per_s,step_seconds";
+// data_wait_s: the seconds of step_seconds the step waited for its samples (read ahead or not)
+const char* kCsvHeader = "step,loss,lr,grad_norm,samples_per_s,step_seconds,data_wait_s";
 
 std::string csv_row(const LogRow& r) {
   char b[256];
-  std::snprintf(b, sizeof b, "%lld,%.9g,%.9g,%.9g,%.4g,%.4g", (long long)r.step, r.loss, r.lr, r.grad_norm,
-                r.samples_per_s, r.seconds);
+  std::snprintf(b, sizeof b, "%lld,%.9g,%.9g,%.9g,%.4g,%.4g,%.4g", (long long)r.step, r.loss, r.lr, r.grad_norm,
+                r.samples_per_s, r.seconds, r.data_wait);
   return b + r.tail;
 }
 
@@ -137,13 +138,16 @@ std::vector<LogRow> read_log(const std::string& path, int64_t upto) {
   std::ifstream f(path);
   std::string line;
   std::getline(f, line);
+  const int fixed = line.find(",data_wait_s") != std::string::npos ? 7 : 6;  // a log of before the column: 6
   while (std::getline(f, line)) {
     LogRow r{};
-    if (std::sscanf(line.c_str(), "%lld,%lf,%lf,%lf,%lf,%lf", (long long*)&r.step, &r.loss, &r.lr, &r.grad_norm,
-                    &r.samples_per_s, &r.seconds) == 6 &&
-        r.step <= upto) {
+    const int n = fixed == 7 ? std::sscanf(line.c_str(), "%lld,%lf,%lf,%lf,%lf,%lf,%lf", (long long*)&r.step, &r.loss,
+                                           &r.lr, &r.grad_norm, &r.samples_per_s, &r.seconds, &r.data_wait)
+                             : std::sscanf(line.c_str(), "%lld,%lf,%lf,%lf,%lf,%lf", (long long*)&r.step, &r.loss,
+                                           &r.lr, &r.grad_norm, &r.samples_per_s, &r.seconds);
+    if (n == fixed && r.step <= upto) {
       size_t p = 0;
-      for (int commas = 0; commas < 6 && p != std::string::npos; ++commas) p = line.find(',', p + (commas > 0));
+      for (int commas = 0; commas < fixed && p != std::string::npos; ++commas) p = line.find(',', p + (commas > 0));
       r.tail = p == std::string::npos ? "" : line.substr(p);
       rows.push_back(r);
     }
@@ -336,7 +340,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
       if (tty && cfg.progress) std::fprintf(stderr, "\n");
       report_memory(t, mesh, "wxe: memory: ", dev);
     }
-    rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, ""});
+    rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, s.data_wait, ""});
     double valid_loss = NAN;
     if (cfg.validate) {
       std::string& tail = rows.back().tail;
@@ -375,14 +379,15 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
     if (cfg.progress && !g_quiet) {
       if (tty) {
         const int width = 24, fill = (int)(width * s.step / cfg.steps);
-        std::fprintf(stderr, "\r[%s%s] step %lld/%lld  loss %.4e  lr %.2e  %.2f samples/s  ETA %s   ",
+        std::fprintf(stderr, "\r[%s%s] step %lld/%lld  loss %.4e  lr %.2e  %.2f samples/s  data %.0f%%  ETA %s   ",
                      std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), (long long)s.step,
-                     (long long)cfg.steps, s.loss, s.lr, s.samples / s.seconds, fmt_time(eta).c_str());
+                     (long long)cfg.steps, s.loss, s.lr, s.samples / s.seconds, 100 * s.data_wait / s.seconds,
+                     fmt_time(eta).c_str());
         if (!left) std::fprintf(stderr, "\n");
       } else {
-        std::fprintf(stderr, "wxe: step %lld/%lld loss %.6e lr %.3e grad_norm %.3e %.2f samples/s ETA %s\n",
+        std::fprintf(stderr, "wxe: step %lld/%lld loss %.6e lr %.3e grad_norm %.3e %.2f samples/s data wait %.3f s ETA %s\n",
                      (long long)s.step, (long long)cfg.steps, s.loss, s.lr, s.grad_norm, s.samples / s.seconds,
-                     fmt_time(eta).c_str());
+                     s.data_wait, fmt_time(eta).c_str());
       }
     }
     if (cfg.save_every > 0 && s.step % cfg.save_every == 0 && left > 0) {

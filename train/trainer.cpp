@@ -55,6 +55,11 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
             graph_.inputs.size());
   input_name_ = graph_.values[graph_.inputs[0]].name;
   Sample first = data_->get(0);
+  if (cfg.prefetch > 0) {  // samples read ahead on a background thread while the steps run
+    auto p = std::make_unique<PrefetchSource>(std::move(data_), cfg.prefetch);
+    prefetch_ = p.get();
+    data_ = std::move(p);
+  }
   if (mesh_ && mesh_->world > 1) {  // what the data is, for the ranks to compare (paths may differ, contents may not)
     data_fp_ = fingerprint(str(data_->size(), "|"));
     for (const Tensor* t : {&first.input, &first.targets[0]}) data_fp_ = fingerprint(t->raw(), t->nbytes(), data_fp_);
@@ -330,10 +335,23 @@ StepLog Trainer::step() {
   // this dp group's micro-batches: j = dp_rank, dp_rank + dp, ... of the step's `accum`
   double loss_sum = 0;
   predict_calls_ = 0;
+  // an ensemble's dp ranks read the same samples (CREDIT: shared batches), each its own members
+  auto micro_of = [&](int64_t step, int j) {
+    return cfg_.ensemble_size > 1 ? step * (cfg_.accum / dp_) + j / dp_ : step * cfg_.accum + j;
+  };
+  if (prefetch_) {  // this step's samples and the next step's, read ahead in order
+    std::vector<int64_t> next;
+    for (int64_t st : {step_, step_ + 1})
+      for (int j = dp_rank_; j < cfg_.accum; j += dp_) next.push_back(sample_index(micro_of(st, j)));
+    prefetch_->want(next);
+  }
+  const double waited0 = prefetch_ ? prefetch_->waited_seconds() : 0;
+  double own_wait = 0;
   for (int j = dp_rank_; j < cfg_.accum; j += dp_) {
-    // an ensemble's dp ranks read the same samples (CREDIT: shared batches), each its own members
-    const int64_t micro = cfg_.ensemble_size > 1 ? step_ * (cfg_.accum / dp_) + j / dp_ : step_ * cfg_.accum + j;
+    const int64_t micro = micro_of(step_, j);
+    const auto r0 = std::chrono::steady_clock::now();
     Sample s = data_->get(sample_index(micro));
+    if (!prefetch_) own_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     Tensor x = std::move(s.input), pred;
     if (!s.forcing.empty()) s.forcing[0] = Tensor();  // x itself (the window slides in forcing[1..])
     log.samples += (int)x.shape[0];
@@ -467,6 +485,7 @@ StepLog Trainer::step() {
   log.samples *= dp_;  // every dp group did as many
   log.step = ++step_;
   log.seconds = seconds_since(t0);
+  log.data_wait = prefetch_ ? prefetch_->waited_seconds() - waited0 : own_wait;
   return log;
 }
 

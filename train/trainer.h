@@ -46,6 +46,7 @@ struct FinetuneConfig {
   bool resume = false;
   int64_t steps = 100;             // optimizer steps in total (a resumed run continues to it)
   int accum = 1;                   // micro-batches per optimizer step, over all dp groups together
+  int prefetch = 2;                // samples read ahead on a background thread (0: read in the step)
   int forecast_len = 1;            // rollout steps per sample
   int prognostic = -1;             // channels fed back in rollouts; -1: min(C_in, C_out)
   // With several data sources: per output channel the input channel it feeds in rollouts (-1:
@@ -140,6 +141,7 @@ struct FinetuneConfig {
 struct StepLog {
   int64_t step = 0;                // 1-based: optimizer steps done
   double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
+  double data_wait = 0;  // seconds of `seconds` the step waited for its samples
   int samples = 0;
 };
 
@@ -188,6 +190,7 @@ class Trainer {
  private:
   FinetuneConfig cfg_;
   std::unique_ptr<SampleSource> data_;
+  PrefetchSource* prefetch_ = nullptr;  // data_ itself when it reads ahead (FinetuneConfig::prefetch)
   Mesh* mesh_ = nullptr;
   int dp_ = 1, dp_rank_ = 0, tp_ = 1, tp_rank_ = 0, domain_ = 1, domain_rank_ = 0;
   std::map<std::string, TensorSlice> slices_;  // tp-sharded parameters: this rank's block of each

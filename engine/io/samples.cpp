@@ -1,6 +1,7 @@
 #include "engine/io/samples.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +10,91 @@
 #include "engine/io/npy.h"
 
 namespace wxe {
+
+PrefetchSource::PrefetchSource(std::unique_ptr<SampleSource> inner, int depth)
+    : inner_(std::move(inner)), depth_(std::max(1, depth)), thread_([this] { run(); }) {}
+
+PrefetchSource::~PrefetchSource() {
+  {
+    std::lock_guard<std::mutex> l(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void PrefetchSource::want(const std::vector<int64_t>& indices) {
+  {
+    std::lock_guard<std::mutex> l(m_);
+    for (int64_t i : indices)
+      if (!held_.count(i) && std::find(queue_.begin(), queue_.end(), i) == queue_.end()) queue_.push_back(i);
+  }
+  cv_.notify_all();
+}
+
+void PrefetchSource::run() {
+  std::unique_lock<std::mutex> l(m_);
+  for (;;) {
+    cv_.wait(l, [&] { return stop_ || (!queue_.empty() && (int64_t)held_.size() < depth_); });
+    if (stop_) return;
+    const int64_t i = queue_.front();
+    queue_.pop_front();
+    held_[i];  // started
+    l.unlock();
+    Held h;
+    try {
+      std::lock_guard<std::mutex> io(io_);
+      h.sample = inner_->get(i);
+    } catch (...) {
+      h.error = std::current_exception();
+    }
+    h.done = true;
+    l.lock();
+    auto it = held_.find(i);
+    if (it != held_.end()) it->second = std::move(h);  // (not taken meanwhile: get() waits for a started one)
+    cv_.notify_all();
+  }
+}
+
+Sample PrefetchSource::get(int64_t index) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waited = [&] { waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::unique_lock<std::mutex> l(m_);
+  auto it = held_.find(index);
+  if (it != held_.end()) {  // read ahead, or being read: wait for it
+    cv_.wait(l, [&] { return held_.at(index).done; });
+    Held h = std::move(held_.at(index));
+    held_.erase(index);
+    ++hits_;
+    waited();
+    l.unlock();
+    cv_.notify_all();  // room for the next read ahead
+    if (h.error) std::rethrow_exception(h.error);
+    return std::move(h.sample);
+  }
+  auto q = std::find(queue_.begin(), queue_.end(), index);
+  if (q != queue_.end()) queue_.erase(q);  // not started: read here
+  l.unlock();
+  Sample s;
+  {
+    std::lock_guard<std::mutex> io(io_);
+    s = inner_->get(index);
+  }
+  l.lock();
+  waited();
+  return s;
+}
+
+double PrefetchSource::waited_seconds() const {
+  std::lock_guard<std::mutex> l(m_);
+  return waited_;
+}
+
+int64_t PrefetchSource::hits() const {
+  std::lock_guard<std::mutex> l(m_);
+  return hits_;
+}
+
 
 namespace fs = std::filesystem;
 

@@ -2,9 +2,15 @@
 // netCDF/zarr pipeline (ERA5 files per year, YAML config, scalers, forcing and static
 // channels) implements the same interface.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/ir/tensor.h"
@@ -29,6 +35,44 @@ class SampleSource {
   virtual int64_t size() const = 0;             // number of samples for forecast_len
   virtual Sample get(int64_t index) const = 0;  // 0 <= index < size()
   virtual std::string describe() const = 0;     // one line for the log
+};
+
+// Reads ahead: the samples want() names are read on one background thread, at most `depth` of
+// them held (read, or being read); get(i) takes a sample read ahead (waiting while it is being
+// read) or reads it itself. An error reading ahead surfaces in the get() of that sample, as its
+// own read would have raised it. The wrapped source is read by one thread at a time.
+class PrefetchSource : public SampleSource {
+ public:
+  PrefetchSource(std::unique_ptr<SampleSource> inner, int depth);
+  ~PrefetchSource() override;
+  int64_t size() const override { return inner_->size(); }
+  Sample get(int64_t index) const override;
+  std::string describe() const override { return inner_->describe(); }
+  // The samples the next get()s will ask for, in order (already wanted or held: skipped).
+  void want(const std::vector<int64_t>& indices);
+  // Seconds get() has spent waiting for data (its own reads and reads ahead), in all.
+  double waited_seconds() const;
+  // Samples get() took from the reads ahead (for tests).
+  int64_t hits() const;
+
+ private:
+  struct Held {
+    bool done = false;
+    Sample sample;
+    std::exception_ptr error;
+  };
+  void run();
+  std::unique_ptr<SampleSource> inner_;
+  const int depth_;
+  mutable std::mutex m_;
+  mutable std::condition_variable cv_;
+  mutable std::deque<int64_t> queue_;       // wanted, not started
+  mutable std::map<int64_t, Held> held_;    // started or read
+  mutable double waited_ = 0;
+  mutable int64_t hits_ = 0;
+  bool stop_ = false;
+  mutable std::mutex io_;  // one read of inner_ at a time
+  std::thread thread_;
 };
 
 // A directory of .npy files: x_NNNN.npy (model input at time t) and y_NNNN.npy (the target
