@@ -295,6 +295,35 @@ def write_wb2(path, times, levels, groups, lat, lon, rng):
     ds.to_zarr(path, zarr_format=2, consolidated=True)
 
 
+def write_arco(pres_path, model_path, level_coord, times, levels, groups, lat, lon, rng):
+    """Local copies in Google's ARCO-ERA5 layout (as models/make_arco_fixture.py): the
+    pressure-level store holds every 2D variable, statics too, with a time axis, and the 3D ones
+    on `level`; with level_coord hybrid the 3D ones are in the model-level store on `hybrid`.
+    Latitudes descending, time in hours since 1900-01-01."""
+    import pandas as pd
+    import xarray as xr
+
+    H, W, T = len(lat), len(lon), len(times)
+    pres, model = {}, {}
+    for (t, dim), names in groups.items():
+        for v in names:
+            if dim == "3d":
+                (model if level_coord == "hybrid" else pres)[v] = (("time", level_coord, "latitude", "longitude"),
+                                                                   field(rng, (T, len(levels), H, W)))
+            else:
+                pres[v] = (("time", "latitude", "longitude"), field(rng, (T, H, W)))
+    for path, data, lc in ((pres_path, pres, "level"), (model_path, model, "hybrid")):
+        if not data:
+            continue
+        coords = {"time": pd.DatetimeIndex(times), "latitude": lat, "longitude": lon}
+        if any(len(d[0]) == 4 for d in data.values()):
+            coords[lc] = np.asarray(levels, dtype=np.int64)
+        ds = xr.Dataset(data, coords=coords)
+        ds.time.encoding.update({"units": "hours since 1900-01-01", "dtype": "int64"})
+        shutil.rmtree(path, ignore_errors=True)
+        ds.to_zarr(path, zarr_format=2, consolidated=True)
+
+
 def timestep_hours(conf):
     d = conf.get("data") or {}
     ts = str(d.get("timestep", "6h"))
@@ -319,6 +348,9 @@ def write_stats(tmp, groups_by_source, levels_by_source):
                 if dim == "3d":
                     mean[v] = (("level",), np.full(len(levels), 1.5, np.float32))
                     std[v] = (("level",), np.full(len(levels), 0.3, np.float32))
+                elif v == "tisr":  # computed (J m-2 over the timestep): its own scale, not the files' [1, 2]
+                    mean[v] = ((), np.float32(1.0e6))
+                    std[v] = ((), np.float32(1.0e6))
                 else:
                     mean[v] = ((), np.float32(1.5))
                     std[v] = ((), np.float32(0.3))
@@ -544,6 +576,14 @@ def prepare(name, text, tmp, log, variant=False):
                     continue
                 if s.get("dataset_type") == "weatherbench2_era5" and s.get("path"):
                     s["path"] = os.path.join(tmp, os.path.basename(s["path"]))
+                if s.get("dataset_type") == "arco_era5" and s.get("path"):
+                    for k in ("path", "model_level_path"):
+                        if s.get(k):
+                            s[k] = os.path.join(tmp, os.path.basename(s[k]))
+                    if section == "data":
+                        write_arco(s["path"], s.get("model_level_path"), level_coord, times, levels, groups, lat, lon, rng)
+                        log.write(f"wrote ARCO-ERA5-layout stores for {sname}\n")
+                    continue
                 if s.get("dataset_type", "local") != "local":
                     continue
                 # group variable types by path template
@@ -701,11 +741,10 @@ def variant_changes(conf):
     for sname, s in (sources_of(conf) or {}).items():
         if s.get("dataset_type") == "weatherbench2_era5":
             out.append(f"source {sname}: path of a local copy of the WeatherBench2 store (wxe's key)")
+        elif s.get("dataset_type") == "arco_era5":
+            out.append(f"source {sname}: path (and model_level_path) of local copies of the ARCO-ERA5 stores (wxe's keys)")
         elif s.get("dataset_type", "local") not in ("local", "tisr"):
             out.append(f"source {sname}: dataset_type {s.get('dataset_type')} -> local files")
-        vv = s.get("variables") or {}
-        if any(vars_of(vv.get(t))[0] for t in VTYPES) and not s.get("levels"):
-            out.append(f"source {sname}: levels listed")
     return out
 
 
@@ -725,6 +764,10 @@ def make_variant(conf):
             vv = s.get("variables") or {}
             if s.get("dataset_type") == "weatherbench2_era5":
                 s["path"] = f"/{sname}_wb2_copy.zarr"  # wxe's key: a local copy of the WeatherBench2 store
+            elif s.get("dataset_type") == "arco_era5":  # wxe's keys: local copies of ARCO-ERA5's stores
+                s["path"] = f"/{sname}_full_37-1h-0p25deg-chunk-1.zarr-v3"
+                if s.get("level_coord") == "hybrid":
+                    s["model_level_path"] = f"/{sname}_model-level-1h-0p25deg.zarr-v1"
             elif s.get("dataset_type", "local") not in ("local", "tisr"):
                 s["dataset_type"] = "local"
                 for k in REMOTE_KEYS:
@@ -732,8 +775,6 @@ def make_variant(conf):
                 for t in VTYPES:
                     if vv.get(t):
                         vv[t]["path"] = f"/{sname}_static.nc" if t == "static" else f"/{sname}_%Y.nc"
-            if any(vars_of(vv.get(t))[0] for t in VTYPES) and not s.get("levels"):
-                s["levels"] = list(range(int(m.get("levels", 2))))
     return ["variant: " + c for c in changes]
 
 
