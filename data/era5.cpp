@@ -811,6 +811,14 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
     : path_(path), file_(std::make_unique<TempFile>(path, ".nc")), tmp_(file_->name()), data_(data), init_(init) {
   WXE_ASSERT(!data.lat().empty());
   nc_check(nc_create(tmp_.c_str(), NC_NETCDF4 | NC_CLOBBER, &id_), tmp_);
+  // an error below leaves no open file behind (no destructor runs for a constructor that throws)
+  struct CloseOnError {
+    int& id;
+    bool done = false;
+    ~CloseOnError() {
+      if (!done && id >= 0) nc_abort(id);
+    }
+  } guard{id_};
   const CreditConfig& c = data.config();
   int dt, dl = -1, dy, dx;
   nc_check(nc_def_dim(id_, "time", (size_t)steps, &dt), tmp_);
@@ -890,6 +898,7 @@ ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, in
   if (any3d) nc_check(nc_put_var_double(id_, vl, levels.data()), tmp_);
   nc_check(nc_put_var_double(id_, vy, data.lat().data()), tmp_);
   nc_check(nc_put_var_double(id_, vx, data.lon().data()), tmp_);
+  guard.done = true;
 }
 
 std::string ForecastWriter::nc_name(const ChannelInfo& c) const {
@@ -927,13 +936,14 @@ void ForecastWriter::write(int k, const Tensor& y) {
 
 void ForecastWriter::close() {
   if (id_ < 0) return;
-  nc_check(nc_close(id_), tmp_);
+  const int rc = nc_close(id_);  // closed even when it fails: never closed twice
   id_ = -1;
+  nc_check(rc, tmp_);
   file_->commit();  // fsync, the replaced file's mode, rename over path_
 }
 
 ForecastWriter::~ForecastWriter() {
-  if (id_ >= 0) nc_close(id_);  // not closed: an error; file_ removes the partial file
+  if (id_ >= 0) nc_abort(id_);  // not closed: an error; file_ removes the partial file
 }
 
 }  // namespace wxe
