@@ -62,25 +62,32 @@ void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what
 }
 
 void check_options_agree(Communicator& world, const std::vector<RankOption>& options) {
-  if (world.size() <= 1 || options.empty()) return;
-  const int64_t n = (int64_t)options.size(), size = world.size();
-  Tensor mine(DType::I64, {n}), all(DType::I64, {size * n});
-  for (int64_t i = 0; i < n; ++i) mine.data<int64_t>()[i] = (int64_t)(fingerprint(options[i].compared) >> 1);
+  if (world.size() <= 1) return;
+  // a fixed count of fingerprints (options past the last slot folded into it): ranks with
+  // lists of other lengths (another command) still make the same collective
+  constexpr int64_t kSlots = 64;
+  const int64_t n = std::min<int64_t>((int64_t)options.size(), kSlots), size = world.size();
+  Tensor mine = Tensor::zeros(DType::I64, {kSlots}), all(DType::I64, {size * kSlots});
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < options.size(); ++i) {
+    h = i < (size_t)kSlots - 1 ? fingerprint(options[i].compared) : fingerprint(options[i].compared.data(), options[i].compared.size(), h);
+    mine.data<int64_t>()[std::min<size_t>(i, kSlots - 1)] = (int64_t)(h >> 1);
+  }
   world.all_gather(mine, all);
   const int64_t* fp = all.data<int64_t>();
   for (int64_t r = 1; r < size; ++r)
-    for (int64_t i = 0; i < n; ++i) {
-      if (fp[r * n + i] == fp[i]) continue;
+    for (int64_t i = 0; i < kSlots; ++i) {
+      if (fp[r * kSlots + i] == fp[i]) continue;
       // every rank found the same (r, i): gather that option's text to name both values
       constexpr int64_t kWords = 32;  // 256 bytes: the value as printable() shortens it
       Tensor text = Tensor::zeros(DType::I64, {kWords}), texts(DType::I64, {size * kWords});
-      const std::string& v = options[i].value;
+      const std::string v = i < n ? options[i].value : std::string("?");
       const std::string mine_text = v.empty() ? "(not given)" : "'" + printable(v, 120) + "'";
       std::memcpy(text.raw(), mine_text.data(), std::min<size_t>(mine_text.size(), kWords * 8 - 1));
       world.all_gather(text, texts);
       const char* t = (const char*)texts.raw();
       const std::string theirs(t + r * kWords * 8), first(t);
-      fail("rank ", r, " was started with another ", options[i].name, " than rank 0 (", theirs, " on rank ", r, ", ", first,
+      fail("rank ", r, " was started with another ", i < n ? options[i].name : std::string("option"), " than rank 0 (", theirs, " on rank ", r, ", ", first,
            " on rank 0", theirs == first ? ": files of one name with other contents" : "",
            "): every rank must be given the same options");
     }

@@ -49,8 +49,9 @@ void check_same_on_all_ranks(const Mesh& m, uint64_t fp, const std::string& what
 struct RankOption {
   std::string name, value, compared;
 };
-// Compares the options (the same names in the same order on every rank) with one all_gather of
-// their fingerprints over `world`; call it before any other collective. A difference throws the
+// Compares the options (the command first, so that the lists agree in their names) with one
+// all_gather of 64 fingerprints over `world` (a fixed size: lists of other lengths still meet);
+// call it before any other collective. A difference throws the
 // same Error on every rank, naming the first option that differs and both values: "rank 1 was
 // started with another --steps than rank 0 ('4' on rank 1, '3' on rank 0): ...". Then one more
 // all_gather, of the values' text (only when they differ), so no rank waits for another.

@@ -830,7 +830,8 @@ int main(int argc, char** argv) {
   // Files by their contents (node-local copies at other paths agree); --data by its samples,
   // later (train/trainer.cpp).
   for (CLI::App* cmd : {infer, finetune, forecast})
-    if (cmd->parsed())
+    if (cmd->parsed()) {
+      session.same_options.push_back({"command", cmd->get_name(), cmd->get_name()});  // first: the lists' lengths follow
       for (const CLI::Option* o : cmd->get_options()) {
         const std::string name = o->get_name();
         if (name == "--help" || name == "--threads" || name == "--output" || name == "--data") continue;
@@ -841,6 +842,7 @@ int main(int argc, char** argv) {
         }
         session.same_options.push_back({name, value, compared});
       }
+    }
   Mesh mesh;
   try {  // every rank raises the same error for a bad --tp, so no hang (parallel/mesh_session.h)
     mesh = start_mesh(session);

@@ -56,6 +56,9 @@ differ finetune-activation-checkpoint "rank 1 was started with another --activat
   "${ft[@]}" --tp 2 -- -- --activation-checkpoint none
 differ finetune-weights "rank 1 was started with another --weights than rank 0 ((not given) on rank 1" \
   "${ft[@]}" --domain 2 -- --weights "$d/crossformer_tiny_checkpoint.pt" --
+# another command on rank 1 (option lists of other lengths): named, no hang
+differ other-command "rank 1 was started with another command than rank 0 ('forecast' on rank 1, 'infer' on rank 0)" \
+  -- "${inf[@]}" -i "$src/models/wxformer_tiny/x.npy" --domain 2 -- "${fc[@]}" --init 2020-12-31T18
 # --tp x --domain past INT_MAX: an error, not SIGFPE or an assertion
 if timeout 60 "$mpiexec" --oversubscribe -n 2 "$wxe" "${inf[@]}" -i "$src/models/wxformer_tiny/x.npy" --tp 2 --domain 2147483647 \
    >"$tmp/out" 2>"$tmp/err"; then rc=0; else rc=$?; fi
