@@ -1,6 +1,7 @@
 #include "data/era5.h"
 
 #include <netcdf.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <limits>
@@ -810,6 +811,21 @@ std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> 
 ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, int64_t init, int steps)
     : path_(path), file_(std::make_unique<TempFile>(path, ".nc")), tmp_(file_->name()), data_(data), init_(init) {
   WXE_ASSERT(!data.lat().empty());
+  // HDF5 keeps a file whose header write fails open and crashes on it at exit: first the file's
+  // size (its float32 values and 1 MiB for the rest) against the disk's free space and the
+  // process's file size limit (a later failure is still named by nc_check)
+  const double need = (double)steps * (double)(data.target_channels().size() + data.computed_channels().size()) *
+                          (double)data.lat().size() * (double)data.lon().size() * 4.0 + 1048576.0;
+  const fs::path dir = fs::path(tmp_).parent_path();
+  std::error_code ec;
+  const fs::space_info sp = fs::space(dir.empty() ? fs::path(".") : dir, ec);
+  if (!ec && (double)sp.available < need)
+    fail(tmp_, ": cannot write netCDF: the forecast needs about ", (int64_t)(need / 1048576) + 1, " MiB and ",
+         dir.empty() ? "." : dir.string(), " has ", (int64_t)(sp.available / 1048576), " MiB free (No space left on device)");
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && (double)lim.rlim_cur < need)
+    fail(tmp_, ": cannot write netCDF: the forecast needs about ", (int64_t)(need / 1048576) + 1, " MiB and the file size "
+         "limit (ulimit -f) is ", (int64_t)lim.rlim_cur, " bytes (File too large)");
   nc_check(nc_create(tmp_.c_str(), NC_NETCDF4 | NC_CLOBBER, &id_), tmp_);
   // an error below leaves no open file behind (no destructor runs for a constructor that throws)
   struct CloseOnError {

@@ -449,28 +449,33 @@ TEST(Zarr, LegalEdgeCasesRead) {
 }
 
 // A forecast file that cannot be written for want of space says so (was: "NetCDF: HDF error"
-// alone); here a file size limit stands for a full disk.
+// alone); here a file size limit stands for a full disk. The size is checked before the file
+// is created: a limit inside the header (4 KiB) left HDF5 holding a broken file it crashed on at
+// exit (this test's process then died after passing), one past it (64 KiB) failed the data's writes.
 TEST(ForecastFile, AFullDiskIsNamed) {
   CreditConfig c = read_credit_config(data_path("tests/data/era5_tiny/config.yml"));
   Era5Data d(c);
   (void)d.input(parse_datetime("2020-12-31T18", "t"));
   Tensor out = Tensor::zeros(DType::F32, {1, (int64_t)d.target_channels().size(), 1, 32, 64});
   const std::string path = tmp_path("full_disk.nc");
-  struct rlimit old, small;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
-  signal(SIGXFSZ, SIG_IGN);
-  small = old;
-  small.rlim_cur = 65536;  // past the metadata: the data's writes fail
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
-  const std::string e = error_of([&] {
-    ForecastWriter w(path, d, parse_datetime("2020-12-31T18", "t"), 4);
-    for (int k = 0; k < 4; ++k) w.write(k, out);
-    w.close();
-  });
-  setrlimit(RLIMIT_FSIZE, &old);
-  EXPECT_NE(e.find("cannot write netCDF"), std::string::npos) << e;
-  EXPECT_NE(e.find("(File too large)"), std::string::npos) << e;
-  EXPECT_FALSE(fs::exists(path));
+  for (rlim_t limit : {(rlim_t)4096, (rlim_t)65536}) {
+    struct rlimit old, small;
+    ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, SIG_IGN);
+    small = old;
+    small.rlim_cur = limit;
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+    const std::string e = error_of([&] {
+      ForecastWriter w(path, d, parse_datetime("2020-12-31T18", "t"), 4);
+      for (int k = 0; k < 4; ++k) w.write(k, out);
+      w.close();
+    });
+    setrlimit(RLIMIT_FSIZE, &old);
+    EXPECT_NE(e.find("cannot write netCDF"), std::string::npos) << e;
+    EXPECT_NE(e.find("(File too large)"), std::string::npos) << e;
+    EXPECT_NE(e.find("the file size limit (ulimit -f) is " + std::to_string(limit) + " bytes"), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(path));
+  }
 }
 
 // Issue 42: a variable read level by level, its level coordinate read before each level (as
