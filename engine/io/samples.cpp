@@ -35,7 +35,10 @@ void PrefetchSource::want(const std::vector<int64_t>& indices) {
 void PrefetchSource::run() {
   std::unique_lock<std::mutex> l(m_);
   for (;;) {
-    cv_.wait(l, [&] { return stop_ || (!queue_.empty() && (int64_t)held_.size() < depth_); });
+    // room for another read ahead, or the read a get() waits for
+    cv_.wait(l, [&] {
+      return stop_ || (!queue_.empty() && ((int64_t)held_.size() < depth_ || queue_.front() == demanded_));
+    });
     if (stop_) return;
     const int64_t i = queue_.front();
     queue_.pop_front();
@@ -72,17 +75,23 @@ Sample PrefetchSource::get(int64_t index) const {
     if (h.error) std::rethrow_exception(h.error);
     return std::move(h.sample);
   }
+  // not read ahead: read on the background thread too, first, so that the caller's thread never
+  // reads (what it allocates is the same whichever way the sample came: the trainer's step arena
+  // replays a step's allocations)
   auto q = std::find(queue_.begin(), queue_.end(), index);
-  if (q != queue_.end()) queue_.erase(q);  // not started: read here
-  l.unlock();
-  Sample s;
-  {
-    std::lock_guard<std::mutex> io(io_);
-    s = inner_->get(index);
-  }
-  l.lock();
+  if (q != queue_.end()) queue_.erase(q);
+  queue_.push_front(index);
+  demanded_ = index;
+  cv_.notify_all();
+  cv_.wait(l, [&] { return held_.count(index) && held_.at(index).done; });
+  demanded_ = -1;
+  Held h = std::move(held_.at(index));
+  held_.erase(index);
   waited();
-  return s;
+  l.unlock();
+  cv_.notify_all();
+  if (h.error) std::rethrow_exception(h.error);
+  return std::move(h.sample);
 }
 
 double PrefetchSource::waited_seconds() const {

@@ -39,7 +39,7 @@ class SampleSource {
 
 // Reads ahead: the samples want() names are read on one background thread, at most `depth` of
 // them held (read, or being read); get(i) takes a sample read ahead (waiting while it is being
-// read) or reads it itself. An error reading ahead surfaces in the get() of that sample, as its
+// read), or has the thread read it next and waits: every read is on that thread. An error reading ahead surfaces in the get() of that sample, as its
 // own read would have raised it. The wrapped source is read by one thread at a time.
 class PrefetchSource : public SampleSource {
  public:
@@ -69,6 +69,7 @@ class PrefetchSource : public SampleSource {
   mutable std::deque<int64_t> queue_;       // wanted, not started
   mutable std::map<int64_t, Held> held_;    // started or read
   mutable double waited_ = 0;
+  mutable int64_t demanded_ = -1;  // the sample a get() waits for (read even with no room)
   mutable int64_t hits_ = 0;
   bool stop_ = false;
   mutable std::mutex io_;  // one read of inner_ at a time
