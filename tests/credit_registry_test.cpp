@@ -442,7 +442,8 @@ TEST(CreditSchedules, PlateauFollowsTheValidationLossAndResumes) {
   fs::remove_all(a);
   fs::remove_all(b);
   const FinetuneConfig fc = run(a, 6, false);
-  const std::vector<std::string> lr = column(a + "/training_log.csv", 2), valid = column(a + "/training_log.csv", 6);
+  // columns: step, loss, lr, grad_norm, samples_per_s, step_seconds, data_wait_s, valid_loss, ...
+  const std::vector<std::string> lr = column(a + "/training_log.csv", 2), valid = column(a + "/training_log.csv", 7);
   ASSERT_EQ(lr.size(), 6u);
   // the schedule replayed on the logged validation losses of epochs 1 and 2
   Schedule s = fc.schedule;
