@@ -50,6 +50,18 @@ std::pair<double, int64_t> time_units(const std::string& units, const std::strin
   return {s, parse_datetime(date, where)};
 }
 
+// The files in `pattern`'s folder whose names its last part ('*', '?') matches, sorted.
+std::vector<std::string> matching_files(const std::string& pattern) {
+  const fs::path dir = fs::path(pattern).parent_path().empty() ? fs::path(".") : fs::path(pattern).parent_path();
+  const std::string pat = fs::path(pattern).filename().string();
+  std::vector<std::string> hits;
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (glob_match(pat, e.path().filename().string())) hits.push_back(e.path().string());
+  std::sort(hits.begin(), hits.end());
+  return hits;
+}
+
 std::string strftime_utc(const std::string& tmpl, int64_t t) {
   time_t tt = (time_t)t;
   std::tm tm{};
@@ -178,10 +190,14 @@ Tensor Era5Data::compute_diagnostics(const Tensor& y, int64_t t, const Tensor* g
   Shape shape = y.shape;
   shape[1] = C2;
   Tensor out(DType::F32, shape);
-  std::vector<float> zs((size_t)n);
   int64_t at = 0;  // the block's first output channel
   for (const Computed& c : comp_) {
-    read_var(in_[c.zs], t, zs.data());
+    if (c.zs_time != t || c.zs_raw.empty()) {  // the static, read once per time (the loss calls this thrice a step)
+      c.zs_raw.resize((size_t)n);
+      read_var(in_[c.zs], t, c.zs_raw.data());
+      c.zs_time = t;
+    }
+    const std::vector<float>& zs = c.zs_raw;
     const int64_t L = (int64_t)c.levels.a.size() - 1;
     const bool flip = cfg_.computed[computed_[at].computed].flip;
     for (int64_t b = 0; b < y.dim(0); ++b) {  // each sample (or ensemble member) of the batch
@@ -215,13 +231,8 @@ void Era5Data::levels_from_files(SourceConfig& sc) const {
     if (g->path.empty()) continue;
     std::string pat = g->path;
     for (size_t i = pat.find('%'); i != std::string::npos && i + 1 < pat.size(); i = pat.find('%', i + 1)) pat.replace(i, 2, "*");
-    const fs::path dir = fs::path(pat).parent_path();
-    std::vector<std::string> hits;
-    if (fs::is_directory(dir.empty() ? "." : dir))
-      for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir))
-        if (glob_match(fs::path(pat).filename().string(), e.path().filename().string())) hits.push_back(e.path().string());
+    const std::vector<std::string> hits = matching_files(pat);
     if (hits.empty()) continue;
-    std::sort(hits.begin(), hits.end());
     std::unique_ptr<DataFile> f = open_data_file(hits[0]);
     if (!f->has(sc.level_coord))
       fail(where, ": missing, and ", hits[0], " (whose levels CREDIT would take) has no coordinate '", sc.level_coord, "'");
@@ -491,12 +502,7 @@ DataFile& Era5Data::file_for(const ChannelInfo& c, int64_t t) const {
   const std::string& tpl = c.is3d && !g.path_3d.empty() ? g.path_3d : g.path;
   std::string p = strftime_utc(tpl, t);
   if (p.find('*') != std::string::npos || p.find('?') != std::string::npos) {
-    const fs::path dir = fs::path(p).parent_path();
-    const std::string pat = fs::path(p).filename().string();
-    std::vector<std::string> hits;
-    if (fs::is_directory(dir.empty() ? "." : dir))
-      for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir))
-        if (glob_match(pat, e.path().filename().string())) hits.push_back(e.path().string());
+    const std::vector<std::string> hits = matching_files(p);
     if (hits.size() != 1)
       fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", tpl, "': ",
            hits.empty() ? "no file" : "several files", " match ", p, " (variable '", var, "' at ", format_datetime(t),

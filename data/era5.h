@@ -128,6 +128,8 @@ class Era5Data {
   struct Computed {
     HybridLevels levels;
     int64_t zs = -1, sp = -1, t = -1, q = -1;  // zs an input channel; sp, t, q (its first level) targets
+    mutable std::vector<float> zs_raw;  // zs's raw values at zs_time
+    mutable int64_t zs_time = 0;
   };
   std::vector<Computed> comp_;
   std::vector<ChannelInfo> computed_;

@@ -29,6 +29,22 @@ const std::string kReg = data_path("tests/data/credit_registry/");
 Json read_json(const std::string& file) { return parse_json(slurp(kReg + file), file); }
 double num(const Json& j) { return parse_double(j.s, "json"); }
 
+// Per channel (dim 1) of two gradients, the relative L2 distance |got - want| / |want|.
+std::vector<double> channel_rel_l2(const Tensor& got, const Tensor& want) {
+  const int64_t C = got.shape[1], hw = got.numel() / C;
+  std::vector<double> out;
+  for (int64_t ch = 0; ch < C; ++ch) {
+    double dd = 0, rr = 0;
+    for (int64_t i = 0; i < hw; ++i) {
+      const double a = got.data<float>()[ch * hw + i], b = want.data<float>()[ch * hw + i];
+      dd += (a - b) * (a - b);
+      rr += b * b;
+    }
+    out.push_back(std::sqrt(dd / rr));
+  }
+  return out;
+}
+
 
 // A JSON scalar as YAML text (numbers and strings; null as ~).
 std::string yaml_scalar(const Json& j) {
@@ -210,15 +226,9 @@ TEST(CreditGolden, BaseLossMatchesCredit) {
   // the physical value by 2e-5 relative: see PreAndPostblocksMatchCredit) within 1e-4
   const Tensor rg = read_npy(kReg + "baseloss_grad.npy");
   ASSERT_EQ(rg.shape, g.shape);
-  const int64_t C = g.shape[1], hw = g.numel() / C;
-  for (int64_t ch = 0; ch < C; ++ch) {
-    double dd = 0, rr = 0;
-    for (int64_t i = 0; i < hw; ++i) {
-      const double a = g.data<float>()[ch * hw + i], b = rg.data<float>()[ch * hw + i];
-      dd += (a - b) * (a - b);
-      rr += b * b;
-    }
-    EXPECT_LE(std::sqrt(dd / rr), ch < 2 ? 1e-4 : 1e-6) << "channel " << ch;
+  const std::vector<double> rel = channel_rel_l2(g, rg);
+  for (int64_t ch = 0; ch < (int64_t)rel.size(); ++ch) {
+    EXPECT_LE(rel[ch], ch < 2 ? 1e-4 : 1e-6) << "channel " << ch;
   }
   // the validation criterion: its loss where no override says otherwise
   std::vector<LossFunction> per = fc.channel_losses;
@@ -268,17 +278,11 @@ TEST(CreditGolden, BaseLossScoresTheComputedGeopotentialAsCredit) {
   for (int64_t i = 0; i < g.numel(); ++i) g.data<float>()[i] *= d.data<float>()[i];
   const Tensor rg = read_npy(kReg + "baseloss_geo_grad.npy");
   ASSERT_EQ(rg.shape, g.shape);
-  const int64_t C = g.shape[1], hw = g.numel() / C;
-  for (int64_t ch = 0; ch < C; ++ch) {
-    double dd = 0, rr = 0;
-    for (int64_t i = 0; i < hw; ++i) {
-      const double a = g.data<float>()[ch * hw + i], b = rg.data<float>()[ch * hw + i];
-      dd += (a - b) * (a - b);
-      rr += b * b;
-    }
+  const std::vector<double> rel = channel_rel_l2(g, rg);
+  for (int64_t ch = 0; ch < (int64_t)rel.size(); ++ch) {
     // tp (channel 5): where prediction and target are 40 float32 ulps apart, CREDIT's float64
     // postblocks and wxe's float32 ones round their difference apart by a few of them
-    EXPECT_LE(std::sqrt(dd / rr), ch == 5 ? 5e-3 : 1e-4) << "channel " << ch;
+    EXPECT_LE(rel[ch], ch == 5 ? 5e-3 : 1e-4) << "channel " << ch;
   }
   // include_computed_diagnostics false: the targets alone, weighed among themselves
   std::string text = slurp(cfg);
