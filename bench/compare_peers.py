@@ -243,6 +243,9 @@ def child_torch(a):
         torch.backends.cuda.matmul.allow_tf32 = False
         model, x = model.cuda(), x.cuda()
         log(f"on {torch.cuda.get_device_name()}, TF32 off")
+    if a.torch_compile:  # compiled on the warm-up run, which is not timed
+        model = torch.compile(model)
+        log("torch.compile (default mode)")
 
     def run():
         # --torch-bf16: autocast, PyTorch's bf16 inference (matmuls and convs in bf16)
@@ -350,7 +353,7 @@ def peer_wxe(a):
     return res
 
 
-def peer_py(kind, a):
+def peer_py(kind, a, compiled=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", kind, a.model, a.input,
            "--threads", str(a.threads), "--runs", str(a.runs), "--device", a.device]
     if a.expected:
@@ -361,6 +364,8 @@ def peer_py(kind, a):
             cmd += ["--torch-weights", a.torch_weights]
         if a.torch_bf16:
             cmd += ["--torch-bf16"]
+        if compiled:
+            cmd += ["--torch-compile"]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(a.threads))
     rc, out, err, rss = run_child(cmd, env=env)
@@ -386,11 +391,14 @@ def main(argv=None):
     p.add_argument("--torch-weights", help="ONNX / checkpoint / TorchScript file (default: MODEL)")
     p.add_argument("--expected", help="expected output .npy: report each peer's max abs error (wxe: from a "
                    "separate untimed `wxe infer --compare` run)")
-    p.add_argument("--peers", default="wxe,ort,torch")
+    p.add_argument("--peers", default="wxe,ort,torch",
+                   help="comma-separated: wxe, ort, torch (PyTorch eager), torch_compile (torch.compile, "
+                        "compiled in the untimed warm-up run)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: wxe --device cuda, ONNX Runtime's CUDA provider, PyTorch on the GPU (fp32, TF32 off)")
     p.add_argument("--torch-bf16", action="store_true",
                    help="PyTorch under torch.autocast(bfloat16), to compare with --wxe-arg=--precision --wxe-arg=bf16")
+    p.add_argument("--torch-compile", action="store_true", help=argparse.SUPPRESS)  # the torch_compile peer's child
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--_child", choices=["ort", "torch"], help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -412,6 +420,10 @@ def main(argv=None):
             if not a.torch_model:
                 continue
             results["pytorch"] = peer_py("torch", a)
+        elif peer == "torch_compile":
+            if not a.torch_model:
+                continue
+            results["torch.compile"] = peer_py("torch", a, compiled=True)
         else:
             p.error(f"unknown peer {peer}")
         name = list(results)[-1]

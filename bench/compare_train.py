@@ -5,7 +5,7 @@ Usage (the PyTorch side needs the venv described in models/export_credit.py):
 
     $WXE_PYTHON bench/compare_train.py \\
         [--models crossformer_tiny,wxformer_tiny,wxformer_v2026] [--threads 1,2] \\
-        [--runs R] [--wxe build/wxe] [--engines wxe,torch] [--busy N] [--json OUT]
+        [--runs R] [--wxe build/wxe] [--engines wxe,torch[,torch_compile]] [--busy N] [--json OUT]
 
     e.g. the tiny models at 1 and 2 threads, then the benchmark model with fewer runs:
     $WXE_PYTHON bench/compare_train.py --models crossformer_tiny,wxformer_tiny
@@ -144,6 +144,9 @@ def child_torch(a):
         torch.backends.cuda.matmul.allow_tf32 = False
         model, x, target, wlat, wvar = (t.cuda() for t in (model, x, target, wlat, wvar))
         notes.append(f"on {torch.cuda.get_device_name()}, TF32 off")
+    if a.torch_compile:  # compiled in the warm-up step, which is not timed
+        model = torch.compile(model)
+        notes.append("torch.compile (default mode)")
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     params = [p for p in model.parameters()]
     load_s = time.perf_counter() - t0
@@ -173,9 +176,11 @@ def child_torch(a):
 # --------------------------------------------------------------------------- parent
 
 
-def engine_torch(a, model, threads):
+def engine_torch(a, model, threads, compiled=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", model, "--threads", str(threads),
            "--runs", str(a.runs), "--device", a.device]
+    if compiled:
+        cmd.append("--torch-compile")
     if a.torch_sn:
         cmd.append("--torch-sn")
     if a.checkpoint:
@@ -247,6 +252,10 @@ def print_table(rows, a):
                       f"{'-':>11} {'-':>10}  ({r['error']})")
                 continue
             rt = rm = "-"
+            if eng == "wxe" and "median_ms" in res.get("compiled", {}):
+                extra_c = f" (vs torch.compile {r['median_ms'] / res['compiled']['median_ms']:.2f}x)"
+            else:
+                extra_c = ""
             if eng == "wxe" and "median_ms" in pt:
                 rt = f"{r['median_ms'] / pt['median_ms']:.2f}x"
                 rm = f"{r['peak_rss_mb'] / pt['peak_rss_mb']:.2f}x"
@@ -254,7 +263,7 @@ def print_table(rows, a):
                     rm += f" (GPU memory {r['device_peak_mb']:.0f} / {pt['device_peak_mb']:.0f} MB = "
                     rm += f"{r['device_peak_mb'] / pt['device_peak_mb']:.2f}x)"
             print(f"{model:<16} {threads:>3} {eng:<8} {r['median_ms']:>10.1f} {r['min_ms']:>10.1f} "
-                  f"{r['max_ms']:>10.1f} {r['peak_rss_mb']:>12.1f} {rt:>11} {rm:>10}")
+                  f"{r['max_ms']:>10.1f} {r['peak_rss_mb']:>12.1f} {rt:>11} {rm:>10}{extra_c}")
     for (model, threads), res in rows:
         for eng, r in res.items():
             if "error" in r:
@@ -282,7 +291,10 @@ def main(argv=None):
     p.add_argument("--wxe", default=os.path.join(REPO, "build", "wxe"), help="wxe binary (default build/wxe)")
     p.add_argument("--wxe-arg", action="append", default=[],
                    help="extra argument for `wxe bench --train` (repeat)")
-    p.add_argument("--engines", default="wxe,torch")
+    p.add_argument("--engines", default="wxe,torch",
+                   help="comma-separated: wxe, torch (PyTorch eager), torch_compile (torch.compile, compiled in "
+                        "the untimed warm-up step); ratios are against eager")
+    p.add_argument("--torch-compile", action="store_true", help=argparse.SUPPRESS)  # the compiled engine's child
     p.add_argument("--torch-sn", action="store_true",
                    help="PyTorch side of wxformer_v2026 with spectral norm (default off, like the baked graph)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -315,13 +327,15 @@ def main(argv=None):
         for t in threads:
             res = {}
             for eng in engines:
-                if eng not in ("wxe", "torch"):
+                if eng not in ("wxe", "torch", "torch_compile"):
                     p.error(f"unknown engine {eng}")
                 with busy(a.busy):
                     if eng == "wxe":
                         res["wxe"] = engine_wxe(a, model, t)
-                    else:
+                    elif eng == "torch":
                         res["pytorch"] = engine_torch(a, model, t)
+                    else:
+                        res["compiled"] = engine_torch(a, model, t, compiled=True)
                 name = list(res)[-1]
                 r = res[name]
                 msg = r["error"] if "error" in r else f"median {r['median_ms']:.1f} ms, peak RSS {r['peak_rss_mb']:.0f} MB"

@@ -2,7 +2,7 @@
 # Stages a CUDA build for a GPU machine that has the CUDA/cuDNN runtime but none of the build
 # dependencies: build/wxe and build/wxe_tests (debug info stripped, xz), the shared libraries
 # they need that are not system or CUDA libraries (xz tarball), the models the GPU tests read,
-# and run.sh, which runs them there (tools/gpu_train_check.sh adds the training checks).
+# and run.sh, which runs them there (tools/gpu_check.sh runs it with the inference and training benchmarks).
 #   tools/gpu_stage.sh DIR            (DIR: e.g. .dev)
 # Environment: STAGE_DATA="repo-relative files" (default: every model the GPU tests read);
 # STAGE_LIBS=0 leaves the libraries out (run.sh then takes LIBS_TARBALL, an xz tarball of
