@@ -22,10 +22,12 @@ std::vector<TypeShape> same_shape(const Node& n, const std::vector<const Value*>
   return {{in[0]->dtype, in[0]->shape}};
 }
 
+// The backend whose memory t is in: the first registered one of its kind that can run here
+// (a build with CUDA registers its cuda backend on machines without a GPU too).
 Backend& backend_of(const Tensor& t) {
   for (const std::string& name : backend_names()) {
     Backend* b = find_backend(name);
-    if (b->device() == t.device()) return *b;
+    if (b->device() == t.device() && (b->device() == DeviceKind::CPU || b->available(nullptr))) return *b;
   }
   fail("no backend holds ", device_name(t.device()), " memory");
 }
@@ -421,6 +423,76 @@ void halo_tp_backward(const Node& n, const std::vector<const Tensor*>& in, const
   if (r > 0) copy_rows(gx, rows, all.data<float>() + (r - 1) * per + a, 0, h.bottom, h.b, false, true);
 }
 
+// The band collectives on a device backend: their tensors brought to host memory, the host
+// kernel above run on them, the outputs copied back. The exchange itself goes through the
+// communicator's host path (MPI, or NCCL staging host buffers through the GPU). A shape-only
+// tensor (a value the backward does not read) stays as it is: only its shape is read.
+Backend* device_backend_of(std::initializer_list<const std::vector<const Tensor*>*> lists,
+                           const std::vector<Tensor*>& outs) {
+  for (const auto* l : lists)
+    for (const Tensor* t : *l)
+      if (t && t->defined() && t->device() != DeviceKind::CPU) return &backend_of(*t);
+  for (const Tensor* t : outs)
+    if (t && t->defined() && t->device() != DeviceKind::CPU) return &backend_of(*t);
+  return nullptr;
+}
+
+struct HostCopies {
+  std::vector<Tensor> keep;
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+  HostCopies(Backend* b, const std::vector<const Tensor*>& ins, const std::vector<Tensor*>& outs) {
+    keep.reserve(ins.size() + outs.size());
+    for (const Tensor* t : ins) {
+      if (!t || !t->defined() || t->device() == DeviceKind::CPU) {
+        in.push_back(t);
+        continue;
+      }
+      keep.push_back(b->download(*t));
+      in.push_back(&keep.back());
+    }
+    for (Tensor* t : outs) {
+      if (!t || t->device() == DeviceKind::CPU) {
+        out.push_back(t);
+        continue;
+      }
+      keep.push_back(Tensor(t->dtype, t->shape));
+      out.push_back(&keep.back());
+    }
+  }
+  void upload(Backend* b, const std::vector<Tensor*>& outs) {
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (out[i] != outs[i] && outs[i]->nbytes()) b->copy_to_device(outs[i]->raw(), out[i]->raw(), outs[i]->nbytes());
+  }
+};
+
+template <KernelFn F>
+void staged(const Node& n, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+  Backend* b = device_backend_of({&in}, out);
+  if (!b) return F(n, in, out);
+  b->synchronize();  // the kernels that wrote the inputs
+  HostCopies h(b, in, out);
+  F(n, h.in, h.out);
+  h.upload(b, out);
+}
+
+template <BackwardFn F>
+void staged_backward(const Node& n, const std::vector<const Tensor*>& in, const std::vector<const Tensor*>& outs,
+                     const std::vector<const Tensor*>& gout, const std::vector<Tensor*>& gin) {
+  Backend* b = device_backend_of({&in, &outs, &gout}, gin);
+  if (!b) return F(n, in, outs, gout, gin);
+  b->synchronize();
+  std::vector<const Tensor*> reads = in;
+  reads.insert(reads.end(), outs.begin(), outs.end());
+  reads.insert(reads.end(), gout.begin(), gout.end());
+  HostCopies h(b, reads, gin);
+  const auto at = [&](size_t from, size_t count) {
+    return std::vector<const Tensor*>(h.in.begin() + from, h.in.begin() + from + count);
+  };
+  F(n, at(0, in.size()), at(in.size(), outs.size()), at(in.size() + outs.size(), gout.size()), h.out);
+  h.upload(b, gin);
+}
+
 }  // namespace
 
 void register_collective_device_kernels() {
@@ -431,6 +503,14 @@ void register_collective_device_kernels() {
     b->register_backward("AllReduceTP", all_reduce_tp_backward);
     b->register_kernel("CopyToTP", copy_to_tp);
     b->register_backward("CopyToTP", copy_to_tp_backward);
+    b->register_kernel("ReduceScatterTP", staged<reduce_scatter_tp>);
+    b->register_backward("ReduceScatterTP", staged_backward<reduce_scatter_tp_backward>);
+    b->register_kernel("AllGatherTP", staged<all_gather_tp>);
+    b->register_backward("AllGatherTP", staged_backward<all_gather_tp_backward>);
+    b->register_kernel("ScatterTP", staged<scatter_tp>);
+    b->register_backward("ScatterTP", staged_backward<scatter_tp_backward>);
+    b->register_kernel("HaloTP", staged<halo_tp>);
+    b->register_backward("HaloTP", staged_backward<halo_tp_backward>);
   }
 }
 

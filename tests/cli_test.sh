@@ -186,7 +186,7 @@ expect_fail tolerance-without-compare "requires --compare" "$wxe" infer "$model"
 echo '{}' > "$tmp/plan.json"
 expect_fail plan-without-tp "--plan needs --tp" "$wxe" infer "$model" --input "$x" --plan "$tmp/plan.json"
 expect_fail reference-bf16 "--precision bf16 does not apply" "$wxe" infer "$model" --input "$x" --reference --precision bf16
-expect_fail domain-device "--domain runs on the cpu only" "$wxe" infer "$model" --input "$x" --domain 2 --device cuda
+expect_fail domain-device-one-rank "world size 1 is not divisible by --tp 1 x --domain 2" "$wxe" infer "$model" --input "$x" --domain 2 --device cuda
 expect_fail model-is-directory "$tmp: is a directory" "$wxe" infer "$tmp" --input "$x"
 expect_fail compare-missing-before-run "nope.npy: cannot open" "$wxe" infer "$model" --input "$x" --compare "$tmp/nope.npy"
 grep -q "forward:" "$tmp/out" && { echo "FAIL compare-missing-before-run ran the model first"; fails=$((fails + 1)); }

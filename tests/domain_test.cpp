@@ -16,6 +16,7 @@
 #include "load/model.h"
 #include "parallel/bands.h"
 #include "parallel/collective_ops.h"
+#include "tests/host_backend.h"
 #include "tests/rank_group.h"
 #include "tests/test_util.h"
 
@@ -51,8 +52,8 @@ void count_collectives(const Graph& g, DomainRun& s) {
   }
 }
 
-// The model prepared for inference as `wxe infer` prepares it, run on `domain` ranks.
-std::vector<DomainRun> infer_on(const std::string& model, const Tensor& x, int domain) {
+// The model prepared for inference as `wxe infer` prepares it, run on `domain` ranks (on `device`).
+std::vector<DomainRun> infer_on(const std::string& model, const Tensor& x, int domain, const std::string& device = "cpu") {
   register_cpu_kernels();
   register_collective_ops();
   Graph full = import_onnx(data_path("tests/data/" + model));
@@ -67,7 +68,9 @@ std::vector<DomainRun> infer_on(const std::string& model, const Tensor& x, int d
     Graph fast = g;  // what the executor runs
     optimize_for_cpu(fast);
     for (const Node& n : fast.nodes) s.fused_attention += n.op == "WindowAttention";
-    Executor ex(g, {});
+    ExecOptions opt;
+    opt.device = device;
+    Executor ex(g, opt);
     s.y = ex.run({{in, x}})[0];
     s.calls = comm.calls;
   });
@@ -75,10 +78,33 @@ std::vector<DomainRun> infer_on(const std::string& model, const Tensor& x, int d
   return runs;
 }
 
+// The device the band collectives' device kernels are tested on: the GPU where there is one,
+// else the fake device above.
+std::string band_test_device() {
+  register_cpu_kernels();
+  register_collective_ops();
+  register_gpu_backends();
+  Backend* cuda = find_backend("cuda");
+  static const std::string name = [&]() -> std::string {
+    if (cuda && cuda->available(nullptr)) return "cuda";
+    auto b = std::make_unique<FakeDevice>("fakedevice");
+    b->register_cpu_kernels_but_collectives();
+    register_backend(std::move(b));
+    return "fakedevice";
+  }();
+  register_collective_device_kernels();
+  return name;
+}
+
+Tensor on_host(const Tensor& t) {
+  return t.device() == DeviceKind::CPU ? t : find_backend(band_test_device())->download(t);
+}
+
 // One training step (output gradient gy) on `domain` ranks.
 // fused: the band graph with the training fusions (fuse_for_training), as the trainer runs it.
+// device: the GradExecutor's device (outputs and gradients copied back for the comparisons).
 std::vector<DomainRun> train_on(const std::string& model, const Tensor& x, const Tensor& gy, int domain,
-                                bool fused = false) {
+                                bool fused = false, const std::string& device = "cpu") {
   register_cpu_kernels();
   register_collective_ops();
   Graph full = import_onnx(data_path("tests/data/" + model));
@@ -92,11 +118,14 @@ std::vector<DomainRun> train_on(const std::string& model, const Tensor& x, const
     s.stats = domain_parallel(g, domain, true);
     if (fused) fuse_for_training(g);
     count_collectives(g, s);
-    GradExecutor ex(g, trainable_parameters(g), ExecOptions{0, KernelKind::Fast});
-    s.y = ex.forward({{in, x}})[0];
+    ExecOptions opt{0, KernelKind::Fast};
+    opt.device = device;
+    GradExecutor ex(g, trainable_parameters(g), opt);
+    s.y = on_host(ex.forward({{in, x}})[0]);
     s.kept = ex.kept_bytes();
     ex.backward({gy});
-    for (size_t p = 0; p < ex.trainable().size(); ++p) s.grads[g.values[ex.trainable()[p]].name] = ex.grads()[p];
+    for (size_t p = 0; p < ex.trainable().size(); ++p)
+      s.grads[g.values[ex.trainable()[p]].name] = on_host(ex.grads()[p]);
     s.calls = comm.calls;
   });
   for (int r = 0; r < domain; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
@@ -201,6 +230,49 @@ void expect_train_matches_one(const std::string& model, const std::string& input
 }
 
 }  // namespace
+
+// The band collectives on a device (--domain with --device cuda): HaloTP, ScatterTP and
+// AllGatherTP staged through host copies (parallel/collective_ops.cpp), the GroupNorm sums through
+// AllReduceTP. Inference and a training step of the gen1 CrossFormer at domain 2 on the device
+// equal domain 1 on the CPU: outputs and every parameter gradient.
+TEST(DomainParallel, BandCollectivesOnADevice) {
+  const std::string dev = band_test_device();
+  SCOPED_TRACE("device " + dev);
+  auto* fake = dynamic_cast<FakeDevice*>(find_backend(dev));
+  const int downloads0 = fake ? fake->downloads : 0;
+  const std::string model = "crossformer_tiny_opset17.onnx";
+  Tensor x = read_npy(data_path("tests/data/crossformer_tiny_x.npy"));
+  const Tensor one = infer_on(model, x, 1)[0].y;
+  std::vector<DomainRun> runs = infer_on(model, x, 2, dev);
+  int band_ops = 0;  // each staged collective downloads its input once
+  for (const DomainRun& s : runs)
+    for (const char* op : {"HaloTP", "ScatterTP", "AllGatherTP", "AllReduceTP"}) band_ops += s.ops.count(op) ? s.ops.at(op) : 0;
+  if (fake) {  // and each rank's output once: nothing else leaves the device
+    EXPECT_EQ(fake->downloads - downloads0, band_ops + 2) << "a band collective ran on device memory in place";
+  }
+  for (const DomainRun& s : runs) {
+    EXPECT_LE(max_abs_diff(s.y, one), 1e-4);
+    EXPECT_LE(rel_l2(s.y, one), 1e-5);
+    EXPECT_GT(s.stats.halos, 0);
+    expect_counts(s, false);
+  }
+  Graph g = import_onnx(data_path("tests/data/" + model));
+  prepare_graph(g, {{g.values[g.inputs[0]].name, {x.dtype, x.shape}}});
+  const Tensor gy = randn(g.values[g.outputs[0]].shape, 11);
+  const DomainRun ref = train_on(model, x, gy, 1)[0];
+  double scale = 0;
+  for (auto& [name, t] : ref.grads) scale = std::max(scale, norm(t));
+  for (const DomainRun& s : train_on(model, x, gy, 2, false, dev)) {
+    EXPECT_LE(max_abs_diff(s.y, ref.y), 1e-4);
+    ASSERT_EQ(s.grads.size(), ref.grads.size());
+    for (auto& [name, want] : ref.grads) {
+      ASSERT_TRUE(s.grads.count(name)) << name;
+      const double n = norm(want);
+      EXPECT_LE(rel_l2(s.grads.at(name), want) * n / std::max(n, 1e-3 * scale), 1e-4) << name;
+    }
+    expect_counts(s, true);
+  }
+}
 
 // CREDIT's gen1 CrossFormer (ConvTranspose decoder, earth padding): bands from the stage-0
 // cross-embedding (4 kernels taller than their stride: a halo each) through the later stages'

@@ -774,13 +774,6 @@ int main(int argc, char** argv) {
   if (*inspect && (inspect_tp < 1 || inspect_domain < 1))
     return usage_error(str("inspect: --", inspect_tp < 1 ? "tp" : "domain", " must be at least 1 (got ",
                            inspect_tp < 1 ? inspect_tp : inspect_domain, ")"));
-  {  // the band collectives (parallel/bands.h) have host kernels only so far
-    const int domain = *infer ? ia.domain : *finetune ? finetune_domain : *forecast ? forecast_domain : 1;
-    const std::string dev = *infer ? ia.device : *finetune ? fc.device : *forecast ? fa.device : "cpu";
-    if (domain > 1 && dev != "cpu")
-      return usage_error("--domain runs on the cpu only for now (its halo exchanges have no " + dev +
-                         " kernels yet); drop --device " + dev + " or --domain");
-  }
   if (*finetune && fc.reference && fc.device != "cpu")
     return usage_error("--reference runs the CPU reference kernels; --device " + fc.device + " does not apply");
   if (*forecast && fa.reference && fa.device != "cpu")

@@ -143,8 +143,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     WXE_CHECK(any, "--freeze '", p, "' matches no parameter of ", cfg.model);
   }
   WXE_CHECK(!trainable_.empty(), cfg.model, ": every parameter is frozen; nothing to train");
-  // ZeRO over dp x domain on the cpu (the device path shards over dp; --domain is cpu-only)
-  WXE_CHECK(domain_ == 1 || cfg.device == "cpu", "--domain trains on the cpu only for now");
+  // ZeRO over dp x domain (on a device with --domain the blocks move through the host)
   zparts_ = dp_ * domain_;
   zrank_ = dp_rank_ * domain_ + domain_rank_;
   for (int v : trainable_) {
@@ -528,12 +527,12 @@ void Trainer::sync_to_host() {
 }
 
 bool Trainer::dp_on_device() const {
-  return dp_ > 1 && (mesh_->dp_comm->takes_device_buffers() || dev_->device() == DeviceKind::CPU);
+  return dp_ > 1 && domain_ == 1 && (mesh_->dp_comm->takes_device_buffers() || dev_->device() == DeviceKind::CPU);
 }
 
 void Trainer::device_gradient_shard() {
   float* g = dev_state_.g.data<float>();
-  if (dp_ == 1) {
+  if (zparts_ == 1) {
     for (size_t p = 0; p < trainable_.size(); ++p)
       dev_->copy_on_device(g + zoff_[p], exec_->grads()[p].raw(), zn_[p] * sizeof(float));
     return;
@@ -562,7 +561,7 @@ void Trainer::device_update(double lr) {
   const TrainKernels& k = *dev_->train_kernels();
   DeviceState& d = dev_state_;
   k.adamw(adam_.next_step(lr), d.p.data<float>(), d.g.data<float>(), d.m.data<float>(), d.v.data<float>(), zS_);
-  if (dp_ == 1) {
+  if (zparts_ == 1) {
     for (size_t p = 0; p < trainable_.size(); ++p)
       dev_->copy_on_device(exec_->device_param(p).raw(), d.p.data<float>() + zoff_[p], zn_[p] * sizeof(float));
   } else if (dp_on_device()) {
