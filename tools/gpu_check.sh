@@ -6,11 +6,12 @@
 #      eager and torch.compile (bench/compare_peers.py --device cuda), CPU vs CUDA output
 #   4. a v2026 training step with and without activation checkpointing against PyTorch eager and
 #      torch.compile: time and device memory (bench/compare_train.py --device cuda)
-#   5. with >= 2 GPUs and mpirun: tp 2 and dp 2 under NCCL (run.sh mpi)
+#   5. (profile) v2026 inference per op type and its slowest nodes, fp32 and bf16
+#   6. with >= 2 GPUs and mpirun: tp 2 and dp 2 under NCCL (run.sh mpi)
 # Each stage has its own time limit and the script stops starting stages past BUDGET seconds
 # (default 500), so a hang costs one stage, not the call. Logs go to $OUT (at most 8 files).
 #
-# Stage here, then call (STAGES picks stages, default "tests finetune infer train mpi"):
+# Stage here, then call (STAGES picks stages, default "tests finetune infer train mpi"; also profile):
 #   tools/gpu_stage.sh .dev && tools/credit_stub.sh .credstub $WXE_PYTHON
 #   (the tree that travels must stay under 64 MiB: move tests/data and models/wxformer_tiny out of
 #   it and `git rm -r -q --cached` them for the call, `git reset -q` and move them back after;
@@ -54,7 +55,7 @@ if want finetune 30; then
   grep -E "losses|error" $OUT/finetune.log | cut -c1-300
 fi
 v26=/tmp/v26/wxformer_v2026_snbaked_opset17.onnx
-if [[ $stages == *" infer "* || $stages == *" train "* ]]; then
+if [[ $stages == *" infer "* || $stages == *" train "* || $stages == *" profile "* ]]; then
   PYTHONPATH=$(pwd)/.credstub timeout 90 python3 models/make_production_model.py --model wxformer_v2026 --out /tmp/v26 \
     > $OUT/v2026_make.log 2>&1 || echo "making wxformer_v2026 failed: $(tail -2 $OUT/v2026_make.log)"
 fi
@@ -83,6 +84,18 @@ if [ -f $v26 ] && want train 60; then
     done
   } > $OUT/train.log 2>&1
   echo "train ($(( $(date +%s) - t0 )) s)"; grep -E "memory|training step over|^wxformer_v2026|error|Error" $OUT/train.log | cut -c1-300
+fi
+if [ -f $v26 ] && want profile 40; then  # where the time goes: per op type and the slowest nodes
+  # and with cuDNN's algorithms chosen by timing them (WXE_CUDNN_FIND=1) rather than by heuristics
+  for find in 0 1; do
+    for p in fp32 bf16; do
+      echo "== inference $p, WXE_CUDNN_FIND=$find"
+      WXE_CUDNN_FIND=$find timeout 60 $wxe bench $v26 --input /tmp/v26/wxformer_v2026_x.npy --device cuda --runs 10 --precision $p --nodes 12
+    done
+    echo "== training step, WXE_CUDNN_FIND=$find"
+    WXE_CUDNN_FIND=$find timeout 60 $wxe bench --train $v26 --input /tmp/v26/wxformer_v2026_x.npy --device cuda --runs 3
+  done > $OUT/profile.log 2>&1
+  echo "profile ($(( $(date +%s) - t0 )) s)"; grep -E "^== |^forward over|^training step over" $OUT/profile.log
 fi
 if want mpi 40; then
   timeout 90 bash .dev/run.sh mpi > $OUT/mpi.log 2>&1; echo "mpi rc $?"; grep -E "losses|skipped|max abs" $OUT/mpi.log | cut -c1-200

@@ -7,6 +7,7 @@
 // Einsum) are launched through cuda_util.h. Attributes are read by the CPU helpers
 // (kernels/cpu/dnnl_util.h: parse_einsum, conv_geometry), so both backends agree on them.
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -300,27 +301,51 @@ bool pick(const Perf* perf, int found, bool tf32, Algo* a) {
   return false;
 }
 
+// WXE_CUDNN_FIND=1: the algorithms ranked by cuDNN timing each of them once per geometry
+// (cudnnFind*, as PyTorch's cudnn.benchmark) instead of by its heuristics. Off by default: a
+// timed choice can differ between runs and between ranks, and with it the float32 rounding.
+bool timed_choice() {
+  static const bool on = [] {
+    const char* e = std::getenv("WXE_CUDNN_FIND");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
 // The algorithm and workspace of one pass over p's descriptors; false when cuDNN has none.
 bool find_algo(const ConvPlan& p, Pass pass, bool tf32, Algo* a) {
   int found = 0;
+  const bool timed = timed_choice();
   if (pass == Pass::Fwd) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
+    if (timed)
+      CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx().dnn, p.x, p.w, p.conv, p.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
+    else
+      CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(ctx().dnn, p.x, p.w, p.conv, p.y,
+                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
     if (!pick(perf, found, tf32, a)) return false;
     CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(ctx().dnn, p.x, p.w, p.conv, p.y,
                                                         (cudnnConvolutionFwdAlgo_t)a->algo, &a->ws));
   } else if (pass == Pass::Data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
+    if (timed)
+      CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx().dnn, p.w, p.y, p.conv, p.x,
                                                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
+    else
+      CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx().dnn, p.w, p.y, p.conv, p.x,
+                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
     if (!pick(perf, found, tf32, a)) return false;
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx().dnn, p.w, p.y, p.conv, p.x,
                                                              (cudnnConvolutionBwdDataAlgo_t)a->algo, &a->ws));
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx().dnn, p.x, p.y, p.conv, p.w,
+    if (timed)
+      CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx().dnn, p.x, p.y, p.conv, p.w,
                                                               CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf));
+    else
+      CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx().dnn, p.x, p.y, p.conv, p.w,
+                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf));
     if (!pick(perf, found, tf32, a)) return false;
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx().dnn, p.x, p.y, p.conv, p.w,
                                                                (cudnnConvolutionBwdFilterAlgo_t)a->algo, &a->ws));
