@@ -81,7 +81,7 @@ void draw_maps(const std::string& png_path, const std::vector<MapPanel>& panels)
     }
     palette(p.diverging);
     pladv(0);
-    plvpor(0.08, 0.86, 0.12, 0.88);
+    plvpor(0.1, 0.85, 0.12, 0.88);
     plwind(x0, x1, std::max(y0, -90.0), std::min(y1, 90.0));
     plimage((const PLFLT* const*)cols.data(), (PLINT)nx, (PLINT)ny, x0, x1, y0, y1, lo, hi, x0, x1, std::max(y0, -90.0),
             std::min(y1, 90.0));
@@ -89,20 +89,19 @@ void draw_maps(const std::string& png_path, const std::vector<MapPanel>& panels)
     plwidth(1);
     plmap(nullptr, "globe", x0, x1, -90, 90);  // coastlines (libplplot-data's globe.shp)
     plbox("bcnst", 60, 2, "bcnstv", 30, 3);
+    plschr(0, 0.9);
     pllab("longitude (degrees east)", "latitude", p.title.c_str());
-    // the colour bar, labelled with the units
-    std::vector<PLFLT> values(64);
-    for (size_t k = 0; k < values.size(); ++k) values[k] = lo + (hi - lo) * (double)k / (double)(values.size() - 1);
-    PLFLT w = 0, h = 0;
-    const char* label = p.units.c_str();
-    PLINT label_opts[1] = {PL_COLORBAR_LABEL_RIGHT};
-    const char* axis_opts[1] = {"bcvtm"};
-    PLFLT ticks[1] = {0};
-    PLINT sub_ticks[1] = {0}, n_values[1] = {(PLINT)values.size()};
-    const PLFLT* vals[1] = {values.data()};
-    plcolorbar(&w, &h, PL_COLORBAR_IMAGE, PL_POSITION_RIGHT | PL_POSITION_OUTSIDE, 0.02, 0, 0.03, 0.76, 0, 1, 0, 0, 0, 0,
-               0, 0, nullptr, 1, &label, 1, axis_opts, ticks, sub_ticks, n_values, vals);
-    (void)label_opts;
+    plschr(0, 1.0);
+    // the colour bar beside the map: the palette from lo to hi, labelled with the units
+    std::vector<PLFLT> bar(128);
+    for (size_t k = 0; k < bar.size(); ++k) bar[k] = lo + (hi - lo) * (double)k / (double)(bar.size() - 1);
+    const PLFLT* bar_cols[2] = {bar.data(), bar.data()};  // plimage draws nothing of one column
+    plvpor(0.87, 0.895, 0.12, 0.88);
+    plwind(0, 1, lo, hi);
+    plimage(bar_cols, 2, (PLINT)bar.size(), 0, 1, lo, hi, lo, hi, 0, 1, lo, hi);
+    plcol0(1);
+    plbox("bc", 0, 0, "bcmstv", 0, 0);
+    plmtex("r", 5.6, 0.5, 0.5, p.units.c_str());
   }
   png.finish();
 }
@@ -232,7 +231,7 @@ void plot_score_lines(const std::string& png_path, const std::string& field, con
 void plot_scorecard(const std::string& png_path, const Scorecard& card) {
   const size_t nf = card.fields.size(), nl = card.lead_h.size(), nm = card.models.size();
   WXE_CHECK(nf && nl && nm, png_path, ": nothing to draw");
-  PlotPng png(png_path, std::max(520, 180 + 70 * (int)nl), (int)nm * (110 + 34 * (int)nf));
+  PlotPng png(png_path, std::max(640, 220 + 100 * (int)nl), (int)nm * (120 + 44 * (int)nf));
   plssub(1, (PLINT)nm);
   palette(true);
   for (size_t m = 0; m < nm; ++m) {
@@ -254,8 +253,8 @@ void plot_scorecard(const std::string& png_path, const Scorecard& card) {
           char t[32];
           std::snprintf(t, sizeof t, "%+.1f%%%s", 100 * v, card.significant[m][i][j] ? "*" : "");
           plcol0(1);
-          plschr(0, 0.8);
-          plptex((double)j + 0.5, y + 0.4, 1, 0, 0.5, t);
+          plschr(0, 0.9);
+          plptex((double)j + 0.5, y + 0.5, 1, 0, 0.5, t);
           plschr(0, 1.0);
         }
         plcol0(1);

@@ -10,6 +10,7 @@
 #include "engine/ir/error.h"
 #include "engine/io/file_util.h"
 #include "forecast/plot.h"
+#include "load/model.h"
 
 namespace fs = std::filesystem;
 
@@ -171,7 +172,16 @@ double Score::acc() const {
 
 namespace {
 
-std::string model_name(const std::vector<std::string>& files) { return fs::path(files.at(0)).stem().string(); }
+// each model's name: its first file's stem, numbered where two models would share one
+std::vector<std::string> model_names(const std::vector<std::vector<std::string>>& models) {
+  std::vector<std::string> names;
+  for (size_t m = 0; m < models.size(); ++m) {
+    std::string n = fs::path(models[m].at(0)).stem().string();
+    if (std::count(names.begin(), names.end(), n)) n += "#" + std::to_string(m + 1);
+    names.push_back(n);
+  }
+  return names;
+}
 
 void check_grid(const ForecastFile& f, const Era5Data& d, const std::string& config) {
   bool same = f.lat.size() == d.lat().size() && f.lon.size() == d.lon().size();
@@ -192,7 +202,9 @@ std::string num(double x) {
 std::vector<Score> score_models(const ScoreArgs& a, Truth& truth) {
   std::vector<Score> out;
   std::set<std::string> told;
-  for (const auto& files : a.models) {
+  const std::vector<std::string> names = model_names(a.models);
+  for (size_t m = 0; m < a.models.size(); ++m) {
+    const std::vector<std::string>& files = a.models[m];
     std::map<std::pair<std::string, int64_t>, Score> by;  // (field, lead in seconds)
     std::vector<std::string> order;                        // fields in the first file's order
     for (const std::string& path : files) {
@@ -214,8 +226,8 @@ std::vector<Score> score_models(const ScoreArgs& a, Truth& truth) {
           const int64_t lead = ff.valid_time(k) - ff.init;
           Score& s = by[{f.label(), lead}];
           if (s.per_init.count(ff.init))
-            fail(path, ": a second forecast from ", format_datetime(ff.init), " for model ", model_name(files));
-          s.model = model_name(files);
+            fail(path, ": a second forecast from ", format_datetime(ff.init), " for model ", names[m]);
+          s.model = names[m];
           s.field = f.label();
           s.var = f.var;
           s.level = f.level_value;
@@ -244,8 +256,7 @@ int run_score(const ScoreArgs& a) {
   const std::vector<Score> scores = score_models(a, truth);
   WXE_CHECK(!scores.empty(), a.models[0][0], ": no field to score (none is a target of ", a.truth, ")");
   const std::string stem = (out.parent_path() / out.stem()).string();
-  std::vector<std::string> models;
-  for (const auto& files : a.models) models.push_back(model_name(files));
+  const std::vector<std::string> models = model_names(a.models);
   std::vector<std::string> fields;
   std::vector<double> leads;
   for (const Score& s : scores) {
