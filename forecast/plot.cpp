@@ -155,7 +155,7 @@ int run_plot(const PlotArgs& a) {
       if (truth) {
         const int ch = truth->channel(f);
         WXE_CHECK(ch >= 0, a.minus_truth, ": no target variable ", f.label(), " (of ", a.forecast, ")");
-        const std::vector<double>& t = truth->truth(ch, valid);
+        const std::vector<double> t = truth->field(truth->at(valid), ch);
         WXE_CHECK(ff.lat == truth->data().lat() && ff.lon == truth->data().lon(), a.forecast,
                   ": its grid is not the data's of ", a.minus_truth);
         for (size_t i = 0; i < p.field.size(); ++i) p.field[i] -= t[i];

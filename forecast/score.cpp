@@ -101,15 +101,10 @@ int Truth::channel(const FieldRef& f) const {
   return -1;
 }
 
-const std::vector<double>& Truth::truth(int channel, int64_t t) {
-  const int64_t key = t * 4096 + channel;
-  auto it = cache_.find(key);
-  if (it != cache_.end()) return it->second;
-  if (!truth_at_.count(t)) truth_at_[t] = data_->target_raw(t);
-  const Tensor& y = truth_at_[t];
+std::vector<double> Truth::field(const Tensor& y, int channel) const {
   const size_t hw = data_->lat().size() * data_->lon().size();
   const float* p = y.data<float>() + (size_t)channel * hw;
-  return cache_[key] = std::vector<double>(p, p + hw);
+  return std::vector<double>(p, p + hw);
 }
 
 const std::vector<double>& Truth::clim(int channel, const FieldRef& f) {
@@ -142,14 +137,22 @@ const std::vector<double>& Truth::clim(int channel, const FieldRef& f) {
     const std::vector<float> v = nc.read_f32(f.var, start, count);
     c.assign(v.begin(), v.end());
   } else {
-    const CreditConfig& cfg = data_->config();
-    int64_t n = 0;
-    for (int64_t t = cfg.start; t <= cfg.end; t += cfg.timestep, ++n) {
-      const std::vector<double>& x = truth(channel, t);
-      for (size_t k = 0; k < c.size(); ++k) c[k] += x[k];
+    if (mean_.empty()) {  // every channel in one pass over the period: each time read once
+      const CreditConfig& cfg = data_->config();
+      int64_t n = 0;
+      for (int64_t t = cfg.start; t <= cfg.end; t += cfg.timestep, ++n) {
+        const Tensor y = at(t);
+        const size_t nc = data_->target_channels().size();
+        if (mean_.empty()) mean_.assign(nc, std::vector<double>(h * w, 0.0));
+        const float* p = y.data<float>();
+        for (size_t k = 0; k < nc; ++k)
+          for (size_t i = 0; i < h * w; ++i) mean_[k][i] += p[k * h * w + i];
+      }
+      WXE_CHECK(n > 0, config_path, ": no training period (data.start_datetime..end_datetime) to take a climatology from");
+      for (auto& m : mean_)
+        for (double& x : m) x /= (double)n;
     }
-    WXE_CHECK(n > 0, config_path, ": no training period (data.start_datetime..end_datetime) to take a climatology from");
-    for (double& x : c) x /= (double)n;
+    c = mean_[(size_t)channel];
   }
   return clim_[channel] = std::move(c);
 }
@@ -209,10 +212,10 @@ std::vector<Score> score_models(const ScoreArgs& a, Truth& truth) {
     std::vector<std::string> order;                        // fields in the first file's order
     for (const std::string& path : files) {
       ForecastFile ff(path);
-      const int64_t t0 = ff.valid_time(0);
-      truth.truth(0, t0);  // reads the grid (an error names the data file and the time)
+      Tensor y = truth.at(ff.valid_time(0));  // reads the grid (an error names the data file and the time)
       check_grid(ff, truth.data(), truth.config_path);
       const std::vector<double> w = wb2_lat_weights(ff.lat);
+      std::vector<std::pair<FieldRef, int>> scored;  // the fields with a target channel
       for (const FieldRef& f : ff.fields()) {
         const int ch = truth.channel(f);
         if (ch < 0) {
@@ -221,9 +224,12 @@ std::vector<Score> score_models(const ScoreArgs& a, Truth& truth) {
           continue;
         }
         if (std::find(order.begin(), order.end(), f.label()) == order.end()) order.push_back(f.label());
-        const std::vector<double>& c = truth.clim(ch, f);
-        for (int k = 0; k < ff.steps(); ++k) {
-          const int64_t lead = ff.valid_time(k) - ff.init;
+        scored.push_back({f, ch});
+      }
+      for (int k = 0; k < ff.steps(); ++k) {
+        if (k > 0) y = truth.at(ff.valid_time(k));
+        const int64_t lead = ff.valid_time(k) - ff.init;
+        for (const auto& [f, ch] : scored) {
           Score& s = by[{f.label(), lead}];
           if (s.per_init.count(ff.init))
             fail(path, ": a second forecast from ", format_datetime(ff.init), " for model ", names[m]);
@@ -234,7 +240,7 @@ std::vector<Score> score_models(const ScoreArgs& a, Truth& truth) {
           s.is3d = f.level >= 0;
           s.lead_h = (double)lead / 3600.0;
           s.units = ff.units(f.var);
-          s.per_init[ff.init] = field_stats(ff.read(f, k), truth.truth(ch, ff.valid_time(k)), c, w);
+          s.per_init[ff.init] = field_stats(ff.read(f, k), truth.field(y, ch), truth.clim(ch, f), w);
         }
       }
     }

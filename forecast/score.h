@@ -47,7 +47,10 @@ class Truth {
   Truth(const std::string& config, const std::string& climatology);
   // The target channel of a forecast field, -1 where the config predicts none.
   int channel(const FieldRef& f) const;
-  const std::vector<double>& truth(int channel, int64_t t);  // (lat, lon), physical units
+  // Every target channel at time t: (1, C_out, 1, H, W), physical units (Era5Data::target_raw).
+  Tensor at(int64_t t) const { return data_->target_raw(t); }
+  // One channel of at(t) as (lat, lon).
+  std::vector<double> field(const Tensor& y, int channel) const;
   const std::vector<double>& clim(int channel, const FieldRef& f);
   const Era5Data& data() const { return *data_; }
   std::string clim_source;  // said in the output: "file:CLIM.nc" or "training-mean:START..END"
@@ -56,9 +59,8 @@ class Truth {
  private:
   std::shared_ptr<Era5Data> data_;
   std::string clim_path_;
-  std::map<int64_t, Tensor> truth_at_;           // time -> target_raw
-  std::map<int64_t, std::vector<double>> cache_; // (time, channel) key -> field
-  std::map<int, std::vector<double>> clim_;       // channel -> climatology
+  std::map<int, std::vector<double>> clim_;  // channel -> climatology (lat, lon)
+  std::vector<std::vector<double>> mean_;    // the training mean of every channel, once read
 };
 
 // One model's scores for a field at a lead time, per init time.
