@@ -715,6 +715,13 @@ Tensor Era5Data::target(int64_t t) const {
   return y;
 }
 
+Tensor Era5Data::target_raw(int64_t t) const {
+  if (!h_) input(t);
+  Tensor y = Tensor::zeros(DType::F32, {1, (int64_t)out_.size(), 1, h_, w_});
+  for (size_t k = 0; k < out_.size(); ++k) read_var(out_[k], t, y.data<float>() + k * h_ * w_);
+  return y;
+}
+
 void Era5Data::set_forcing(Tensor& x, int64_t t) const {
   WXE_ASSERT(h_ && x.numel() == (int64_t)in_.size() * h_ * w_);
   read_channels(in_, t, x.data<float>(), "dynamic_forcing");

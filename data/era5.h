@@ -71,6 +71,9 @@ class Era5Data {
   // (1, C_in, 1, H, W) / (1, C_out, 1, H, W), normalised, at time t (seconds since 1970).
   Tensor input(int64_t t) const;
   Tensor target(int64_t t) const;
+  // (1, C_out, 1, H, W): the target channels as the files hold them at time t (physical units;
+  // no transform, no scaler), the truth `wxe score` and `wxe plot --minus-truth` compare with.
+  Tensor target_raw(int64_t t) const;
   // data.history_len steps ending at t (oldest first) on dim 2: (1, C_in, history_len, H, W),
   // every step's channels as input() reads them (CREDIT's history window).
   Tensor input_window(int64_t t) const;

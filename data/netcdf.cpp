@@ -79,6 +79,18 @@ std::vector<float> NcFile::read_f32(const std::string& var, const std::vector<si
   return out;
 }
 
+std::vector<std::string> NcFile::variables() const {
+  int n = 0;
+  nc_inq_nvars(id_, &n);
+  std::vector<std::string> out;
+  for (int v = 0; v < n; ++v) {
+    char name[NC_MAX_NAME + 1] = {};
+    nc_inq_varname(id_, v, name);
+    out.push_back(name);
+  }
+  return out;
+}
+
 std::string NcFile::attr(const std::string& var, const std::string& name) const {
   const int v = var.empty() ? NC_GLOBAL : var_id(var);
   nc_type t;

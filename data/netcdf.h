@@ -26,6 +26,7 @@ class NcFile : public DataFile {
   std::vector<float> read_f32(const std::string& var, const std::vector<size_t>& start,
                               const std::vector<size_t>& count) const override;
   std::string attr(const std::string& var, const std::string& name) const override;  // text attribute; "" if absent
+  std::vector<std::string> variables() const;  // every variable's name, in the file's order
 
  private:
   int var_id(const std::string& var) const;

@@ -230,6 +230,13 @@ if "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T18 --st
 else
   echo "FAIL forecast-netcdf"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
+# plot and score: bad input is one line naming the file and the variable, exit 1
+sc=$src/tests/data/score
+expect_fail plot-no-var "a_1.nc: no variable 'Q' (the file has T, SP)" "$wxe" plot "$sc/a_1.nc" --var Q -o "$tmp/p.png"
+expect_fail plot-no-level "a_1.nc: variable 'T' has no level 700 (levels: 500, 850)" "$wxe" plot "$sc/a_1.nc" --var T@700 -o "$tmp/p.png"
+expect_fail plot-no-step "a_1.nc: --step 9: the file has 2 steps" "$wxe" plot "$sc/a_1.nc" --var SP --step 9 -o "$tmp/p.png"
+expect_fail score-no-file "nope.nc" "$wxe" score "$tmp/nope.nc" --truth "$era5/config.yml" -o "$tmp/s.csv"
+expect_fail score-compare-one "score --compare needs two models or more" "$wxe" score --compare "$sc/a_1.nc" --truth "$era5/config.yml" -o "$tmp/s.csv"
 expect_fail forecast-gap "era5_2020.nc: variable 'T' has no time 2020-12-31T03:00:00" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T03 -o "$tmp/fc2.nc"
 expect_fail forecast-reference-device "--reference runs the CPU reference kernels; --device cuda does not apply" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T18 -o "$tmp/fc2.nc" --reference --device cuda
 expect_fail forecast-bad-init "--init: '2020-13-01' is not a date-time" "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-13-01 -o "$tmp/fc2.nc"

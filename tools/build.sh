@@ -12,7 +12,7 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
 fi
 packages=(build-essential cmake libprotobuf-dev protobuf-compiler libonnx-dev libdnnl-dev
           libcli11-dev libgtest-dev zlib1g-dev libopenmpi-dev openmpi-bin
-          libplplot-dev plplot-driver-cairo libnetcdf-dev libyaml-cpp-dev
+          libplplot-dev plplot-driver-cairo libplplot-data libpng-dev libnetcdf-dev libyaml-cpp-dev
           libblosc-dev libzstd-dev)
 # a full build's tests also compile the CPU kernels for aarch64 (tests/portable_simd_test.sh)
 [ ${#target[@]} -eq 0 ] && [ "$(uname -m)" = x86_64 ] && packages+=(g++-aarch64-linux-gnu)

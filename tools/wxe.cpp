@@ -32,6 +32,8 @@
 #include "train/credit_checkpoint.h"
 #include "train/finetune.h"
 #include "forecast/forecast.h"
+#include "forecast/plot.h"
+#include "forecast/score.h"
 #include "train/from_config.h"
 #include "train/loss_plot.h"
 #include "load/model.h"
@@ -751,6 +753,32 @@ int main(int argc, char** argv) {
                        "activations (run under mpirun -n TP x DOMAIN)");
   forecast->add_option("--plan", fa.plan, "tensor-parallel plan file");
 
+  PlotArgs pa;
+  auto* plot = app.add_subcommand("plot", "maps of a forecast file's fields (PNG: coastlines, colour bar, valid and lead time)");
+  plot->add_option("forecast", pa.forecast, "forecast netCDF file (wxe forecast)")->required();
+  plot->add_option("--var", pa.vars, "NAME or NAME@LEVEL, e.g. T@500 (repeatable: one map each, in one PNG)")
+      ->required()
+      ->allow_extra_args(false);
+  auto* plot_step = plot->add_option("--step", pa.step, "lead step K (1-based: K x timestep after init; default 1)");
+  plot->add_flag("--all-steps", pa.all_steps, "one PNG per step: OUT_stepK.png")->excludes(plot_step);
+  plot->add_option("--output,-o", pa.output, "output PNG")->required();
+  plot->add_option("--minus", pa.minus, "draw the difference from this forecast file at the same valid time (diverging palette)");
+  plot->add_option("--minus-truth", pa.minus_truth, "draw the difference from this CREDIT config's data at the valid time");
+
+  ScoreArgs sa;
+  std::vector<std::string> score_files;
+  auto* score = app.add_subcommand("score", "RMSE, bias and ACC of forecast files against a CREDIT config's data "
+                                   "(WeatherBench 2's definitions), as CSV and plots");
+  score->add_option("forecasts", score_files, "forecast files (one per init time; A1.nc,A2.nc: one model's files, "
+                    "for --compare)")->required();
+  score->add_option("--truth", sa.truth, "CREDIT config .yml whose data are the truth")->required();
+  score->add_option("--climatology", sa.climatology, "netCDF of each variable on ([level,] latitude, longitude) for ACC "
+                    "(default: the mean of the config's training period per grid point)");
+  score->add_option("--output,-o", sa.output, "CSV (default scores.csv); plots beside it: OUT_<field>.png, or OUT.png "
+                    "with --compare");
+  score->add_flag("--compare", sa.compare, "a scorecard of each model (argument) against the first: relative RMSE "
+                  "difference, paired t-test over init times");
+
   // `wxe help [COMMAND]`: the same as --help
   if (argc >= 2 && std::string(argv[1]) == "help") {
     CLI::App* sub = nullptr;
@@ -861,6 +889,20 @@ int main(int argc, char** argv) {
     }
     if (*finetune) return run_finetune(fc, &mesh);
     if (*forecast) return run_forecast(fa, &mesh);
+    if (*plot) return run_plot(pa);
+    if (*score) {
+      // each argument a model (with --compare), its files separated by commas; else one model
+      for (const std::string& arg : score_files) {
+        std::vector<std::string> files;
+        for (size_t p = 0, q; p <= arg.size(); p = q + 1) {
+          q = std::min(arg.find(',', p), arg.size());
+          if (q > p) files.push_back(arg.substr(p, q - p));
+        }
+        if (sa.compare || sa.models.empty()) sa.models.push_back(files);
+        else sa.models[0].insert(sa.models[0].end(), files.begin(), files.end());
+      }
+      return run_score(sa);
+    }
     if (*convert) return cmd_convert(ca);
   } catch (const std::exception& e) {
     // with other ranks waiting in collectives, one rank's error ends the whole job

@@ -75,8 +75,6 @@ void legend(double x0, double x1, double y0, double y1, std::initializer_list<co
 void plot_loss_curve(const std::string& png_path, const std::string& title, const std::vector<double>& steps,
                      const std::vector<double>& loss, const std::vector<double>& val_steps,
                      const std::vector<double>& val_loss) {
-  static std::mutex mu;  // PLplot keeps global state
-  std::lock_guard<std::mutex> lock(mu);
   double lo = INFINITY, hi = -INFINITY;
   for (const auto* v : {&loss, &val_loss})
     for (double y : *v)
@@ -101,21 +99,9 @@ void plot_loss_curve(const std::string& png_path, const std::string& title, cons
   const double pad = y1 > y0 ? 0.05 * (y1 - y0) : (log_y ? 0.1 : 0.05 * std::max(std::fabs(y0), 1e-12));
   y0 -= pad;
   y1 += pad;
-  WXE_CHECK(has_device("pngcairo"), png_path,
-            ": PLplot has no pngcairo driver (install plplot-driver-cairo)");  // plinit would exit()
-  TempFile tmp_file(png_path, ".png");  // PLplot writes it by name; a fresh name, removed on error
-  const std::string tmp = tmp_file.name();
-  PLINT stream = 0;
-  plmkstrm(&stream);  // a fresh stream per plot; plend1 frees it and returns to stream 0
-  WXE_CHECK(stream >= 0, png_path, ": PLplot could not open a stream");
-  plsdev("pngcairo");
-  plsfnam(tmp.c_str());
-  plspage(0, 0, 900, 560, 0, 0);
-  plscolbg(255, 255, 255);
-  plscol0(1, 0, 0, 0);         // axes, labels
+  PlotPng png(png_path, 900, 560);
   plscol0(2, 31, 119, 180);    // training loss
   plscol0(3, 214, 39, 40);     // validation loss
-  plinit();
   pladv(0);
   plvsta();
   plwind(x0, x1, y0, y1);
@@ -134,11 +120,41 @@ void plot_loss_curve(const std::string& png_path, const std::string& title, cons
   }
   plwidth(1);
   legend(x0, x1, y0, y1, {&tx, &vx}, {&ty, &vy}, !vx.empty());
+  png.finish();
+}
+
+static std::mutex& plplot_mutex() {  // PLplot keeps global state
+  static std::mutex mu;
+  return mu;
+}
+
+PlotPng::PlotPng(const std::string& png_path, int width, int height) : path_(png_path), lock_(plplot_mutex()) {
+  WXE_CHECK(has_device("pngcairo"), png_path,
+            ": PLplot has no pngcairo driver (install plplot-driver-cairo)");  // plinit would exit()
+  file_ = std::make_unique<TempFile>(png_path, ".png");  // PLplot writes it by name; a fresh name, removed on error
+  PLINT stream = 0;
+  plmkstrm(&stream);  // a fresh stream per plot; plend1 frees it and returns to stream 0
+  WXE_CHECK(stream >= 0, png_path, ": PLplot could not open a stream");
+  plsdev("pngcairo");
+  plsfnam(file_->name().c_str());
+  plspage(0, 0, width, height, 0, 0);
+  plscolbg(255, 255, 255);
+  plscol0(1, 0, 0, 0);  // axes, labels
+  plinit();
+  open_ = true;
+}
+
+PlotPng::~PlotPng() {
+  if (open_) plend1();
+}
+
+void PlotPng::finish() {
   plend1();
+  open_ = false;
   struct stat st;
-  WXE_CHECK(::stat(tmp.c_str(), &st) == 0 && st.st_size > 0, png_path,
+  WXE_CHECK(::stat(file_->name().c_str(), &st) == 0 && st.st_size > 0, path_,
             ": PLplot wrote nothing (is plplot-driver-cairo installed?)");
-  tmp_file.commit();
+  file_->commit();
 }
 
 }  // namespace wxe
