@@ -151,7 +151,7 @@ struct Reader {
     if (!is_map(d, "data")) fail(where("data"), ": missing");
     known(d, "data.", {"source", "start_datetime", "end_datetime", "valid_start_datetime", "valid_end_datetime",
                        "timestep", "history_len", "forecast_len", "valid_history_len", "valid_forecast_len",
-                       "mean_path", "std_path", "scaler_path"});
+                       "mean_path", "std_path", "scaler_path", "date_ranges"});
     const YAML::Node src = d["source"];
     if (!src || !src.IsMap() || src.size() == 0) fail(where("data.source"), ": missing");
     int history = 0;  // a source's own history_len (CREDIT reads the first's)
@@ -313,6 +313,7 @@ struct Reader {
     c->valid_start = dt("valid_start_datetime");
     c->valid_end = dt("valid_end_datetime");
     if (c->start && c->end && c->end < c->start) fail(where("data.end_datetime"), ": before start_datetime");
+    date_ranges(d, "data.", c->date_ranges, c->start, c->end);
     c->mean_nc = path(d["mean_path"], "data.mean_path");
     c->std_nc = path(d["std_path"], "data.std_path");
     c->scaler_json = path(d["scaler_path"], "data.scaler_path");
@@ -558,6 +559,35 @@ struct Reader {
     }
   }
 
+  // CREDIT's date_ranges (gen_2 _utils.build_time_index_multi): a list of [start, end] pairs,
+  // not beside start_datetime / end_datetime at the same level; sorted by start, they must not
+  // overlap. start and end become the first block's start and the last block's end.
+  void date_ranges(const YAML::Node& m, const std::string& at, std::vector<std::pair<int64_t, int64_t>>& out,
+                   int64_t& start, int64_t& end) {
+    const YAML::Node r = m["date_ranges"];
+    if (!r) return;
+    const std::string k = at + "date_ranges";
+    if (m["start_datetime"] || m["end_datetime"])
+      fail(where(k), ": not beside start_datetime / end_datetime (CREDIT refuses both at one level: use one or the other)");
+    if (!r.IsSequence() || r.size() == 0) fail(where(k), ": expected a list of [start, end] pairs");
+    out.clear();
+    for (size_t i = 0; i < r.size(); ++i) {
+      const std::string ki = str(k, "[", i, "]");
+      if (!r[i].IsSequence() || r[i].size() != 2) fail(where(ki), ": expected a [start, end] pair");
+      const int64_t a = parse_datetime(get<std::string>(r[i][0], ki + "[0]", ""), where(ki + "[0]"));
+      const int64_t b = parse_datetime(get<std::string>(r[i][1], ki + "[1]", ""), where(ki + "[1]"));
+      if (b <= a) fail(where(ki), ": its end ", format_datetime(b), " is not after its start ", format_datetime(a));
+      out.push_back({a, b});
+    }
+    std::sort(out.begin(), out.end());
+    for (size_t i = 1; i < out.size(); ++i)
+      if (out[i].first <= out[i - 1].second)
+        fail(where(k), ": the blocks overlap (one ends ", format_datetime(out[i - 1].second), ", the next starts ",
+             format_datetime(out[i].first), "); they must not");
+    start = out.front().first;
+    end = out.back().second;
+  }
+
   // CREDIT 2026 reads validation from validation_data (all of data's keys, source inherited).
   void validation_data(const YAML::Node& v, const YAML::Node& data) {
     if (!is_map(v, "validation_data")) return;
@@ -567,13 +597,15 @@ struct Reader {
            "validates on data.source's variables and files); drop the key or make it data.source's");
     known(v, "validation_data.", {"source", "start_datetime", "end_datetime", "timestep", "history_len", "forecast_len",
                                   "valid_history_len", "valid_forecast_len", "valid_start_datetime", "valid_end_datetime",
-                                  "mean_path", "std_path", "scaler_path", "retain_graph", "backprop_on_timestep"});
+                                  "mean_path", "std_path", "scaler_path", "retain_graph", "backprop_on_timestep",
+                                  "date_ranges"});
     auto dt = [&](const char* k) {
       const std::string s = get<std::string>(v[k], std::string("validation_data.") + k, "");
       return s.empty() ? (int64_t)0 : parse_datetime(s, where(std::string("validation_data.") + k));
     };
     if (v["start_datetime"]) c->valid_start = dt("start_datetime");
     if (v["end_datetime"]) c->valid_end = dt("end_datetime");
+    date_ranges(v, "validation_data.", c->valid_date_ranges, c->valid_start, c->valid_end);
     if (v["history_len"] && get<int>(v["history_len"], "validation_data.history_len", 1) != c->history_len)
       fail(where("validation_data.history_len"), ": differs from data.history_len ", c->history_len,
            " (the model takes one window length)");

@@ -96,6 +96,11 @@ struct CreditConfig {
   std::vector<SourceConfig> sources;     // data.source, in the config's order (CREDIT's channel order)
   int64_t start = 0, end = 0;            // data.start_datetime / end_datetime, seconds since 1970 (UTC)
   int64_t valid_start = 0, valid_end = 0;  // data.valid_start/end_datetime; 0: no validation
+  // data.date_ranges / validation_data.date_ranges: non-contiguous (start, end) blocks, sorted,
+  // in place of one start..end (start and end then the first block's start and the last's end).
+  // CREDIT applies the history and forecast margins to each block: no sample's window leaves its
+  // block. Empty: the one block start..end.
+  std::vector<std::pair<int64_t, int64_t>> date_ranges, valid_date_ranges;
   int64_t timestep = 6 * 3600;           // data.timestep, seconds
   int history_len = 1, forecast_len = 1;
   int valid_forecast_len = 0;  // data.valid_forecast_len or validation_data.forecast_len; 0: forecast_len

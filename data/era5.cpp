@@ -773,15 +773,27 @@ namespace {
 
 class Era5Samples : public SampleSource {
  public:
-  Era5Samples(std::shared_ptr<const Era5Data> d, int64_t t0, int64_t t1, int L) : d_(d), L_(L) {
-    const int64_t dt = d_->config().timestep;
-    t0_ = t0 + (d_->config().history_len - 1) * dt;  // the first window starts at t0
-    const int64_t times = t1 >= t0_ ? (t1 - t0_) / dt + 1 : 0;
-    n_ = std::max<int64_t>(0, times - L);
+  // each block's samples: windows from its start (the first ends history_len - 1 steps in) to
+  // the last whose L target steps end by its end, the blocks' samples one after the other
+  Era5Samples(std::shared_ptr<const Era5Data> d, const std::vector<std::pair<int64_t, int64_t>>& blocks, int L)
+      : d_(d), L_(L) {
+    const int64_t dt = d_->config().timestep, margin = (d_->config().history_len - 1) * dt;
+    for (const auto& [t0, t1] : blocks) {
+      const int64_t first = t0 + margin, times = t1 >= first ? (t1 - first) / dt + 1 : 0;
+      if (blocks.size() > 1 && times <= L)  // CREDIT's build_time_index_multi refuses a block without samples
+        fail(d_->config().file, ": date_ranges block ", format_datetime(t0), " .. ", format_datetime(t1),
+             " is too short for history_len ", d_->config().history_len, " and ", L, " forecast steps of ", dt / 3600.0,
+             " h (it needs at least ", (margin + L * dt) / 3600.0, " h)");
+      const int64_t n = std::max<int64_t>(0, times - L);
+      if (n) firsts_.push_back({n_, first});
+      n_ += n;
+    }
   }
   int64_t size() const override { return n_; }
   Sample get(int64_t i) const override {
-    const int64_t dt = d_->config().timestep, t = t0_ + i * dt;
+    WXE_ASSERT(i >= 0 && i < n_);
+    auto b = std::upper_bound(firsts_.begin(), firsts_.end(), std::make_pair(i, INT64_MAX)) - 1;
+    const int64_t dt = d_->config().timestep, t = b->second + (i - b->first) * dt;
     Sample s;
     s.input = d_->input_window(t);
     s.forcing.push_back(s.input);
@@ -792,13 +804,16 @@ class Era5Samples : public SampleSource {
     return s;
   }
   std::string describe() const override {
-    return str(d_->config().file, ": ", n_, " samples from ", format_datetime(t0_), " every ", d_->config().timestep / 3600.0,
-               " h, ", d_->input_channels().size(), " input and ", d_->target_channels().size(), " target channels");
+    return str(d_->config().file, ": ", n_, " samples from ", firsts_.empty() ? std::string("-") : format_datetime(firsts_[0].second),
+               firsts_.size() > 1 ? str(" in ", firsts_.size(), " date ranges") : std::string(), " every ",
+               d_->config().timestep / 3600.0, " h, ", d_->input_channels().size(), " input and ",
+               d_->target_channels().size(), " target channels");
   }
 
  private:
   std::shared_ptr<const Era5Data> d_;
-  int64_t t0_, n_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> firsts_;  // per block with samples: its first index, its first window's time
+  int64_t n_ = 0;
   int L_;
 };
 
@@ -818,7 +833,12 @@ void put_text(int id, int var, const char* name, const std::string& v, const std
 
 std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> data, int64_t t0, int64_t t1,
                                                 int forecast_len) {
-  return std::make_unique<Era5Samples>(data, t0, t1, forecast_len);
+  return std::make_unique<Era5Samples>(data, std::vector<std::pair<int64_t, int64_t>>{{t0, t1}}, forecast_len);
+}
+
+std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> data,
+                                                const std::vector<std::pair<int64_t, int64_t>>& blocks, int forecast_len) {
+  return std::make_unique<Era5Samples>(data, blocks, forecast_len);
 }
 
 ForecastWriter::ForecastWriter(const std::string& path, const Era5Data& data, int64_t init, int steps)

@@ -159,6 +159,18 @@ class Era5Data {
 // forcing[k] (k >= 1) the one-step input at t + k * dt.
 std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> data, int64_t t0, int64_t t1,
                                                 int forecast_len);
+// The same over several (t0, t1) blocks (data.date_ranges), their samples one after the other;
+// with more than one block, a block too short for a sample is an error (CREDIT's).
+std::unique_ptr<SampleSource> open_era5_samples(std::shared_ptr<const Era5Data> data,
+                                                const std::vector<std::pair<int64_t, int64_t>>& blocks, int forecast_len);
+// The training (validation) blocks of a config: its date_ranges, else start..end.
+inline std::vector<std::pair<int64_t, int64_t>> training_blocks(const CreditConfig& c) {
+  return c.date_ranges.empty() ? std::vector<std::pair<int64_t, int64_t>>{{c.start, c.end}} : c.date_ranges;
+}
+inline std::vector<std::pair<int64_t, int64_t>> validation_blocks(const CreditConfig& c) {
+  return c.valid_date_ranges.empty() ? std::vector<std::pair<int64_t, int64_t>>{{c.valid_start, c.valid_end}}
+                                     : c.valid_date_ranges;
+}
 
 // A forecast as a CF-convention netCDF-4 file: time (hours since init), level, latitude,
 // longitude, the target variables with their units, then the variables the postblocks compute

@@ -207,6 +207,65 @@ TEST(Era5Data, SamplesForTraining) {
   expect_close(s.forcing[1], expected(kInputs, 12), 2e-4, 0);
 }
 
+// data.date_ranges (CREDIT's non-contiguous training blocks): each block's windows stay inside
+// it (its history and forecast margins its own), the blocks' samples one after the other; the
+// config's errors name the key.
+TEST(Era5Data, DateRangesSampleEachBlock) {
+  const std::string ranges = "date_ranges: [[\"2020-12-31T00\", \"2020-12-31T12\"], [\"2021-01-01T00\", \"2021-01-01T18\"]]";
+  const std::string cfg = write_config("date_ranges", {{"start_datetime: \"2020-12-31T00\"", ranges},
+                                                       {"end_datetime: \"2021-01-01T12\"", ""}});
+  CreditConfig c = read_credit_config(cfg);
+  ASSERT_EQ(c.date_ranges.size(), 2u);
+  EXPECT_EQ(c.start, kT0);
+  EXPECT_EQ(c.end, kT0 + 42 * 3600);
+  auto d = std::make_shared<Era5Data>(c);
+  auto src = open_era5_samples(d, training_blocks(c), 1);
+  // 00 06 12 in the first block (2 samples: 12 h is the last target), 00 .. 18 in the second (3)
+  ASSERT_EQ(src->size(), 5);
+  const double hours[] = {0, 6, 24, 30, 36};
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE("sample " + std::to_string(i));
+    Sample s = src->get(i);
+    expect_close(s.input, expected(kInputs, hours[i]), 2e-4, 0);
+    expect_close(s.targets[0], expected(kTargets, hours[i] + 6), 2e-4, 0);
+  }
+  // history_len 2: each block's first window starts at its start
+  CreditConfig c2 = read_credit_config(write_config("date_ranges_hist2", {{"start_datetime: \"2020-12-31T00\"", ranges},
+                                                                        {"end_datetime: \"2021-01-01T12\"", ""},
+                                                                        {"history_len: 1", "history_len: 2"}}));
+  auto d2 = std::make_shared<Era5Data>(c2);
+  auto src2 = open_era5_samples(d2, training_blocks(c2), 1);
+  ASSERT_EQ(src2->size(), 3);  // windows ending 06 | 06, 12 of the second day
+  expect_close(last_step(src2->get(1).input), expected(kInputs, 30), 2e-4, 0);
+  auto err = [&](const std::string& name, const std::string& from, const std::string& to) {
+    return error_of([&] { read_credit_config(write_config(name, {{from, to}})); });
+  };
+  std::string e = err("dr_both", "start_datetime: \"2020-12-31T00\"", "start_datetime: \"2020-12-31T00\"\n  " + ranges);
+  EXPECT_NE(e.find("data.date_ranges: not beside start_datetime"), std::string::npos) << e;
+  e = err("dr_overlap", "start_datetime: \"2020-12-31T00\"",
+          "date_ranges: [[\"2020-12-31T00\", \"2021-01-01T00\"], [\"2020-12-31T18\", \"2021-01-01T06\"]]");
+  EXPECT_NE(e.find("end_datetime"), std::string::npos) << e;  // beside end_datetime still
+  e = error_of([&] {
+    read_credit_config(write_config("dr_overlap2", {{"start_datetime: \"2020-12-31T00\"",
+                                                     "date_ranges: [[\"2020-12-31T00\", \"2021-01-01T00\"], [\"2020-12-31T18\", \"2021-01-01T06\"]]"},
+                                                    {"end_datetime: \"2021-01-01T12\"", ""}}));
+  });
+  EXPECT_NE(e.find("data.date_ranges: the blocks overlap"), std::string::npos) << e;
+  e = error_of([&] {
+    read_credit_config(write_config("dr_backwards", {{"start_datetime: \"2020-12-31T00\"",
+                                                      "date_ranges: [[\"2020-12-31T12\", \"2020-12-31T00\"]]"},
+                                                     {"end_datetime: \"2021-01-01T12\"", ""}}));
+  });
+  EXPECT_NE(e.find("data.date_ranges[0]: its end"), std::string::npos) << e;
+  CreditConfig c3 = read_credit_config(write_config("dr_short", {{"start_datetime: \"2020-12-31T00\"",
+                                                                 "date_ranges: [[\"2020-12-31T00\", \"2020-12-31T06\"], [\"2021-01-01T00\", \"2021-01-01T18\"]]"},
+                                                                {"end_datetime: \"2021-01-01T12\"", ""},
+                                                                {"history_len: 1", "history_len: 2"}}));
+  e = error_of([&] { open_era5_samples(std::make_shared<Era5Data>(c3), training_blocks(c3), 1); });
+  EXPECT_NE(e.find("date_ranges block 2020-12-31T00"), std::string::npos) << e;
+  EXPECT_NE(e.find("too short"), std::string::npos) << e;
+}
+
 // A 2-step forecast of the tiny WXFormer from 2020-12-31T18 into `out`.
 ForecastArgs two_step_forecast(const std::string& out) {
   ForecastArgs a;

@@ -58,7 +58,7 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
       if (o == c.base_loss.overrides.end()) per_channel[k] = vloss;
     }
   const bool physical = (bool)fc.to_physical;
-  std::shared_ptr<SampleSource> vs = open_era5_samples(data, c.valid_start, c.valid_end, L);
+  std::shared_ptr<SampleSource> vs = open_era5_samples(data, validation_blocks(c), L);
   WXE_CHECK(vs->size() > 0, c.file, ": no validation samples of ", L,
             " steps in valid_start_datetime..valid_end_datetime");
   const int64_t n = c.valid_batches_per_epoch > 0 ? std::min(c.valid_batches_per_epoch, vs->size()) : vs->size();
@@ -274,7 +274,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   if (!given("--forecast-len")) fc.forecast_len = c.forecast_len;
   const int L = fc.forecast_len;
   fc.data = config;
-  fc.open_data = [data, c, L] { return open_era5_samples(data, c.start, c.end, L); };
+  fc.open_data = [data, c, L] { return open_era5_samples(data, training_blocks(c), L); };
   fc.to_input = [data](const Tensor& y) { return data->prediction_to_input(y); };
   if (!given("--prognostic")) {
     fc.prognostic = data->prognostic_channels();
@@ -304,7 +304,7 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   // CREDIT's epoch: batches_per_epoch batches of train_batch_size samples (at most the data's),
   // an optimizer step every grad_accum_every batches and at the epoch's end
   const int64_t data_batches =
-      std::max<int64_t>(1, open_era5_samples(data, c.start, c.end, L)->size() / c.train_batch_size);
+      std::max<int64_t>(1, open_era5_samples(data, training_blocks(c), L)->size() / c.train_batch_size);
   const int64_t epoch_batches = c.batches_per_epoch > 0 ? std::min(c.batches_per_epoch, data_batches) : data_batches;
   const int64_t A = c.grad_accum_every;
   const int64_t epoch_steps = (epoch_batches + A - 1) / A;
