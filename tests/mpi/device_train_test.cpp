@@ -40,23 +40,30 @@ void ensure_host_backend() {
   (void)once;
 }
 
-TEST(DeviceTrain, DataParallelDeviceStateMatchesCpu) {
-  ensure_host_backend();
-  Mesh mesh = make_mesh(1);  // dp = world size
-  SharedDir data(*mesh.world_comm, "devtrain_data"), cpu_dir(*mesh.world_comm, "devtrain_cpu"),
-      dev_dir(*mesh.world_comm, "devtrain_dev");
+// n random samples of the tiny CrossFormer's shapes in dir (written by rank 0, seeds from seed), and
+// a fine-tuning config of the model on them
+FinetuneConfig tiny_run(const Mesh& mesh, const std::string& dir, int n, unsigned seed) {
   if (mesh.rank == 0) {
-    fs::create_directories(data.path);
-    for (int i = 0; i < 4; ++i) {
+    fs::create_directories(dir);
+    for (int i = 0; i < n; ++i) {
       const std::string k = "000" + std::to_string(i);
-      write_npy(data.path + "/x_" + k + ".npy", randn({1, 7, 1, 32, 64}, 50 + 2 * i));
-      write_npy(data.path + "/y_" + k + ".npy", randn({1, 6, 1, 32, 64}, 51 + 2 * i, 0.5f));
+      write_npy(dir + "/x_" + k + ".npy", randn({1, 7, 1, 32, 64}, seed + 2 * i));
+      write_npy(dir + "/y_" + k + ".npy", randn({1, 6, 1, 32, 64}, seed + 1 + 2 * i, 0.5f));
     }
   }
   mesh.world_comm->barrier();
   FinetuneConfig c;
   c.model = data_path("tests/data/crossformer_tiny_snbaked_opset17.onnx");
-  c.data = data.path;
+  c.data = dir;
+  return c;
+}
+
+TEST(DeviceTrain, DataParallelDeviceStateMatchesCpu) {
+  ensure_host_backend();
+  Mesh mesh = make_mesh(1);  // dp = world size
+  SharedDir data(*mesh.world_comm, "devtrain_data"), cpu_dir(*mesh.world_comm, "devtrain_cpu"),
+      dev_dir(*mesh.world_comm, "devtrain_dev");
+  FinetuneConfig c = tiny_run(mesh, data.path, 4, 50);
   c.save = cpu_dir.path;
   c.accum = 2;  // one micro-batch per dp rank with 2 ranks
   c.schedule.lr = 3e-3;
@@ -118,18 +125,7 @@ TEST(DeviceTrain, DomainOnADeviceMatchesCpu) {
   Mesh mesh = make_mesh(std::move(world), 1, ranks);  // domain = world size
   SharedDir data(*mesh.world_comm, "devdomain_data"), cpu_dir(*mesh.world_comm, "devdomain_cpu"),
       dev_dir(*mesh.world_comm, "devdomain_dev");
-  if (mesh.rank == 0) {
-    fs::create_directories(data.path);
-    for (int i = 0; i < 2; ++i) {
-      const std::string k = "000" + std::to_string(i);
-      write_npy(data.path + "/x_" + k + ".npy", randn({1, 7, 1, 32, 64}, 70 + 2 * i));
-      write_npy(data.path + "/y_" + k + ".npy", randn({1, 6, 1, 32, 64}, 71 + 2 * i, 0.5f));
-    }
-  }
-  mesh.world_comm->barrier();
-  FinetuneConfig c;
-  c.model = data_path("tests/data/crossformer_tiny_snbaked_opset17.onnx");
-  c.data = data.path;
+  FinetuneConfig c = tiny_run(mesh, data.path, 2, 70);
   c.save = cpu_dir.path;
   c.schedule.lr = 3e-3;
   c.grad_max_norm = 0.05;
