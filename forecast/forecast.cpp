@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include "engine/ir/error.h"
 #include "engine/exec/executor.h"
@@ -25,17 +26,24 @@ void rollout(const Era5Data& data, Tensor x, int64_t init, int steps, const std:
   Tensor step = last_step(x);
   const int64_t hw = step.numel() / step.shape[1];
   for (int k = 0; k < steps; ++k) {
+    // the next step's forcing is read while the model runs (joined before emit, which may write
+    // netCDF: the library is not used from two threads at once)
+    std::future<Tensor> next;
+    if (k + 1 < steps)
+      next = std::async(std::launch::async, [&data, s = step.clone(), t = init + (k + 1) * dt]() mutable {
+        data.set_forcing(s, t);
+        return s;
+      });
     Tensor y = model(x);  // (1, C_out, 1, H, W)
+    if (next.valid()) step = next.get();
     WXE_CHECK(y.dtype == DType::F32 && y.shape.size() == x.shape.size() && y.numel() / y.shape[1] == hw &&
                   y.shape[1] == (int64_t)data.target_channels().size(),
               "the model's output ", shape_str(y.shape), " does not match the config's ", data.target_channels().size(),
               " target channels on the input's grid ", shape_str(step.shape));
     emit(k, y);
     if (k + 1 == steps) break;
-    // the next step: the prediction's prognostic channels, the statics kept, the forcing read
-    step = step.clone();
+    // the next step: the prediction's prognostic channels, the statics kept, the forcing read above
     feed_back(step, data.prediction_to_input(y), data.feedback_map());
-    data.set_forcing(step, init + (k + 1) * dt);
     x = slide_window(x, step);
   }
 }
