@@ -308,13 +308,15 @@ double check_plan(const FinetuneConfig& cfg, Mesh* mesh, const Tensor& input) {
   std::string fit;
   r.only_tp = r.only_domain = 0;
   r.in_mpi = false;
+  r.resident = p.resident;  // not the heap this plan left
   for (int ranks : {world, 2 * world, 4 * world, 8 * world}) {
     r.ranks = ranks;
     fit = fitting_options(plan_run(r));
     if (!fit.empty()) break;
   }
-  fail(str("predicted ", std::round(row.peak / 1e8) / 10, " GB per rank > ", std::round(r.memory / 1e8) / 10,
-           " GB ", given ? "given (--memory)" : "available on this machine per rank", ": ",
+  char gb[64];
+  std::snprintf(gb, sizeof gb, "predicted %.3g GB per rank > %.3g GB ", row.peak / 1e9, r.memory / 1e9);
+  fail(str(gb, given ? "given (--memory)" : "available on this machine per rank", ": ",
            fit.empty() ? str("no mesh of up to ", 8 * world, " ranks with or without --activation-checkpoint blocks fits")
                        : fit + " would fit"));
   return 0;

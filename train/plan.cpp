@@ -132,7 +132,7 @@ double mb(double b) { return b / 1e6; }
 Plan plan_run(const PlanRequest& r) {
   WXE_CHECK(r.ranks >= 1, "--ranks must be at least 1 (got ", r.ranks, ")");
   WXE_CHECK(std::isfinite(r.memory) && r.memory >= 0, "--memory must be a positive number of GB");
-  const double base = resident_bytes();
+  const double base = r.resident > 0 ? r.resident : resident_bytes();
   Quiet quiet;
   Graph full = import_onnx(r.model);
   WXE_CHECK(full.inputs.size() == 1, r.model, ": planning needs a model with one input, it has ", full.inputs.size());
@@ -142,6 +142,7 @@ Plan plan_run(const PlanRequest& r) {
     WXE_CHECK(d > 0, r.model, ": input '", in.name, "' has no static shape ", shape_str(in.shape),
               "; give one: --input X.npy");
   Plan p;
+  p.resident = base;
   std::vector<int> tps;
   for (int tp = 1; tp <= r.ranks; ++tp)
     if (r.ranks % tp == 0 && (!r.only_tp || tp == r.only_tp)) tps.push_back(tp);
@@ -287,7 +288,7 @@ std::string fitting_options(const Plan& p, int n) {
     if (r.checkpoint == "blocks") o += str(o.empty() ? "" : " ", "--activation-checkpoint blocks");
     if (o.empty()) o = "--activation-checkpoint none";
     char gb[32];
-    std::snprintf(gb, sizeof gb, " (%.2f GB)", r.peak / 1e9);
+    std::snprintf(gb, sizeof gb, " (%.3g GB)", r.peak / 1e9);
     s += (s.empty() ? "" : " or ") + o + gb;
   }
   return s;

@@ -34,6 +34,9 @@ struct PlanRequest {
   int only_tp = 0, only_domain = 0;
   // the planning process runs under mpirun already (its resident size holds MPI's buffers)
   bool in_mpi = false;
+  // the resident size of the process before it loaded anything (0: measured at plan_run's start);
+  // a second plan in one process gives the first's (Plan::resident)
+  double resident = 0;
 };
 
 struct PlanRow {
@@ -54,6 +57,7 @@ struct Plan {
   std::vector<PlanRow> rows;
   std::vector<std::string> refused;  // "dp 1 x tp 3 x domain 1: why", meshes the model cannot take
   int best = -1;                     // the row recommended: the fastest that fits (plan.cpp rank_rows)
+  double resident = 0;               // PlanRequest::resident as used
 };
 
 // Builds and plans every candidate (or the one request.only_* names). Errors (no model, bad
