@@ -180,7 +180,7 @@ BandStats shard_domain(Graph& g, const Mesh* mesh, bool training) {
   WXE_CHECK(st.scatters > 0, source, ": --domain ", d, " splits nothing: no convolution of this model has rows that ",
             "divide into ", d, " bands with halos no taller than a band; run with a --domain that divides the grid's "
             "rows at the first convolution, or without it");
-  set_domain_communicator(mesh->domain_comm.get());
+  if (mesh->domain_comm) set_domain_communicator(mesh->domain_comm.get());  // none: a plan (train/plan.h)
   note("wxe: %s\n", domain_summary(st, d, training).c_str());
   return st;
 }

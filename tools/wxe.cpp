@@ -36,6 +36,7 @@
 #include "forecast/score.h"
 #include "train/from_config.h"
 #include "train/loss_plot.h"
+#include "train/plan.h"
 #include "load/model.h"
 
 using namespace wxe;
@@ -170,6 +171,46 @@ void print_plan(const Graph& full, const std::string& plan_file, int tp) {
   std::printf("parameters per rank: %s of %s unsharded (%.1f%%); everything else replicated\n",
               human_bytes(st.param_bytes_rank).c_str(), human_bytes(st.param_bytes_full).c_str(),
               100.0 * st.param_bytes_rank / std::max<size_t>(st.param_bytes_full, 1));
+}
+
+struct PlanArgs {
+  std::string model, config, input;
+  int ranks = 1, accum = 0;
+  double memory = 0;  // GB per rank
+  bool train = false, json = false;
+  std::string plan;
+};
+
+// `wxe plan`: the table of train/plan.h, the input shape from --input's header or the config's
+// first sample.
+int cmd_plan(const PlanArgs& a) {
+  WXE_CHECK(a.ranks >= 1, "plan: --ranks must be at least 1 (got ", a.ranks, ")");
+  WXE_CHECK(a.memory >= 0 && std::isfinite(a.memory), "plan: --memory must be a positive number of GB (got ", a.memory, ")");
+  WXE_CHECK(a.accum >= 0, "plan: --accum must be positive (got ", a.accum, ")");
+  WXE_CHECK(std::filesystem::is_regular_file(a.model), a.model, ": no such model file");
+  PlanRequest r;
+  r.model = a.model;
+  r.ranks = a.ranks;
+  r.memory = a.memory * 1e9;
+  r.train = a.train;
+  r.accum = a.accum;
+  if (!a.config.empty()) {  // the config's training options and its data's first sample
+    WXE_CHECK(a.input.empty(), "plan: give --input or a CONFIG.yml, not both");
+    finetune_from_config(a.config, r.cfg, [](const std::string&) { return false; }, false);
+    WXE_CHECK(r.cfg.open_data, a.config, ": no data to read the input shape from");
+    const Sample s = r.cfg.open_data()->get(0);
+    r.dtype = s.input.dtype;
+    r.input = s.input.shape;
+    if (!a.accum) r.accum = r.cfg.accum > 1 ? r.cfg.accum : 0;
+  } else if (!a.input.empty()) {
+    const NpyHeader h = read_npy_header(a.input);
+    r.dtype = h.dtype;
+    r.input = h.shape;
+  }
+  r.cfg.plan = a.plan;
+  const Plan p = plan_run(r);
+  std::printf("%s", a.json ? plan_json(p, r).c_str() : plan_table(p, r).c_str());
+  return 0;
 }
 
 int cmd_inspect(const std::string& model, const std::vector<std::string>& inputs, bool dump_graph, int tp, int domain,
@@ -656,6 +697,22 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
   ConvertArgs ca;
+  PlanArgs pa;
+  auto* plan = app.add_subcommand("plan", "predict the peak memory per rank of each mesh (dp x tp x domain) and "
+                                  "--activation-checkpoint setting from shapes, and name the fastest that fits");
+  plan->add_option("model", pa.model, "model .onnx")->required();
+  plan->add_option("config", pa.config, "CREDIT gen2 CONFIG.yml: the input shape from its data, its training options");
+  plan->add_option("--ranks,-n", pa.ranks, "MPI ranks (default 1): every dp x tp x domain mesh of this many");
+  plan->add_option("--memory", pa.memory, "GB each rank may use (default: no limit; every row fits)");
+  plan->add_flag("--train", pa.train, "plan fine-tuning (gradients, AdamW state, ZeRO-1, checkpointing); "
+                 "default: inference");
+  plan->add_option("--input,-i", pa.input, "X.npy: the input shape of one micro-batch (its header only is read; "
+                   "default: the model's declared shape)");
+  plan->add_option("--accum", pa.accum, "micro-batches per optimizer step (finetune --accum): dp must divide it "
+                   "(default: any dp)");
+  plan->add_option("--plan", pa.plan, "tensor-parallel plan file");
+  plan->add_flag("--json", pa.json, "one JSON object instead of the table");
+
   auto* convert = app.add_subcommand("convert", "convert a legacy CREDIT checkpoint to the Linear layout (safetensors), or a fine-tuned one back to CREDIT");
   convert->add_option("checkpoint", ca.checkpoint, "legacy .pt, .safetensors, or a finetune checkpoint directory (with --to credit)")->required();
   convert->add_option("--output,-o", ca.output, "output .safetensors, or .pt with --to credit")->required();
@@ -734,6 +791,9 @@ int main(int argc, char** argv) {
   finetune->add_option("--domain", finetune_domain, "domain-parallel ranks per model copy: each holds a band of "
                        "latitudes of the activations (world = dp x tp x domain; run under mpirun)");
   finetune->add_option("--plan", fc.plan, "tensor-parallel plan file (JSON: weight-name glob -> colwise/rowwise/replicate)");
+  double finetune_memory = 0;
+  finetune->add_option("--memory", finetune_memory, "GB each rank may use: a run whose planned peak (wxe plan) is "
+                       "larger stops before step 1 (default: the machine's available memory over the ranks on it)");
 
   ForecastArgs fa;
   int forecast_tp = 1, forecast_domain = 1;
@@ -821,6 +881,9 @@ int main(int argc, char** argv) {
     fc.schedule.kind = schedule == "constant" ? ScheduleKind::Constant : ScheduleKind::LinearWarmupCosine;
     fc.schedule.total_steps = total_steps > 0 ? total_steps : fc.steps;
     fc.plain_mse = loss == "mse";
+    if (finetune_memory < 0 || !std::isfinite(finetune_memory))
+      return usage_error(str("finetune: --memory must be a positive number of GB (got ", finetune_memory, ")"));
+    fc.memory = finetune_memory * 1e9;
     fc.sequence_parallel = sequence_parallel == "on";
     fc.plot = [](const std::string& png, const std::string& title, const std::vector<double>& x,
                  const std::vector<double>& y) { plot_loss_curve(png, title, x, y); };
@@ -882,6 +945,7 @@ int main(int argc, char** argv) {
       return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device,
                              bench_checkpoint, ba.precision, ba.nodes);
     if (*bench) return cmd_bench(ba);
+    if (*plan) return cmd_plan(pa);
     if (*finetune && finetune_config) {
       finetune_from_config(finetune_config_path, fc, [&](const std::string& flag) { return finetune->get_option(flag)->count() > 0; },
                            mesh.rank == 0);

@@ -18,6 +18,7 @@
 #include "engine/io/npy.h"
 #include "importers/onnx/onnx_import.h"
 #include "load/model.h"
+#include "train/plan.h"
 
 namespace fs = std::filesystem;
 
@@ -277,6 +278,50 @@ void print_conv_profile(const GradExecutor& ex, int reps) {
               total[2]);
 }
 
+// The run's planned peak per rank (train/plan.h), said in one line; a run that will not fit in
+// cfg.memory (or what this machine has per rank) stops here, naming the options that would fit:
+// the other meshes of as many ranks, else of 2, 4 or 8 times as many. 0 when not planned (a
+// device's memory, an ensemble's members).
+double check_plan(const FinetuneConfig& cfg, Mesh* mesh, const Tensor& input) {
+  if (cfg.device != "cpu" || cfg.ensemble_size > 1) return 0;
+  const int world = mesh ? mesh->world : 1;
+  PlanRequest r;
+  r.model = cfg.model;
+  r.dtype = input.dtype;
+  r.input = input.shape;
+  r.ranks = world;
+  r.accum = cfg.accum;
+  r.cfg = cfg;
+  r.only_tp = mesh ? mesh->tp : 1;
+  r.only_domain = mesh ? mesh->domain : 1;
+  r.in_mpi = world > 1;
+  const bool given = cfg.memory > 0;
+  r.memory = given ? cfg.memory : available_per_rank(world);
+  const Plan p = plan_run(r);
+  WXE_CHECK(!p.rows.empty(), cfg.model, ": no plan for this mesh: ", p.refused.empty() ? "" : p.refused[0]);
+  const PlanRow& row = p.rows[0];
+  note("wxe: plan: predicted peak %.0f MB per rank (parameters, gradients and AdamW state %.1f MB, activations at "
+       "the peak %.1f MB, other tensors %.1f MB, program and slack %.0f MB)\n",
+       row.peak / 1e6, (row.params + row.grads + row.adamw) / 1e6, row.activations / 1e6, row.other / 1e6,
+       row.overhead / 1e6);
+  if (row.fits) return row.peak;
+  std::string fit;
+  r.only_tp = r.only_domain = 0;
+  r.in_mpi = false;
+  r.resident = p.resident;  // not the heap this plan left
+  for (int ranks : {world, 2 * world, 4 * world, 8 * world}) {
+    r.ranks = ranks;
+    fit = fitting_options(plan_run(r));
+    if (!fit.empty()) break;
+  }
+  char gb[64];
+  std::snprintf(gb, sizeof gb, "predicted %.3g GB per rank > %.3g GB ", row.peak / 1e9, r.memory / 1e9);
+  fail(str(gb, given ? "given (--memory)" : "available on this machine per rank", ": ",
+           fit.empty() ? str("no mesh of up to ", 8 * world, " ranks with or without --activation-checkpoint blocks fits")
+                       : fit + " would fit"));
+  return 0;
+}
+
 }  // namespace
 
 int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
@@ -285,6 +330,7 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
   auto t_start = std::chrono::steady_clock::now();
   std::unique_ptr<SampleSource> data = cfg.open_data ? cfg.open_data() : open_npy_dir(cfg.data, cfg.forecast_len);
   note("wxe: data: %s\n", data->describe().c_str());
+  const double predicted = check_plan(cfg, mesh, data->get(0).input);
   lean_heap(cfg);
   Trainer t(cfg, std::move(data), mesh);
   const bool lead = !mesh || mesh->rank == 0;
@@ -338,7 +384,10 @@ int run_finetune(const FinetuneConfig& cfg, Mesh* mesh) {
     run_s += s.seconds;
     if (t.steps_done() == first + 1) {  // after the first step: what each rank holds
       if (tty && cfg.progress) std::fprintf(stderr, "\n");
-      report_memory(t, mesh, "wxe: memory: ", dev);
+      const std::vector<float> mine = report_memory(t, mesh, "wxe: memory: ", dev);
+      if (predicted > 0)
+        note("wxe: plan: predicted peak %.0f MB per rank; measured after step 1: %.0f MB (%+.1f%%)\n", predicted / 1e6,
+             mine[6] / 1e6, 100.0 * (mine[6] - predicted) / predicted);
     }
     rows.push_back({s.step, s.loss, s.lr, s.grad_norm, s.samples / s.seconds, s.seconds, s.data_wait, ""});
     double valid_loss = NAN;

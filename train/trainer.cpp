@@ -32,6 +32,61 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+RankGraph rank_training_graph(Graph& g, const FinetuneConfig& cfg, const Mesh* mesh) {
+  RankGraph r;
+  const int tp = mesh ? mesh->tp : 1, tp_rank = mesh ? mesh->tp_rank : 0, domain = mesh ? mesh->domain : 1;
+  if (tp > 1) {  // Megatron: this rank's heads and feed-forward columns; CopyToTP / AllReduceTP at the seams
+    TpPlan plan = plan_for(g, cfg.plan, tp, true);
+    r.slices = parameter_slices(plan, g, tp, tp_rank);
+    r.tp = shard_training_graph(g, plan, tp, tp_rank);
+    // the memory plan it serves is the CPU's (engine/exec/autograd.h)
+    // (with --domain the bands are the domain's: parallel/bands.h)
+    if (cfg.sequence_parallel && cfg.device == "cpu" && domain == 1) r.sp = sequence_parallel(g, tp);
+  }
+  // domain ranks: whole parameters, bands of the activations; the replicated parameters' band
+  // gradients summed over the domain group in the backward (CopyToTP), so every domain rank
+  // ends the backward with the same gradients and takes the same optimizer step
+  r.domain = shard_domain(g, mesh, true);
+  if (cfg.fuse && !cfg.reference) backend_for(cfg.device).prepare_training(g);
+  WXE_CHECK(cfg.precision == "fp32" || cfg.precision == "bf16", "--precision must be fp32 or bf16, not '",
+            cfg.precision, "'");
+  if (cfg.precision == "bf16") {
+    WXE_CHECK(!cfg.reference, "--precision bf16: the reference kernels compute in float32 only; drop --reference or "
+              "--precision bf16");
+    WXE_CHECK(backend_for(cfg.device).device() == DeviceKind::CPU, "--precision bf16 trains on the cpu only for now "
+              "(--device ", cfg.device, " has no bfloat16 backward kernels yet); use --precision fp32");
+    std::string why;
+    if (cpu_precision(Precision::BF16, &why) == Precision::F32) {
+      note("wxe: %s\n", why.c_str());  // and the nodes stay float32: nothing claims bfloat16
+    } else {
+      use_bf16(g);
+      int convs = 0, linears = 0;
+      for (const Node& n : g.nodes)
+        if (n.s("precision", "") == "bf16") ++(n.op == "Linear" ? linears : convs);
+      note("wxe: precision bf16: %d Linear and %d Conv nodes multiply in bfloat16 (float32 accumulation, forward and "
+           "backward); parameters, gradients, AdamW state and the other ops float32\n", linears, convs);
+    }
+  }
+  WXE_CHECK(cfg.activation_checkpoint == "none" || cfg.activation_checkpoint == "blocks",
+            "--activation-checkpoint must be none or blocks, not '", cfg.activation_checkpoint, "'");
+  if (cfg.activation_checkpoint == "blocks") {  // of the collectives only the gathers are recomputed (each rank
+                                                 // reaches it at the same node)
+    r.segments = checkpoint_segments(g, [](const Node& n) {
+      return n.op == "AllReduceTP" || n.op == "CopyToTP" || n.op == "ReduceScatterTP" || n.op == "ScatterTP";
+    });
+    int blocks = 0;
+    for (int s : r.segments) blocks = std::max(blocks, s + 1);
+    note("wxe: activation checkpointing: %d blocks recomputed in the backward\n", blocks);
+  }
+  // sequence parallelism: the whole activation a gather makes for the column-parallel layers, and
+  // a convolution's band with its halo (domain parallelism too, on the cpu), are made again in
+  // the backward rather than kept
+  if (r.sp.gathers || r.sp.halos || (r.domain.halos && cfg.device == "cpu"))
+    add_recompute_segments(g, r.segments);
+  if (cfg.device == "cpu") add_recompute_segments(g, r.segments, [](const Node& n) { return n.op == "Gelu"; });
+  return r;
+}
+
 Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, Mesh* mesh)
     : cfg_(cfg), data_(std::move(data)), mesh_(mesh), adam_(cfg.adam) {
   if (mesh_) {
@@ -99,39 +154,11 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   WXE_CHECK(target_rows == out_shape, cfg.data, ": targets are ", shape_str(first.targets[0].shape),
             members_ > 1 ? str(" (x ", members_, " members)") : std::string(), ", the model's output is ",
             shape_str(out_shape));
-  if (tp_ > 1) {  // Megatron: this rank's heads and feed-forward columns; CopyToTP / AllReduceTP at the seams
-    TpPlan plan = plan_for(graph_, cfg.plan, tp_, true);
-    slices_ = parameter_slices(plan, graph_, tp_, tp_rank_);
-    tp_stats_ = shard_training_graph(graph_, plan, tp_, tp_rank_);
-    // the memory plan it serves is the CPU's (engine/exec/autograd.h)
-    // (with --domain the bands are the domain's: parallel/bands.h)
-    if (cfg.sequence_parallel && cfg.device == "cpu" && domain_ == 1) sp_stats_ = sequence_parallel(graph_, tp_);
-    set_tp_communicator(mesh_->tp_comm.get());
-  }
-  // domain ranks: whole parameters, bands of the activations; the replicated parameters' band
-  // gradients summed over the domain group in the backward (CopyToTP), so every domain rank
-  // ends the backward with the same gradients and takes the same optimizer step
-  const BandStats domain_stats = shard_domain(graph_, mesh_, true);
-  if (cfg.fuse && !cfg.reference) backend_for(cfg.device).prepare_training(graph_);
-  WXE_CHECK(cfg.precision == "fp32" || cfg.precision == "bf16", "--precision must be fp32 or bf16, not '",
-            cfg.precision, "'");
-  if (cfg.precision == "bf16") {
-    WXE_CHECK(!cfg.reference, "--precision bf16: the reference kernels compute in float32 only; drop --reference or "
-              "--precision bf16");
-    WXE_CHECK(backend_for(cfg.device).device() == DeviceKind::CPU, "--precision bf16 trains on the cpu only for now "
-              "(--device ", cfg.device, " has no bfloat16 backward kernels yet); use --precision fp32");
-    std::string why;
-    if (cpu_precision(Precision::BF16, &why) == Precision::F32) {
-      note("wxe: %s\n", why.c_str());  // and the nodes stay float32: nothing claims bfloat16
-    } else {
-      use_bf16(graph_);
-      int convs = 0, linears = 0;
-      for (const Node& n : graph_.nodes)
-        if (n.s("precision", "") == "bf16") ++(n.op == "Linear" ? linears : convs);
-      note("wxe: precision bf16: %d Linear and %d Conv nodes multiply in bfloat16 (float32 accumulation, forward and "
-           "backward); parameters, gradients, AdamW state and the other ops float32\n", linears, convs);
-    }
-  }
+  RankGraph rg = rank_training_graph(graph_, cfg, mesh_);
+  slices_ = std::move(rg.slices);
+  tp_stats_ = rg.tp;
+  sp_stats_ = rg.sp;
+  if (tp_ > 1) set_tp_communicator(mesh_->tp_comm.get());
   for (int v : trainable_parameters(graph_)) {
     const std::string& name = graph_.values[v].name;
     bool frozen = std::any_of(cfg.freeze.begin(), cfg.freeze.end(), [&](const std::string& p) { return glob_match(p, name); });
@@ -163,23 +190,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   opt.optimize = false;
   opt.device = cfg.device;
   opt.profile = cfg.device == "cpu";  // on a device, timing per op would wait for every kernel
-  WXE_CHECK(cfg.activation_checkpoint == "none" || cfg.activation_checkpoint == "blocks",
-            "--activation-checkpoint must be none or blocks, not '", cfg.activation_checkpoint, "'");
-  if (cfg.activation_checkpoint == "blocks") {  // of the collectives only the gathers are recomputed (each rank
-                                                 // reaches it at the same node)
-    opt.segments = checkpoint_segments(graph_, [](const Node& n) {
-      return n.op == "AllReduceTP" || n.op == "CopyToTP" || n.op == "ReduceScatterTP" || n.op == "ScatterTP";
-    });
-    int blocks = 0;
-    for (int s : opt.segments) blocks = std::max(blocks, s + 1);
-    note("wxe: activation checkpointing: %d blocks recomputed in the backward\n", blocks);
-  }
-  // sequence parallelism: the whole activation a gather makes for the column-parallel layers, and
-  // a convolution's band with its halo (domain parallelism too, on the cpu), are made again in
-  // the backward rather than kept
-  if (sp_stats_.gathers || sp_stats_.halos || (domain_stats.halos && cfg.device == "cpu"))
-    add_recompute_segments(graph_, opt.segments);
-  if (cfg.device == "cpu") add_recompute_segments(graph_, opt.segments, [](const Node& n) { return n.op == "Gelu"; });
+  opt.segments = rg.segments;
   for (size_t k = 0; k < graph_.nodes.size(); ++k)
     if (op_is_random(graph_.nodes[k].op)) random_nodes_.push_back((int)k);
   WXE_CHECK(cfg.ensemble_size == 1 || (tp_ == 1 && domain_ == 1), "ensemble training with --tp or --domain is not "

@@ -121,6 +121,9 @@ struct FinetuneConfig {
   int64_t save_every = 0;          // 0: only at the end
   int keep = 2;                    // checkpoints kept
   bool progress = true;            // progress bar / log lines on stderr
+  // Bytes each rank may use (--memory GB); 0: the machine's MemAvailable or cgroup limit over the
+  // ranks on this node. A run whose planned peak (train/plan.h) exceeds it stops before step 1.
+  double memory = 0;
   // A sample source other than the .npy directory `data` (CREDIT configs, data/era5.h), with
   // the latitudes (degrees) and per-output-channel loss weights that go with it (empty: the
   // .npy directory's, or a regular grid and 1).
@@ -137,6 +140,22 @@ struct FinetuneConfig {
                      const std::vector<double>&)>
       plot;
 };
+
+// The training graph one rank of a dp x tp x domain mesh runs, from the prepared graph
+// (load/model.h prepare_model, training): its tp shard (rank mesh->tp_rank; Megatron style,
+// sequence parallel on the CPU), the domain's bands, the training fusions and --precision; and
+// the executor's segments (ExecOptions::segments: --activation-checkpoint blocks and the
+// recomputed gathers, halos and GELUs). The Trainer's own, and `wxe plan`'s (train/plan.h) for a
+// mesh it does not run: then mesh holds the sizes alone (no communicators; none is set).
+// mesh null: a world of one.
+struct RankGraph {
+  ShardStats tp;
+  SequenceParallelStats sp;
+  BandStats domain;
+  std::map<std::string, TensorSlice> slices;  // tp-sharded parameters: this rank's block of each
+  std::vector<int> segments;
+};
+RankGraph rank_training_graph(Graph& g, const FinetuneConfig& cfg, const Mesh* mesh);
 
 struct StepLog {
   int64_t step = 0;                // 1-based: optimizer steps done

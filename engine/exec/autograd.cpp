@@ -25,10 +25,18 @@ void accumulate(Tensor& dst, const Tensor& src) {
 // A value's gradient += src, where gradients may share storage (gradient_passthrough,
 // engine/ir/ops.h): a shared sum is not written in place; the sum goes into src's storage when
 // src alone holds it, else into a new tensor, and dst takes it.
-void accumulate_grad(Tensor& dst, Tensor src) {
-  if (dst.storage.use_count() == 1) return accumulate(dst, src);
+// plan_only (ExecOptions): the same tensors, no arithmetic.
+void accumulate_grad(Tensor& dst, Tensor src, bool plan_only) {
+  if (dst.storage.use_count() == 1) {
+    if (!plan_only) accumulate(dst, src);
+    return;
+  }
   const bool reuse = src.storage.use_count() == 1;
-  Tensor sum = reuse ? src : Tensor(DType::F32, dst.shape);
+  Tensor sum = reuse ? src : plan_only ? Tensor::counted(DType::F32, dst.shape) : Tensor(DType::F32, dst.shape);
+  if (plan_only) {
+    dst = std::move(sum);
+    return;
+  }
   const float* a = dst.data<float>();
   const float* b = src.data<float>();
   float* d = sum.data<float>();
@@ -53,6 +61,7 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
     needs_grad_[p] = true;
   }
   if (opt.device != "cpu") dev_ = &backend_for(opt.device);
+  WXE_CHECK(!opt.plan_only || (!dev_ && !opt.keep_forward), "the plan-only executor plans the CPU's step");
   for (const Node& n : g.nodes) {
     kernels_.push_back(kernel_for(n.op, opt.kernels));
     if (dev_) {
@@ -158,7 +167,8 @@ GradExecutor::GradExecutor(const Graph& g, std::vector<int> trainable, ExecOptio
   }
   for (int p : trainable_) {
     if (!dev_) {
-      grads_.push_back(Tensor::zeros(DType::F32, g.values[p].shape));
+      grads_.push_back(opt.plan_only ? Tensor::counted(DType::F32, g.values[p].shape)
+                                     : Tensor::zeros(DType::F32, g.values[p].shape));
       continue;
     }
     grads_.push_back(dev_->empty(DType::F32, g.values[p].shape));
@@ -174,7 +184,7 @@ void GradExecutor::zero_grad() {
   for (Tensor& t : grads_) {
     if (dev_)
       tk_->fill(t.data<float>(), t.numel(), 0.f);
-    else
+    else if (!opt_.plan_only)
       std::memset(t.raw(), 0, t.nbytes());
   }
 }
@@ -219,7 +229,7 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     if (!grad[v].defined()) {
       grad[v] = std::move(t);
     } else {
-      accumulate_grad(grad[v], std::move(t));
+      accumulate_grad(grad[v], std::move(t), opt_.plan_only);
     }
   };
   for (size_t k = 0; k < g_.outputs.size(); ++k) {
@@ -269,7 +279,7 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
         gin.push_back(&grad[v]);
         continue;
       } else if (want) {
-        gi[i] = Tensor(DType::F32, g_.values[v].shape);
+        gi[i] = opt_.plan_only ? Tensor::counted(DType::F32, g_.values[v].shape) : Tensor(DType::F32, g_.values[v].shape);
       }
       gin.push_back(want ? &gi[i] : nullptr);
     }
@@ -279,7 +289,7 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     }
     try {
       set_backward_accumulates(acc);
-      backward_[k](n, in, out, gout, gin);
+      if (!opt_.plan_only) backward_[k](n, in, out, gout, gin);
       set_backward_accumulates(0);
     } catch (const Error& e) {
       set_backward_accumulates(0);
@@ -298,7 +308,7 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     }
   }
   for (size_t p = 0; p < trainable_.size(); ++p)
-    if (grad[trainable_[p]].defined()) accumulate(grads_[p], grad[trainable_[p]]);
+    if (grad[trainable_[p]].defined() && !opt_.plan_only) accumulate(grads_[p], grad[trainable_[p]]);
   vals_.clear();
 }
 
@@ -493,9 +503,10 @@ void GradExecutor::run_forward_node(size_t k, std::vector<Tensor>* discard) {
     const int o = n.outputs[j];
     const Value& v = g_.values[o];
     Tensor& dst = discard && held(o) ? (*discard)[j] : dk ? dvals_[o] : vals_[o];
-    dst = dk ? dev_->empty(v.dtype, v.shape) : Tensor(v.dtype, v.shape);
+    dst = dk ? dev_->empty(v.dtype, v.shape) : opt_.plan_only ? Tensor::counted(v.dtype, v.shape) : Tensor(v.dtype, v.shape);
     out.push_back(&dst);
   }
+  if (opt_.plan_only) return;  // the plan: the outputs' sizes, no kernel
   try {
     (dk ? dk->forward : kernels_[k])(n, in, out);
     if (opt_.profile && dk) dev_->synchronize();

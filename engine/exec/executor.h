@@ -41,6 +41,11 @@ struct ExecOptions {
   // the backward reaches it; ops that update their inputs (SpectralNorm's power iteration) and
   // collectives are never in a segment, so the recompute repeats no update and no collective.
   std::vector<int> segments = {};
+  // Training on the CPU (GradExecutor): the memory plan without memory or kernels. Every tensor
+  // the executor makes (values, gradients, recomputes) is Tensor::counted, no kernel runs, and
+  // a step makes, keeps and frees exactly what the real one does, so host_bytes_peak() over a
+  // forward and backward is the step's activations at the peak (train/plan.h, `wxe plan`).
+  bool plan_only = false;
 };
 
 struct OpProfile {
@@ -77,6 +82,9 @@ class Executor {
   const Graph& graph() const { return *g_; }
   // Bytes of activation buffers of the last run: the arena plus the outputs (no constants).
   size_t peak_activation_bytes() const { return peak_bytes_; }
+  // Bytes of the arena the memory plan laid out at construction (allocated at the first run):
+  // the activations at the peak but the graph outputs, known before any run (`wxe plan`).
+  size_t planned_arena_bytes() const { return arena_bytes_; }
 
  private:
   Graph own_;        // the optimized copy, when the passes ran

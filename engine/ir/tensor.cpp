@@ -103,6 +103,12 @@ Storage::Storage(size_t n) : nbytes(n) {
   while (live > peak && !g_host_peak.compare_exchange_weak(peak, live)) {
   }
 }
+Storage::Storage(size_t n, CountOnly) : nbytes(n) {
+  const size_t live = g_host_live.fetch_add(n) + n;
+  size_t peak = g_host_peak.load();
+  while (live > peak && !g_host_peak.compare_exchange_weak(peak, live)) {
+  }
+}
 Storage::Storage(void* p, size_t n, DeviceKind dev, FreeFn f)
     : data(static_cast<uint8_t*>(p)), nbytes(n), device(dev), free_fn(f) {}
 Storage::~Storage() {
@@ -128,6 +134,14 @@ Tensor::Tensor(DType t, Shape s) : dtype(t), shape(std::move(s)) {
 Tensor Tensor::zeros(DType t, Shape s) {
   Tensor r(t, std::move(s));
   std::memset(r.raw(), 0, r.nbytes());
+  return r;
+}
+
+Tensor Tensor::counted(DType t, Shape s) {
+  Tensor r;
+  r.dtype = t;
+  r.shape = std::move(s);
+  r.storage = std::make_shared<Storage>(r.nbytes(), Storage::CountOnly{});
   return r;
 }
 
@@ -158,6 +172,7 @@ Tensor Tensor::reshaped(Shape s) const {
 }
 
 Tensor Tensor::clone() const {
+  if (storage && !storage->data && storage->device == DeviceKind::CPU) return counted(dtype, shape);
   Tensor r(dtype, shape);
   if (nbytes()) std::memcpy(r.raw(), raw(), nbytes());
   return r;

@@ -45,6 +45,10 @@ const char* device_name(DeviceKind d);  // "cpu", "cuda"
 struct Storage {
   using FreeFn = void (*)(void*);
   explicit Storage(size_t nbytes);  // host memory
+  // No bytes (data null), but counted as nbytes in host_bytes_live/peak while it lives: a memory
+  // plan run without memory (Tensor::counted, ExecOptions::plan_only).
+  struct CountOnly {};
+  Storage(size_t nbytes, CountOnly);
   Storage(void* data, size_t nbytes, DeviceKind device, FreeFn free_fn);  // a backend's memory
   ~Storage();
   Storage(const Storage&) = delete;
@@ -65,6 +69,9 @@ struct Tensor {
   Tensor() = default;
   Tensor(DType t, Shape s);  // allocates, uninitialized
   static Tensor zeros(DType t, Shape s);
+  // Its dtype and shape, storage that holds no bytes but counts as nbytes() in host_bytes_live()
+  // and host_bytes_peak() (Storage::CountOnly): data() is null. clone() of one is another.
+  static Tensor counted(DType t, Shape s);
   static Tensor scalar_f32(float v);
   static Tensor from_i64(const std::vector<int64_t>& v);  // 1-D int64
   static Tensor from_f32(Shape s, const std::vector<float>& v);
