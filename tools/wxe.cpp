@@ -697,21 +697,21 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
   ConvertArgs ca;
-  PlanArgs pa;
+  PlanArgs plan_a;
   auto* plan = app.add_subcommand("plan", "predict the peak memory per rank of each mesh (dp x tp x domain) and "
                                   "--activation-checkpoint setting from shapes, and name the fastest that fits");
-  plan->add_option("model", pa.model, "model .onnx")->required();
-  plan->add_option("config", pa.config, "CREDIT gen2 CONFIG.yml: the input shape from its data, its training options");
-  plan->add_option("--ranks,-n", pa.ranks, "MPI ranks (default 1): every dp x tp x domain mesh of this many");
-  plan->add_option("--memory", pa.memory, "GB each rank may use (default: no limit; every row fits)");
-  plan->add_flag("--train", pa.train, "plan fine-tuning (gradients, AdamW state, ZeRO-1, checkpointing); "
+  plan->add_option("model", plan_a.model, "model .onnx")->required();
+  plan->add_option("config", plan_a.config, "CREDIT gen2 CONFIG.yml: the input shape from its data, its training options");
+  plan->add_option("--ranks,-n", plan_a.ranks, "MPI ranks (default 1): every dp x tp x domain mesh of this many");
+  plan->add_option("--memory", plan_a.memory, "GB each rank may use (default: no limit; every row fits)");
+  plan->add_flag("--train", plan_a.train, "plan fine-tuning (gradients, AdamW state, ZeRO-1, checkpointing); "
                  "default: inference");
-  plan->add_option("--input,-i", pa.input, "X.npy: the input shape of one micro-batch (its header only is read; "
+  plan->add_option("--input,-i", plan_a.input, "X.npy: the input shape of one micro-batch (its header only is read; "
                    "default: the model's declared shape)");
-  plan->add_option("--accum", pa.accum, "micro-batches per optimizer step (finetune --accum): dp must divide it "
+  plan->add_option("--accum", plan_a.accum, "micro-batches per optimizer step (finetune --accum): dp must divide it "
                    "(default: any dp)");
-  plan->add_option("--plan", pa.plan, "tensor-parallel plan file");
-  plan->add_flag("--json", pa.json, "one JSON object instead of the table");
+  plan->add_option("--plan", plan_a.plan, "tensor-parallel plan file");
+  plan->add_flag("--json", plan_a.json, "one JSON object instead of the table");
 
   auto* convert = app.add_subcommand("convert", "convert a legacy CREDIT checkpoint to the Linear layout (safetensors), or a fine-tuned one back to CREDIT");
   convert->add_option("checkpoint", ca.checkpoint, "legacy .pt, .safetensors, or a finetune checkpoint directory (with --to credit)")->required();
@@ -945,7 +945,7 @@ int main(int argc, char** argv) {
       return run_train_bench(ba.model, ba.inputs.at(0), ba.weights, ba.threads, ba.runs, ba.json, ba.device,
                              bench_checkpoint, ba.precision, ba.nodes);
     if (*bench) return cmd_bench(ba);
-    if (*plan) return cmd_plan(pa);
+    if (*plan) return cmd_plan(plan_a);
     if (*finetune && finetune_config) {
       finetune_from_config(finetune_config_path, fc, [&](const std::string& flag) { return finetune->get_option(flag)->count() > 0; },
                            mesh.rank == 0);
