@@ -649,9 +649,11 @@ struct Reader {
             s.pred[i].first == "U_var" || s.pred[i].first == "V_var")
           s.input.push_back(s.pred[i]);
     }
-    if (normalised)
+    if (normalised && s.kind != PhysicsBlockSpec::Tracer)
       fail(where(p), ": ", type, " before the inverse bridgescaler_transform sees normalised values; CREDIT's fixers "
            "need physical units (put it after the inverse scaler)");
+    if (normalised)
+      c->warnings.push_back(where(p) + ": clamps normalised values (it is before the inverse scaler), as CREDIT's does");
     return s;
   }
 

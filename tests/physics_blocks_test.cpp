@@ -204,6 +204,23 @@ TEST(PhysicsBlocks, ForecastWritesAndFeedsBackTheFixedState) {
   ASSERT_NE(max_abs_diff(fed, d.prediction_to_input(y)), 0.0);
 }
 
+// A tracer_fixer before the inverse scaler clamps the normalised values, as CREDIT's does (a warning says so).
+TEST(PhysicsBlocks, TracerBeforeTheScalerClampsNormalisedValues) {
+  const CreditConfig c = read_credit_config(physics_config("phys_tracer_norm", "", kTracer), false);
+  bool warned = false;
+  for (const std::string& w : c.warnings) warned |= w.find("postblocks.per_step.tracer: clamps normalised values") != std::string::npos;
+  EXPECT_TRUE(warned);
+  Era5Data d(c);
+  const int64_t t = parse_datetime("2020-12-31T18", "t");
+  Tensor x = d.input(t), y = d.target(t);
+  const Tensor got = d.postprocess(y, x);
+  Tensor want = y.clone();
+  for (int64_t i = 0; i < 2 * 32 * 64; ++i) want.data<float>()[i] = std::max(want.data<float>()[i], 265.0f);
+  for (int64_t i = 5 * 32 * 64; i < 6 * 32 * 64; ++i) want.data<float>()[i] = std::max(want.data<float>()[i], 0.001f);
+  d.denormalise_target(want);
+  EXPECT_EQ(max_abs_diff(got, want), 0.0);
+}
+
 // wxe forecast writes the fixed values (the ONNX model's prediction floored)
 TEST(PhysicsBlocks, ForecastFileHoldsTheFloor) {
   ForecastArgs a;
