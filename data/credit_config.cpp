@@ -524,7 +524,7 @@ struct Reader {
     s.block = p;
     s.normalised = normalised;
     const std::string k = p + ".args.";
-    is_map(a, p + ".args");
+    if (!is_map(a, p + ".args")) fail(where(p + ".args"), ": missing (CREDIT's ", type, " takes its variables there)");
     auto key = [&](const char* arg, bool input = false) {
       if (!a || !a[arg]) fail(where(k + arg), ": missing (CREDIT's ", type, " needs it)");
       const std::string v = get<std::string>(a[arg], k + arg, "");

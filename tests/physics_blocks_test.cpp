@@ -317,6 +317,8 @@ TEST(PhysicsBlocks, RefusalsNameTheKey) {
       {"exp_after", physics_config("phys_exp", std::string(kTracer) + "    exp:\n      type: exp_transform\n      args:\n"
                                                                        "        variables: [era5/diagnostic/2d/tp]\n"),
        "postblocks.per_step.exp: exp_transform after postblocks.per_step.tracer is not implemented"},
+      {"no_args", physics_config("phys_noargs", "    mass:\n      type: global_mass_fixer\n"),
+       "postblocks.per_step.mass.args: missing (CREDIT's global_mass_fixer takes its variables there)"},
       {"base_loss", physics_config("phys_base", kTracer, "", {{"training_loss: \"mse\"", "type: base\n  args:\n    training_loss: mse\n    var_weighting: none"}}),
        "loss.type: base with the physics postblock postblocks.per_step.tracer is not implemented", true},
   };
