@@ -6,6 +6,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <iomanip>
@@ -22,6 +24,10 @@ namespace wxe {
 namespace {
 constexpr int64_t kMaxTimestep = 366 * 86400;
 // CREDIT's elementwise registry losses wxe computes (train/loss.h LossKind)
+// CREDIT 2026's physics postblocks (data/physics_blocks.h)
+const std::set<std::string> kPhysicsBlocks = {"tracer_fixer", "global_mass_fixer", "global_water_fixer",
+                                              "global_energy_fixer", "global_energy_fixer_updown",
+                                              "wind_artifact_filter"};
 const std::set<std::string> kElementwiseLosses = {"mse", "mae", "msle", "huber", "logcosh", "xtanh", "xsigmoid"};
 const std::set<std::string> kCrpsLosses = {"KCRPS", "almost-fair-crps", "ring-crps"};
 const std::set<std::string> kTensorLosses = {"spectral", "power", "covmse"};
@@ -511,6 +517,147 @@ struct Reader {
     return g;
   }
 
+  // A physics postblock's arguments (CREDIT 2026's credit/postblock/conservation.py and
+  // wind_filter.py: keyword arguments, its defaults where missing). normalised: before the inverse
+  // scaler.
+  PhysicsBlockSpec physics(const std::string& type, const std::string& p, const YAML::Node& a, bool normalised) {
+    PhysicsBlockSpec s;
+    s.block = p;
+    s.normalised = normalised;
+    const std::string k = p + ".args.";
+    if (!is_map(a, p + ".args")) fail(where(p + ".args"), ": missing (CREDIT's ", type, " takes its variables there)");
+    auto key = [&](const char* arg, bool input = false) {
+      if (!a || !a[arg]) fail(where(k + arg), ": missing (CREDIT's ", type, " needs it)");
+      const std::string v = get<std::string>(a[arg], k + arg, "");
+      if (std::count(v.begin(), v.end(), '/') != 3) fail(where(k + arg), ": '", v, "' is not a variable key <source>/<field type>/<2d or 3d>/<name>");
+      (input ? s.input : s.pred).push_back({arg, v});
+      return v;
+    };
+    auto keys = [&](const char* arg) {
+      const std::vector<std::string> v = strings(a ? a[arg] : YAML::Node(), k + arg);
+      if (v.empty()) fail(where(k + arg), ": expected a list of variable keys");
+      for (const std::string& x : v) s.pred.push_back({arg, x});
+      return v.size();
+    };
+    if (type == "wind_artifact_filter") {
+      s.kind = PhysicsBlockSpec::Wind;
+      known(a, k, {"u_var", "v_var", "target_vars", "mask_level", "target_levels", "speed_threshold", "smooth_sigma",
+                   "smooth_sigma_zonal", "smooth_sigma_meridional", "dilation_zonal", "dilation_meridional",
+                   "falloff_sigma", "preserve_amplitude"});
+      key("u_var");
+      key("v_var");
+      keys("target_vars");
+      s.mask_level = ranged<int64_t>(a["mask_level"], k + "mask_level", 14, 0, 1 << 20);
+      if (a["target_levels"]) s.target_levels = get<std::vector<int64_t>>(a["target_levels"], k + "target_levels", {});
+      for (int64_t l : s.target_levels)
+        if (l < 0) fail(where(k + "target_levels"), ": ", l, " is not a level index");
+      s.speed_threshold = get<double>(a["speed_threshold"], k + "speed_threshold", s.speed_threshold);
+      s.smooth_sigma = ranged<double>(a["smooth_sigma"], k + "smooth_sigma", 1.0, 1e-6, 1e4);
+      if (a["smooth_sigma_zonal"] && !a["smooth_sigma_zonal"].IsNull())
+        s.sigma_zonal = ranged<double>(a["smooth_sigma_zonal"], k + "smooth_sigma_zonal", 1.0, 1e-6, 1e4);
+      if (a["smooth_sigma_meridional"] && !a["smooth_sigma_meridional"].IsNull())
+        s.sigma_meridional = ranged<double>(a["smooth_sigma_meridional"], k + "smooth_sigma_meridional", 1.0, 1e-6, 1e4);
+      s.falloff_sigma = ranged<double>(a["falloff_sigma"], k + "falloff_sigma", 4.0, 1e-6, 1e4);
+      s.dilation_zonal = ranged<int64_t>(a["dilation_zonal"], k + "dilation_zonal", 13, 1, 1 << 16);
+      s.dilation_meridional = ranged<int64_t>(a["dilation_meridional"], k + "dilation_meridional", 5, 1, 1 << 16);
+      // an even kernel with padding size // 2 makes torch's mask one row or column larger than the grid
+      for (const char* d : {"dilation_zonal", "dilation_meridional"})
+        if ((d[9] == 'z' ? s.dilation_zonal : s.dilation_meridional) % 2 == 0)
+          fail(where(k + d), ": ", d[9] == 'z' ? s.dilation_zonal : s.dilation_meridional,
+               " is even (CREDIT's mask then does not fit the grid): give an odd size");
+      s.preserve_amplitude = get<bool>(a["preserve_amplitude"], k + "preserve_amplitude", false);
+      return s;
+    }
+    if (type == "tracer_fixer") {
+      s.kind = PhysicsBlockSpec::Tracer;
+      known(a, k, {"tracer_vars", "tracer_thres", "tracer_thres_max"});
+      const size_t n = keys("tracer_vars");
+      // a number for every variable, or a list of one per variable
+      auto bounds = [&](const char* arg, double dflt) {
+        const YAML::Node b = a[arg];
+        if (!b || b.IsNull()) return std::vector<double>(n, dflt);
+        if (!b.IsSequence()) return std::vector<double>(n, get<double>(b, k + arg, 0));
+        std::vector<double> v = get<std::vector<double>>(b, k + arg, {});
+        if (v.size() != n) fail(where(k + arg), ": ", v.size(), " values for the ", n, " tracer_vars");
+        return v;
+      };
+      if (!a["tracer_thres"]) fail(where(k + "tracer_thres"), ": missing (CREDIT's tracer_fixer needs it)");
+      s.lo = bounds("tracer_thres", 0);
+      s.hi = bounds("tracer_thres_max", NAN);
+    } else {
+      known(a, k, {"save_loc_physics", "lon_lat_level_name", "grid_type", "midpoint", "fix_level_num", "q_var", "sp_var",
+                   "precip_var", "evapor_var", "lead_time_periods", "input_source_key", "surface_geopotential_name",
+                   "T_var", "U_var", "V_var", "toa_down_solar_input_var", "toa_up_solar_var", "toa_up_olr_var",
+                   "surf_down_solar_var", "surf_up_solar_var", "surf_down_lw_var", "surf_up_lw_var", "surf_sh_var",
+                   "surf_lh_var"});
+      const std::string grid = get<std::string>(a["grid_type"], k + "grid_type", "sigma");
+      if (grid != "sigma")
+        fail(where(k + "grid_type"), ": '", grid, "' is not implemented (CREDIT 2026's gen2 fixers support the hybrid "
+             "sigma grid only)");
+      const std::string src = get<std::string>(a["input_source_key"], k + "input_source_key", "x_physical");
+      if (src != "x_physical")
+        fail(where(k + "input_source_key"), ": '", src, "' is not implemented (x_physical: the step's physical input)");
+      if (!a["save_loc_physics"]) fail(where(k + "save_loc_physics"), ": missing (the statics file with the grid and the hybrid coefficients)");
+      // os.path.expandvars: $NAME and ${NAME} from the environment, unknown ones left as written
+      std::string f = get<std::string>(a["save_loc_physics"], k + "save_loc_physics", "");
+      for (size_t i = f.find('$'); i != std::string::npos; i = f.find('$', i + 1)) {
+        const bool brace = i + 1 < f.size() && f[i + 1] == '{';
+        size_t e = i + 1 + brace;
+        while (e < f.size() && (std::isalnum((unsigned char)f[e]) || f[e] == '_')) ++e;
+        if (e == i + 1 + brace || (brace && (e >= f.size() || f[e] != '}'))) continue;
+        const char* v = std::getenv(f.substr(i + 1 + brace, e - i - 1 - brace).c_str());
+        if (!v) continue;
+        f.replace(i, e + brace - i, v);
+        i += std::strlen(v) - 1;
+      }
+      YAML::Node fn(f);
+      s.statics = path(fn, k + "save_loc_physics");
+      if (a["lon_lat_level_name"]) {
+        const std::vector<std::string> names = strings(a["lon_lat_level_name"], k + "lon_lat_level_name");
+        if (names.size() < 4)
+          fail(where(k + "lon_lat_level_name"), ": ", names.size(), " names; the sigma grid needs four (lon, lat, a, b)");
+        s.lon_name = names[0], s.lat_name = names[1], s.a_name = names[2], s.b_name = names[3];
+      } else {
+        fail(where(k + "lon_lat_level_name"), ": missing (the statics file's names: [lon2d, lat2d, hyai, hybi])");
+      }
+      s.midpoint = get<bool>(a["midpoint"], k + "midpoint", false);
+      key("q_var");
+      key("sp_var");
+      if (type != "global_mass_fixer") {
+        if (!a["lead_time_periods"]) fail(where(k + "lead_time_periods"), ": missing (CREDIT's ", type, " needs it)");
+        s.seconds = 3600.0 * ranged<int64_t>(a["lead_time_periods"], k + "lead_time_periods", 6, 1, 1 << 20);
+      }
+      if (type == "global_mass_fixer") {
+        s.kind = PhysicsBlockSpec::Mass;
+      } else if (type == "global_water_fixer") {
+        s.kind = PhysicsBlockSpec::Water;
+        key("precip_var");
+        key("evapor_var");
+      } else {
+        s.kind = PhysicsBlockSpec::Energy;
+        for (const char* v : {"T_var", "U_var", "V_var", "toa_up_solar_var", "toa_up_olr_var", "surf_down_solar_var",
+                              "surf_up_solar_var", "surf_down_lw_var", "surf_up_lw_var", "surf_sh_var", "surf_lh_var"})
+          key(v);
+        key("toa_down_solar_input_var", true);
+        const YAML::Node g = a["surface_geopotential_name"];
+        if (!g) fail(where(k + "surface_geopotential_name"), ": missing (the statics file's surface geopotential, PHIS)");
+        s.phis_name = g.IsSequence() && g.size() ? get<std::string>(g[0], k + "surface_geopotential_name", "")
+                                                 : get<std::string>(g, k + "surface_geopotential_name", "");
+      }
+      // the t0 state each fixer reads from x_physical under the prediction's keys
+      for (size_t i = 0, n = s.pred.size(); i < n; ++i)
+        if (s.pred[i].first == "q_var" || s.pred[i].first == "sp_var" || s.pred[i].first == "T_var" ||
+            s.pred[i].first == "U_var" || s.pred[i].first == "V_var")
+          s.input.push_back(s.pred[i]);
+    }
+    if (normalised && s.kind != PhysicsBlockSpec::Tracer)
+      fail(where(p), ": ", type, " before the inverse bridgescaler_transform sees normalised values; CREDIT's fixers "
+           "need physical units (put it after the inverse scaler)");
+    if (normalised)
+      c->warnings.push_back(where(p) + ": clamps normalised values (it is before the inverse scaler), as CREDIT's does");
+    return s;
+  }
+
   // postblocks.per_step: reconstruct (what wxe does) and the inverse scaler of the forecast.
   void postblocks(const YAML::Node& pb) {
     if (!is_map(pb, "postblocks")) return;
@@ -545,7 +692,18 @@ struct Reader {
           scaler_block(a, p, "inverse_transform", c->post_scaler_json, c->post_scaler_vars, nullptr);
           c->pred_chain.push_back(block_line(type, a));
         } else if (k == "per_step" && (type == "exp_transform" || type == "square_transform") && key == "y_processed") {
+          for (const PhysicsBlockSpec& ph : c->physics)
+            if (!ph.normalised)
+              fail(where(p), ": ", type, " after ", ph.block, " is not implemented (put the transforms before the physics blocks)");
           c->post_transforms.push_back(point_transform(type, p, a, false));
+          c->pred_chain.push_back(block_line(type, a));
+        } else if (kPhysicsBlocks.count(type)) {
+          if (k != "per_step")
+            fail(where(p), ": ", type, " under post_rollout is not implemented (put it under per_step, as CREDIT's own configs do)");
+          if (!c->computed.empty() && !c->post_scaler_json.empty())
+            fail(where(p), ": ", type, " after ", c->computed.back().block,
+                 " is not implemented (the diagnostic is computed from the written state: put it after the physics blocks)");
+          c->physics.push_back(physics(type, p, a, c->post_scaler_json.empty()));
           c->pred_chain.push_back(block_line(type, a));
         } else if (k == "per_step" && type == "geopotential_diagnostic") {
           GeopotentialSpec g = geopotential(p, a);
@@ -553,7 +711,8 @@ struct Reader {
           if (!twin) c->computed.push_back(std::move(g));
         } else {
           fail(where(p + ".type"), ": postblock '", type, "' is not implemented (per_step: reconstruct, "
-               "bridgescaler_transform, exp_transform, square_transform, geopotential_diagnostic)");
+               "bridgescaler_transform, exp_transform, square_transform, geopotential_diagnostic, tracer_fixer, "
+               "global_mass_fixer, global_water_fixer, global_energy_fixer, global_energy_fixer_updown, wind_artifact_filter)");
         }
       }
     }
@@ -778,6 +937,10 @@ struct Reader {
     known(l, "loss.", {"type", "args"});
     const YAML::Node a = l["args"];
     const std::string k = "loss.args.";
+    if (!c->physics.empty())
+      fail(where("loss.type"), ": base with the physics postblock ", c->physics[0].block,
+           " is not implemented (BaseLoss scores the prediction through the blocks with their gradients; wxe "
+           "runs them forward in rollouts only): use the flat loss keys (training_loss) without type base");
     BaseLossSpec& b = c->base_loss;
     b.on = true;
     if (is_map(a, "loss.args")) {

@@ -4,6 +4,7 @@
 // linear-warmup-cosine, ...) is an error naming it. Relative paths resolve from the config's
 // folder. The data layer (data/) knows netCDF and YAML; engine/ knows neither.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -49,6 +50,30 @@ struct GeopotentialSpec {
   bool flip = true;
   std::string level_info_file = "ERA5_Lev_Info.nc", a_var = "a_half", b_var = "b_half";
   std::vector<int64_t> levels;  // args.levels; empty: every level of the file
+};
+
+// postblocks.per_step tracer_fixer, global_mass_fixer, global_water_fixer, global_energy_fixer
+// (_updown) and wind_artifact_filter: CREDIT 2026's physics blocks on the prediction
+// (data/physics_blocks.h), in the config's order. A block before the inverse bridgescaler_transform
+// sees normalised values (the wind filter only), one after it physical values.
+struct PhysicsBlockSpec {
+  enum Kind { Tracer, Mass, Water, Energy, Wind } kind = Tracer;
+  std::string block;        // "postblocks.per_step.mass_fixer", for messages
+  bool normalised = false;  // before the inverse scaler
+  // the variable keys each argument names: of the prediction (y_processed), and for the fixers of
+  // the step's physical input (x_physical), as (argument, key)
+  std::vector<std::pair<std::string, std::string>> pred, input;
+  std::vector<double> lo, hi;  // tracer_fixer: per pred key its bounds (hi NaN: none)
+  // the fixers: the statics file (save_loc_physics, $VARs expanded) and its variable names
+  std::string statics, lon_name = "lon2d", lat_name = "lat2d", a_name = "hyai", b_name = "hybi", phis_name;
+  bool midpoint = false;
+  double seconds = 0;  // lead_time_periods in seconds (water and energy)
+  // wind_artifact_filter, CREDIT's defaults (sigma_zonal, sigma_meridional NaN: smooth_sigma)
+  int64_t mask_level = 14, dilation_zonal = 13, dilation_meridional = 5;
+  std::vector<int64_t> target_levels = {9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  double speed_threshold = 3.0193274566643846, smooth_sigma = 1.0, sigma_zonal = NAN, sigma_meridional = NAN;
+  double falloff_sigma = 4.0;
+  bool preserve_amplitude = false;
 };
 
 // A loss of CREDIT's registry (credit/losses): mse, mae, msle, huber, logcosh, xtanh, xsigmoid,
@@ -157,6 +182,7 @@ struct CreditConfig {
   std::vector<PointTransform> pre_transforms, post_transforms;
   // computed diagnostics of the prediction's postblocks (after its transforms), in order
   std::vector<GeopotentialSpec> computed;
+  std::vector<PhysicsBlockSpec> physics;  // the physics postblocks, in order
   bool include_computed = true;  // BaseLoss's include_computed_diagnostics
   BaseLossSpec base_loss;
   // the per_step postblocks after reconstruct, on the prediction and on the target twin

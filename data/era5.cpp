@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -142,6 +143,7 @@ Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
   load_scaler();
   bind_transforms();
   bind_computed();
+  bind_physics();
 }
 
 void Era5Data::bind_computed() {
@@ -463,6 +465,186 @@ static void denormalise_channel(const ChannelInfo& c, float* p, int64_t n, float
     if (d) std::fill(d, d + n, s);
   }
   for (const PointTransform* t : c.post) t->apply(p, n, d);
+}
+
+void Era5Data::bind_physics() {
+  for (const PhysicsBlockSpec& s : cfg_.physics) {
+    const std::string where = cfg_.file + ": " + s.block + ".args.";
+    Physics ph;
+    // a key's first channel among chans and its channel count (3D: one per level), or fail
+    auto find = [&](const std::vector<ChannelInfo>& chans, const std::pair<std::string, std::string>& arg,
+                    const char* what, int64_t* count) {
+      int64_t first = -1, n = 0;
+      for (size_t k = 0; k < chans.size(); ++k)
+        if (chans[k].computed < 0 && var_key(cfg_, chans[k]) == arg.second) {
+          if (first < 0) first = (int64_t)k;
+          ++n;
+        }
+      if (first < 0) fail(where, arg.first, ": '", arg.second, "' is not ", what, " of this config");
+      *count = n;
+      return first;
+    };
+    for (const auto& a : s.pred) {
+      int64_t n = 0;
+      ph.pred.push_back(find(out_, a, "a predicted (target) variable", &n));
+      ph.pred_levels.push_back(n);
+    }
+    for (size_t i = 0; i < s.input.size(); ++i) {
+      const auto& a = s.input[i];
+      int64_t n = 0;
+      const int64_t c = find(in_, a, "an input variable (the fixer reads the step's input x_physical)", &n);
+      ph.input.push_back(c);
+      // x_physical: the input de-normalised, which wxe does for a mean and std (per point) scaler only
+      for (int64_t l = c; l < c + n; ++l) {
+        const ChannelInfo& ch = in_[l];
+        if (ch.quant)
+          fail(where, a.first, ": input '", a.second, "' is normalised by a quantile scaler, whose inverse the "
+               "physics blocks' x_physical does not implement");
+        for (const PointTransform* t : ch.pre)
+          if (t->kind == PointTransform::Log || t->kind == PointTransform::Sqrt)
+            fail(where, a.first, ": input '", a.second, "' goes through ", t->block, ", whose inverse the physics "
+                 "blocks' x_physical does not implement");
+      }
+      // the input's levels must be the prediction's (the same key)
+      for (size_t j = 0; j < s.pred.size(); ++j)
+        if (s.pred[j] == a && ph.pred_levels[j] != n)
+          fail(where, a.first, ": '", a.second, "' has ", ph.pred_levels[j], " predicted levels and ", n, " input levels");
+    }
+    auto levels_of = [&](const char* arg) {
+      for (size_t j = 0; j < s.pred.size(); ++j)
+        if (s.pred[j].first == arg) return ph.pred_levels[j];
+      return (int64_t)0;
+    };
+    if (s.kind == PhysicsBlockSpec::Wind) {
+      for (const char* uv : {"u_var", "v_var"})
+        if (s.mask_level >= levels_of(uv))
+          fail(where, "mask_level: ", s.mask_level, " is not a level index of ", uv, " (", levels_of(uv), " levels)");
+    } else if (s.kind != PhysicsBlockSpec::Tracer) {
+      auto g = std::make_shared<SigmaGrid>(read_sigma_grid(s, cfg_.file));
+      for (size_t j = 0; j < s.pred.size(); ++j) {
+        const bool is3d = s.pred[j].second.find("/3d/") != std::string::npos;
+        const int64_t want = is3d ? g->levels() : 1;
+        if (ph.pred_levels[j] != want)
+          fail(where, s.pred[j].first, ": '", s.pred[j].second, "' has ", ph.pred_levels[j], " levels; ",
+               is3d ? str("the statics' ", s.a_name, " has ", g->a.size(), " values, so ", want, " levels with midpoint ",
+                          s.midpoint ? "true" : "false")
+                    : std::string("a 2D variable has 1"));
+      }
+      ph.grid = g;
+    }
+    phys_.push_back(std::move(ph));
+  }
+}
+
+void Era5Data::apply_physics(size_t b, float* y, const float* x0) const {
+  const PhysicsBlockSpec& s = cfg_.physics[b];
+  const Physics& ph = phys_[b];
+  const int64_t n = h_ * w_;
+  auto P = [&](const char* arg) {
+    for (size_t j = 0; j < s.pred.size(); ++j)
+      if (s.pred[j].first == arg) return y + ph.pred[j] * n;
+    fail(s.block, ": no argument ", arg);
+  };
+  auto X = [&](const char* arg) -> const float* {
+    for (size_t j = 0; j < s.input.size(); ++j)
+      if (s.input[j].first == arg) return x0 + ph.input[j] * n;
+    fail(s.block, ": no input argument ", arg);
+  };
+  if (ph.grid && (ph.grid->h != h_ || ph.grid->w != w_))
+    fail(cfg_.file, ": ", s.block, ".args.save_loc_physics: ", s.statics, ": the grid is ", ph.grid->h, "x", ph.grid->w,
+         ", the data's ", h_, "x", w_);
+  switch (s.kind) {
+    case PhysicsBlockSpec::Tracer:
+      for (size_t j = 0; j < s.pred.size(); ++j) tracer_fix(y + ph.pred[j] * n, ph.pred_levels[j] * n, s.lo[j], s.hi[j]);
+      break;
+    case PhysicsBlockSpec::Mass:
+      mass_fix(*ph.grid, P("q_var"), P("sp_var"), X("q_var"), X("sp_var"));
+      break;
+    case PhysicsBlockSpec::Water:
+      water_fix(*ph.grid, s.seconds, P("q_var"), P("sp_var"), P("precip_var"), P("evapor_var"), X("q_var"), X("sp_var"));
+      break;
+    case PhysicsBlockSpec::Energy: {
+      EnergyFields f;
+      f.T = P("T_var"), f.q = P("q_var"), f.u = P("U_var"), f.v = P("V_var"), f.sp = P("sp_var");
+      f.T0 = X("T_var"), f.q0 = X("q_var"), f.u0 = X("U_var"), f.v0 = X("V_var"), f.sp0 = X("sp_var");
+      f.solin0 = X("toa_down_solar_input_var");
+      f.toa_up_solar = P("toa_up_solar_var"), f.olr = P("toa_up_olr_var"), f.sfc_down_solar = P("surf_down_solar_var");
+      f.sfc_up_solar = P("surf_up_solar_var"), f.sfc_down_lw = P("surf_down_lw_var"), f.sfc_up_lw = P("surf_up_lw_var");
+      f.sh = P("surf_sh_var"), f.lh = P("surf_lh_var");
+      energy_fix(*ph.grid, s.seconds, f);
+      break;
+    }
+    case PhysicsBlockSpec::Wind: {
+      const WindMask m = wind_mask(s, P("u_var") + s.mask_level * n, P("v_var") + s.mask_level * n, h_, w_);
+      std::set<int64_t> levels(s.target_levels.begin(), s.target_levels.end());
+      for (size_t j = 0; j < s.pred.size(); ++j)
+        if (s.pred[j].first == "target_vars")
+          for (int64_t l : levels)
+            if (l < ph.pred_levels[j]) wind_blend(m, s.preserve_amplitude, y + (ph.pred[j] + l) * n);
+      break;
+    }
+  }
+}
+
+Tensor Era5Data::physical_to_input(const Tensor& phys) const {
+  Tensor x = phys.clone();
+  const int64_t C = (int64_t)out_.size(), n = h_ * w_;
+  WXE_CHECK(x.dtype == DType::F32 && x.rank() >= 2 && x.dim(1) == C && x.numel() == x.dim(0) * C * n,
+            "physical_to_input: ", shape_str(x.shape), " is not (batch, ", C, ", 1, ", h_, ", ", w_, ")");
+  for (int64_t b = 0; b < x.dim(0); ++b)
+    for (int64_t k = 0; k < C; ++k) {
+      if (feedback_[k] < 0) continue;
+      const ChannelInfo& in = in_[feedback_[k]];
+      float* q = x.data<float>() + (b * C + k) * n;
+      for (const PointTransform* t : in.pre) t->apply(q, n);
+      normalise_channel(in, q, n, (float)in.mean, (float)in.std);
+    }
+  return x;
+}
+
+Tensor Era5Data::postprocess(const Tensor& y, const Tensor& x) const {
+  WXE_ASSERT(h_);
+  const int64_t C = (int64_t)out_.size(), Ci = (int64_t)in_.size(), n = h_ * w_;
+  WXE_CHECK(y.dtype == DType::F32 && y.rank() >= 2 && y.dim(1) == C && y.numel() == y.dim(0) * C * n,
+            "postprocess: y is ", shape_str(y.shape), ", expected (batch, ", C, ", 1, ", h_, ", ", w_, ")");
+  Tensor p = y.clone();
+  const int64_t B = y.dim(0);
+  for (size_t b = 0; b < phys_.size(); ++b)
+    if (cfg_.physics[b].normalised)
+      for (int64_t i = 0; i < B; ++i) apply_physics(b, p.data<float>() + i * C * n, nullptr);
+  for (int64_t i = 0; i < B; ++i)
+    for (int64_t k = 0; k < C; ++k) denormalise_channel(out_[k], p.data<float>() + (i * C + k) * n, n);
+  bool fixers = false;
+  for (const PhysicsBlockSpec& s : cfg_.physics) fixers |= !s.normalised;
+  if (!fixers) return p;
+  // x_physical: the input's last step, its channels the fixers read de-normalised
+  WXE_CHECK(x.dim(0) == B && x.dim(1) == Ci, "postprocess: x is ", shape_str(x.shape), " for y ", shape_str(y.shape));
+  Tensor x0 = last_step(x);
+  std::vector<bool> done(in_.size());
+  for (size_t b = 0; b < phys_.size(); ++b)
+    for (size_t j = 0; j < phys_[b].input.size(); ++j) {
+      const std::string key = cfg_.physics[b].input[j].second;
+      for (int64_t c = phys_[b].input[j]; c < Ci && var_key(cfg_, in_[c]) == key; ++c) {
+        if (done[c]) continue;
+        done[c] = true;
+        const ChannelInfo& ch = in_[c];
+        for (int64_t i = 0; i < B; ++i) {
+          float* q = x0.data<float>() + (i * Ci + c) * n;
+          if (ch.grid_std) {
+            WXE_CHECK((int64_t)ch.grid_std->size() == n, "variable '", ch.var, "': its grid-wise scaler has ",
+                      ch.grid_std->size(), " points, the grid ", n);
+            for (int64_t e = 0; e < n; ++e) q[e] = q[e] * (*ch.grid_std)[e] + (*ch.grid_mean)[e];
+          } else {
+            const float s = (float)ch.std, m = (float)ch.mean;
+            for (int64_t e = 0; e < n; ++e) q[e] = q[e] * s + m;
+          }
+        }
+      }
+    }
+  for (size_t b = 0; b < phys_.size(); ++b)
+    if (!cfg_.physics[b].normalised)
+      for (int64_t i = 0; i < B; ++i) apply_physics(b, p.data<float>() + i * C * n, x0.data<float>() + i * Ci * n);
+  return p;
 }
 
 Tensor Era5Data::prediction_to_input(const Tensor& y) const {

@@ -22,6 +22,7 @@
 #include "data/credit_config.h"
 #include "data/data_file.h"
 #include "data/geopotential.h"
+#include "data/physics_blocks.h"
 #include "data/quantile_scaler.h"
 #include "data/scalers.h"
 #include "data/tisr.h"
@@ -95,6 +96,18 @@ class Era5Data {
   // postblocks to physical values and the input side's preblocks back, as CREDIT's rollout does
   // (the other channels copied unchanged).
   Tensor prediction_to_input(const Tensor& y) const;
+  // CREDIT 2026's physics postblocks (CreditConfig::physics, data/physics_blocks.h).
+  bool has_physics() const { return !cfg_.physics.empty(); }
+  // y (B, C_out, 1, H, W) normalised -> the physical prediction after every per_step postblock,
+  // CREDIT's y_processed: the blocks before the inverse scaler on y, then y de-normalised as
+  // denormalise_target does, then the blocks after it, in the config's order. The fixers' t0 state
+  // (x_physical) is x's (B, C_in, T, H, W) last time step de-normalised with the input side's
+  // statistics. Without physics blocks: denormalise_target's values.
+  Tensor postprocess(const Tensor& y, const Tensor& x) const;
+  // phys (B, C_out, 1, H, W) in physical units -> its prognostic channels normalised as the next
+  // step's input takes them (the input side's preblocks and scaler: the second half of
+  // prediction_to_input); the other channels unchanged.
+  Tensor physical_to_input(const Tensor& phys) const;
   // The grid and variable metadata, known after the first read.
   const std::vector<double>& lat() const { return lat_; }
   const std::vector<double>& lon() const { return lon_; }
@@ -135,6 +148,15 @@ class Era5Data {
     mutable int64_t zs_time = 0;
   };
   std::vector<Computed> comp_;
+  // physics blocks, by block: per key of its spec's pred / input its first channel (a target /
+  // input channel) and how many channels (levels) it spans; the fixers' statics
+  struct Physics {
+    std::vector<int64_t> pred, pred_levels, input;
+    std::shared_ptr<const SigmaGrid> grid;
+  };
+  std::vector<Physics> phys_;
+  void bind_physics();
+  void apply_physics(size_t b, float* y, const float* x0) const;  // one sample's (C_out / C_in) x H x W
   std::vector<ChannelInfo> computed_;
   void bind_computed();
   // a local source without levels: its files' (CREDIT's rule), into sc.levels

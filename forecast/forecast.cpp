@@ -40,10 +40,13 @@ void rollout(const Era5Data& data, Tensor x, int64_t init, int steps, const std:
                   y.shape[1] == (int64_t)data.target_channels().size(),
               "the model's output ", shape_str(y.shape), " does not match the config's ", data.target_channels().size(),
               " target channels on the input's grid ", shape_str(step.shape));
-    emit(k, y);
+    // the written state: y through the postblocks (CREDIT's y_processed), which is also what the
+    // next step takes where the config has physics postblocks
+    const Tensor phys = data.postprocess(y, x);
+    emit(k, phys);
     if (k + 1 == steps) break;
     // the next step: the prediction's prognostic channels, the statics kept, the forcing read above
-    feed_back(step, data.prediction_to_input(y), data.feedback_map());
+    feed_back(step, data.has_physics() ? data.physical_to_input(phys) : data.prediction_to_input(y), data.feedback_map());
     x = slide_window(x, step);
   }
 }
@@ -102,9 +105,7 @@ int run_forecast(const ForecastArgs& a, Mesh* mesh) {
       [&](int k, const Tensor& y) {
         if (!lead) return;
         if (!out) out = std::make_unique<ForecastWriter>(a.output, *data, init, a.steps);
-        Tensor phys = y.clone();
-        data->denormalise_target(phys);
-        out->write(k, phys);
+        out->write(k, y);
         if (a.progress && !g_quiet) {
           const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
           const double eta = s / (k + 1) * (a.steps - k - 1);

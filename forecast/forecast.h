@@ -24,7 +24,9 @@ struct ForecastArgs {
 // y_k = model(x_k); x_{k+1} is x_k slid by one step (slide_window), the new step being x_k's
 // newest with its prognostic channels replaced by y_k's (still normalised) and its dynamic
 // forcing read at init + (k+1)*dt (on a second thread while the model runs); static channels
-// are kept. emit(k, y_k) gets the normalised output.
+// are kept. emit(k, y_k) gets the output in physical units after the postblocks
+// (Era5Data::postprocess), the state written. With physics postblocks that state,
+// re-normalised, is what the next step takes (CREDIT's rollout).
 void rollout(const Era5Data& data, Tensor x0, int64_t init, int steps, const std::function<Tensor(const Tensor&)>& model,
              const std::function<void(int, const Tensor&)>& emit);
 

@@ -708,6 +708,30 @@ def prepare(name, text, tmp, log, variant=False):
         write_bridgescaler(f, mp, sp, groups_by_source, spatial, H * W)
         log.write(f"bridgescaler {os.path.basename(f)} sources {list(groups_by_source)}\n")
 
+    # --- the physics postblocks' statics (save_loc_physics): the grid in 2-D, hybrid coefficients
+    # (half levels with midpoint, else full levels) and a surface geopotential
+    per_step = (conf.get("postblocks") or {}).get("per_step") or {}
+    for blk in (per_step.values() if isinstance(per_step, dict) else []):
+        a = (blk.get("args") or {}) if isinstance(blk, dict) else {}
+        if "save_loc_physics" not in a:
+            continue
+        a["save_loc_physics"] = reroot(a["save_loc_physics"], tmp)
+        if os.path.exists(a["save_loc_physics"]):
+            continue
+        import xarray as xr
+        n = len(levels_by_source.get(str(a.get("q_var", "")).split("/")[0]) or [0]) + bool(a.get("midpoint"))
+        k = np.linspace(0, 1, n)
+        names = list(a.get("lon_lat_level_name") or ["lon2d", "lat2d", "hyai", "hybi"])
+        phis = a.get("surface_geopotential_name") or "PHIS"
+        phis = phis[0] if isinstance(phis, list) else phis
+        lon2d, lat2d = np.meshgrid(lon, lat)
+        xr.Dataset({names[0]: (("lat", "lon"), lon2d.astype(np.float32)),
+                    names[1]: (("lat", "lon"), lat2d.astype(np.float32)),
+                    names[2]: (("ilev",), (2e4 * np.sin(np.pi * k) * (1 - k) + 200 * (1 - k)).astype(np.float32)),
+                    names[3]: (("ilev",), (k ** 2).astype(np.float32)),
+                    phis: (("lat", "lon"), rng.uniform(0, 2e4, (H, W)).astype(np.float32))}).to_netcdf(a["save_loc_physics"])
+        log.write(f"wrote physics statics {os.path.basename(a['save_loc_physics'])}: {n} values of {names[2]}\n")
+
     # --- the rest of the paths
     conf["save_loc"] = os.path.join(tmp, "save")
     walk_paths(conf, tmp, skip=("pbs", "slurm"))

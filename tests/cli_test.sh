@@ -247,6 +247,12 @@ expect_fail infer-fifo-input "fifo.npy: is not a regular file" timeout 20 "$wxe"
 # a bad number in a config: the file, key and value, not a bare "stoll"
 sed -e 's/timestep: "6h"/timestep: "99999999999999999999h"/' -e "s#path: \"#path: \"$era5/#" "$era5/config.yml" > "$tmp/bad_timestep.yml"
 expect_fail config-bad-timestep "bad_timestep.yml: data.timestep: '99999999999999999999h'" "$wxe" forecast "$tmp/bad_timestep.yml" --model "$model" --init 2020-12-31T18 -o "$tmp/fc3.nc"
+# physics postblocks: a fixer before the inverse scaler (it would see normalised values)
+{ sed -e "s#path: \"#path: \"$era5/#" -e '/^trainer:/,$d' "$era5/config.yml"; printf '%s\n' 'postblocks:' '  per_step:' \
+    '    mass:' '      type: global_mass_fixer' '      args:' "        save_loc_physics: $src/tests/data/physics/statics.nc" \
+    '        lon_lat_level_name: [lon2d, lat2d, hyai, hybi]' '        q_var: era5/prognostic/3d/U' \
+    '        sp_var: era5/prognostic/2d/SP'; } > "$tmp/phys_order.yml"
+expect_fail physics-fixer-before-scaler "phys_order.yml: postblocks.per_step.mass: global_mass_fixer before the inverse bridgescaler_transform sees normalised values" "$wxe" forecast "$tmp/phys_order.yml" --model "$model" --init 2020-12-31T18 -o "$tmp/fc4.nc"
 
 # bench --train: the memory line and its JSON figures; what persists (parameters, gradients as
 # large, AdamW twice) and the activations fit within the host tensors' peak

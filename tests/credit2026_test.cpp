@@ -272,7 +272,7 @@ TEST(Credit2026, RolloutFeedsPredictionsBackOnTheInputScale) {
   fc.save = tmp_path("rollout_save");
   finetune_from_config(kDir + "/credit2026_preprocess.yml", fc, [](const std::string& f) { return f == "--save"; }, false);
   ASSERT_TRUE(fc.to_input);
-  Tensor a = fc.to_input(y), b = d.prediction_to_input(y);
+  Tensor a = fc.to_input(y, x0), b = d.prediction_to_input(y);
   EXPECT_EQ(max_abs_diff(a, b), 0.0);
   EXPECT_GT(max_abs_diff(a, y), 1e-3);
 }

@@ -88,8 +88,10 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
       Tensor x = s.input, y;
       for (int k = 0; k < L; ++k) {
         if (k > 0) {
+          const Tensor fed = data->has_physics() ? data->physical_to_input(data->postprocess(y, x))
+                                                 : data->prediction_to_input(y);
           x = slide_window(x, s.forcing[k]);
-          feed_back(x, data->prediction_to_input(y), data->feedback_map());
+          feed_back(x, fed, data->feedback_map());
         }
         y = predict(x);
         if (crps) {
@@ -275,7 +277,9 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   const int L = fc.forecast_len;
   fc.data = config;
   fc.open_data = [data, c, L] { return open_era5_samples(data, training_blocks(c), L); };
-  fc.to_input = [data](const Tensor& y) { return data->prediction_to_input(y); };
+  fc.to_input = [data](const Tensor& y, const Tensor& x) {
+    return data->has_physics() ? data->physical_to_input(data->postprocess(y, x)) : data->prediction_to_input(y);
+  };
   if (!given("--prognostic")) {
     fc.prognostic = data->prognostic_channels();
     fc.feedback_map = data->feedback_map();

@@ -368,11 +368,12 @@ StepLog Trainer::step() {
     if (members_ > 1) x = repeat_members(x, members_);
     for (int k = 0; k < cfg_.forecast_len; ++k) {
       if (k > 0) {  // step k's input slid into the window, its prognostic channels the prediction (detached)
+        const Tensor produced = x;  // the input that made pred (the physics postblocks read it)
         x = slide_window(x, s.forcing[k]);
         if (!cfg_.feedback_map.empty())
-          feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, cfg_.feedback_map);
+          feed_back(x, cfg_.to_input ? cfg_.to_input(pred, produced) : pred, cfg_.feedback_map);
         else
-          feed_back(x, cfg_.to_input ? cfg_.to_input(pred) : pred, prognostic);
+          feed_back(x, cfg_.to_input ? cfg_.to_input(pred, produced) : pred, prognostic);
       }
       if (!random_nodes_.empty()) set_random_streams(str("train/", step_, "/", j, "/", k));
       // the last step's input goes to the executor, which frees it after its last use

@@ -53,8 +53,10 @@ struct FinetuneConfig {
   // none), instead of the leading `prognostic` channels (data/era5.h feedback_map)
   std::vector<int64_t> feedback_map;
   // the prediction as the next rollout step's input takes it (unset: as is); from a CREDIT config
-  // it re-normalises where the target and input scalers differ (Era5Data::prediction_to_input)
-  std::function<Tensor(const Tensor&)> to_input;
+  // it re-normalises where the target and input scalers differ (Era5Data::prediction_to_input),
+  // and with physics postblocks feeds back their output (Era5Data::postprocess, which reads the
+  // input x that produced pred)
+  std::function<Tensor(const Tensor& pred, const Tensor& x)> to_input;
   AdamWConfig adam;
   Schedule schedule;               // its lr is the base lr
   double grad_max_norm = 1.0;      // <= 0: no clipping
