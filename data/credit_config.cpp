@@ -57,6 +57,15 @@ int64_t parse_datetime(const std::string& s, const std::string& what) {
   return (int64_t)timegm(&tm);
 }
 
+CreditConfig validation_config(const CreditConfig& c) {
+  CreditConfig v = c;
+  if (!c.valid_sources.empty()) {
+    v.sources = c.valid_sources;
+    v.source_key = "validation_data.source";
+  }
+  return v;
+}
+
 std::string format_datetime(int64_t t) {
   time_t tt = (time_t)t;
   std::tm tm{};
@@ -153,20 +162,16 @@ struct Reader {
     if (files && !g.empty() && g.path.empty()) fail(where(key + ".path"), ": missing");
   }
 
-  void data(const YAML::Node& d) {
-    if (!is_map(d, "data")) fail(where("data"), ": missing");
-    known(d, "data.", {"source", "start_datetime", "end_datetime", "valid_start_datetime", "valid_end_datetime",
-                       "timestep", "history_len", "forecast_len", "valid_history_len", "valid_forecast_len",
-                       "mean_path", "std_path", "scaler_path", "date_ranges"});
-    const YAML::Node src = d["source"];
-    if (!src || !src.IsMap() || src.size() == 0) fail(where("data.source"), ": missing");
-    int history = 0;  // a source's own history_len (CREDIT reads the first's)
+  // data.source (validation_data.source: at): each source's dataset type, variables, levels and
+  // paths, in the config's order; history: the first source's own history_len, if any.
+  void sources(const YAML::Node& src, const std::string& at, std::vector<SourceConfig>& out, int& history) {
+    if (!src || !src.IsMap() || src.size() == 0) fail(where(at), ": missing");
     for (auto it = src.begin(); it != src.end(); ++it) {
       SourceConfig sc;
       std::string store;        // a store holding every field type (weatherbench2_era5, arco_era5)
       std::string model_store;  // arco_era5 hybrid: the store of the 3D variables
       sc.name = it->first.as<std::string>();
-      const std::string p = "data.source." + sc.name;
+      const std::string p = at + "." + sc.name;
       const YAML::Node s = it->second;
       is_map(s, p);
       sc.dataset_type = get<std::string>(s["dataset_type"], p + ".dataset_type", "local");
@@ -267,7 +272,7 @@ struct Reader {
       for (double l : sc.levels)
         if (!std::isfinite(l)) fail(where(p + ".levels"), ": ", l, " is not a level");
       const YAML::Node v = s["variables"];
-      is_map(v, p + ".variables");
+      if (!is_map(v, p + ".variables")) fail(where(p + ".variables"), ": missing (the source's variables by field type)");
       known(v, p + ".variables.", {"prognostic", "diagnostic", "dynamic_forcing", "static"});
       const bool files = sc.dataset_type == "local";  // the others know their store
       group(v["prognostic"], p + ".variables.prognostic", sc.prognostic, files);
@@ -293,8 +298,17 @@ struct Reader {
       if (any3d && sc.levels.empty() && sc.dataset_type != "local")
         fail(where(p + ".levels"), ": missing (a ", sc.dataset_type, " source lists its levels)");
       if (s["history_len"] && !history) history = get<int>(s["history_len"], p + ".history_len", 1);
-      c->sources.push_back(std::move(sc));
+      out.push_back(std::move(sc));
     }
+  }
+
+  void data(const YAML::Node& d) {
+    if (!is_map(d, "data")) fail(where("data"), ": missing");
+    known(d, "data.", {"source", "start_datetime", "end_datetime", "valid_start_datetime", "valid_end_datetime",
+                       "timestep", "history_len", "forecast_len", "valid_history_len", "valid_forecast_len",
+                       "mean_path", "std_path", "scaler_path", "date_ranges"});
+    int history = 0;  // a source's own history_len (CREDIT reads the first's)
+    sources(d["source"], "data.source", c->sources, history);
     bool prognostic = false;
     for (const SourceConfig& sc : c->sources) prognostic = prognostic || !sc.prognostic.empty();
     if (!prognostic) fail(where("data.source"), ": no source has prognostic variables");
@@ -750,10 +764,27 @@ struct Reader {
   // CREDIT 2026 reads validation from validation_data (all of data's keys, source inherited).
   void validation_data(const YAML::Node& v, const YAML::Node& data) {
     if (!is_map(v, "validation_data")) return;
-    // validation reads data.source's files: another source here would be silently ignored
-    if (v["source"] && !(data && data["source"] && YAML::Dump(v["source"]) == YAML::Dump(data["source"])))
-      fail(where("validation_data.source"), ": a validation source other than data.source is not implemented (wxe "
-           "validates on data.source's variables and files); drop the key or make it data.source's");
+    // its own files (CREDIT builds the validation dataset from this section): the same sources,
+    // variables and levels as data.source, which the model's channels follow
+    if (v["source"] && !(data && data["source"] && YAML::Dump(v["source"]) == YAML::Dump(data["source"]))) {
+      int history = 0;
+      sources(v["source"], "validation_data.source", c->valid_sources, history);
+      const auto layout = [](const SourceConfig& s) {
+        std::vector<std::vector<std::string>> l = {{s.name, s.dataset_type, s.level_coord}};
+        for (const VarGroup* g : {&s.prognostic, &s.diagnostic, &s.dynamic_forcing, &s.statics}) {
+          l.push_back(g->vars_3D);
+          l.push_back(g->vars_2D);
+        }
+        return l;
+      };
+      bool same = c->valid_sources.size() == c->sources.size();
+      for (size_t i = 0; same && i < c->sources.size(); ++i)
+        same = layout(c->valid_sources[i]) == layout(c->sources[i]) && c->valid_sources[i].levels == c->sources[i].levels &&
+               c->valid_sources[i].args == c->sources[i].args;
+      if (!same)
+        fail(where("validation_data.source"), ": its sources, variables or levels differ from data.source's (the model "
+             "takes one channel layout: only the paths may differ)");
+    }
     known(v, "validation_data.", {"source", "start_datetime", "end_datetime", "timestep", "history_len", "forecast_len",
                                   "valid_history_len", "valid_forecast_len", "valid_start_datetime", "valid_end_datetime",
                                   "mean_path", "std_path", "scaler_path", "retain_graph", "backprop_on_timestep",

@@ -116,9 +116,17 @@ struct SourceConfig {
   std::map<std::string, std::string> args;
 };
 
+// The config validation reads: its validation_data.source in place of data.source where given.
+struct CreditConfig;
+CreditConfig validation_config(const CreditConfig& c);
+
 struct CreditConfig {
   std::string file, dir;                 // the config file and its folder
   std::vector<SourceConfig> sources;     // data.source, in the config's order (CREDIT's channel order)
+  // validation_data.source where its files differ from data.source's (its variables, levels and
+  // dataset types must be data.source's: the model takes one layout); empty: data.source
+  std::vector<SourceConfig> valid_sources;
+  std::string source_key = "data.source";  // the section `sources` came from, for messages
   int64_t start = 0, end = 0;            // data.start_datetime / end_datetime, seconds since 1970 (UTC)
   int64_t valid_start = 0, valid_end = 0;  // data.valid_start/end_datetime; 0: no validation
   // data.date_ranges / validation_data.date_ranges: non-contiguous (start, end) blocks, sorted,

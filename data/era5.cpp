@@ -116,7 +116,7 @@ Era5Data::Era5Data(const CreditConfig& cfg) : cfg_(cfg) {
   for (int si = 0; si < (int)cfg_.sources.size(); ++si) {
     const SourceConfig& sc = cfg_.sources[si];
     if (sc.dataset_type != "tisr") continue;
-    const std::string p = cfg_.file + ": data.source." + sc.name;
+    const std::string p = cfg_.file + ": " + cfg_.source_key + "." + sc.name;
     auto arg = [&](const char* k) { return sc.args.count(k) ? sc.args.at(k) : std::string(); };
     auto spec = [&](const char* k) {
       // "[90, -90, 192]" as the config wrote it (checked by the reader)
@@ -228,7 +228,7 @@ void Era5Data::levels_from_files(SourceConfig& sc) const {
   if (!any3d || !sc.levels.empty()) return;
   // CREDIT (LocalDataset._find_grid): the first file, sorted, of the first field type with a path
   // (its strftime codes as '*'), its level coordinate's values
-  const std::string where = cfg_.file + ": data.source." + sc.name + ".levels";
+  const std::string where = cfg_.file + ": " + cfg_.source_key + "." + sc.name + ".levels";
   for (const VarGroup* g : {&sc.prognostic, &sc.dynamic_forcing, &sc.diagnostic, &sc.statics}) {
     if (g->path.empty()) continue;
     std::string pat = g->path;
@@ -686,12 +686,12 @@ DataFile& Era5Data::file_for(const ChannelInfo& c, int64_t t) const {
   if (p.find('*') != std::string::npos || p.find('?') != std::string::npos) {
     const std::vector<std::string> hits = matching_files(p);
     if (hits.size() != 1)
-      fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", tpl, "': ",
+      fail(cfg_.file, ": ", cfg_.source_key, ".", source, ".variables.", type, ".path '", tpl, "': ",
            hits.empty() ? "no file" : "several files", " match ", p, " (variable '", var, "' at ", format_datetime(t),
            ")");
     p = hits[0];
   } else if (!fs::exists(p)) {
-    fail(cfg_.file, ": data.source.", source, ".variables.", type, ".path '", tpl, "': no file ", p,
+    fail(cfg_.file, ": ", cfg_.source_key, ".", source, ".variables.", type, ".path '", tpl, "': no file ", p,
          " (variable '", var, "' at ", format_datetime(t), ")");
   }
   auto it = files_.find(p);
@@ -727,7 +727,7 @@ void Era5Data::read_var(const ChannelInfo& c, int64_t t, float* out) const {
   auto tz = tisr_.find(c.src);
   if (tz != tisr_.end()) {  // computed: CREDIT's TISRDataset at t
     const TisrGrid& g = tz->second.grid;
-    learn_grid(g.ny, g.nx, g.lat, g.lon, cfg_.file + ": data.source." + sc.name + " (tisr grid)");
+    learn_grid(g.ny, g.nx, g.lat, g.lon, cfg_.file + ": " + cfg_.source_key + "." + sc.name + " (tisr grid)");
     const std::vector<float> v = credit_tisr(t, g, tz->second.opt);
     std::copy(v.begin(), v.end(), out);
     return;
@@ -874,7 +874,7 @@ Tensor Era5Data::input_window(int64_t t) const {
 Tensor Era5Data::input(int64_t t) const {
   if (!h_ && tisr_.count(in_[0].src)) {  // a computed first channel: its grid
     const TisrGrid& g = tisr_.at(in_[0].src).grid;
-    learn_grid(g.ny, g.nx, g.lat, g.lon, cfg_.file + ": data.source." + cfg_.sources[in_[0].src].name + " (tisr grid)");
+    learn_grid(g.ny, g.nx, g.lat, g.lon, cfg_.file + ": " + cfg_.source_key + "." + cfg_.sources[in_[0].src].name + " (tisr grid)");
   }
   if (!h_) {  // read one channel to learn the grid
     std::vector<float> tmp(1);

@@ -599,8 +599,7 @@ def prepare(name, text, tmp, log, variant=False):
                     e = by_path.setdefault((concrete_name(tpl, t0), t == "static"), [[], []])
                     e[0] += [x for x in a if x not in e[0]]
                     e[1] += [x for x in b if x not in e[1]]
-                if section != "data":
-                    continue  # validation_data names the same files
+                # validation_data's own files too (where it names others: camulator's)
                 for (fname, static), (a, b) in by_path.items():
                     # a file several sources name holds the union of their variables and levels
                     e = files.setdefault((fname, static), [level_coord, [], [], []])

@@ -58,7 +58,10 @@ void validation(const CreditConfig& c, std::shared_ptr<Era5Data> data, FinetuneC
       if (o == c.base_loss.overrides.end()) per_channel[k] = vloss;
     }
   const bool physical = (bool)fc.to_physical;
-  std::shared_ptr<SampleSource> vs = open_era5_samples(data, validation_blocks(c), L);
+  // validation_data.source's own files where it names others (the same channels: data's scaler,
+  // transforms and postblocks apply)
+  std::shared_ptr<SampleSource> vs = open_era5_samples(
+      c.valid_sources.empty() ? data : std::make_shared<Era5Data>(validation_config(c)), validation_blocks(c), L);
   WXE_CHECK(vs->size() > 0, c.file, ": no validation samples of ", L,
             " steps in valid_start_datetime..valid_end_datetime");
   const int64_t n = c.valid_batches_per_epoch > 0 ? std::min(c.valid_batches_per_epoch, vs->size()) : vs->size();
