@@ -230,6 +230,15 @@ if "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T18 --st
 else
   echo "FAIL forecast-netcdf"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
+# several --init: one file per init time (OUT_<init>.nc), which score averages over
+if "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T12 --init 2020-12-31T18 --steps 2 -o "$tmp/fcs.nc" \
+     --threads 2 >"$tmp/out" 2>"$tmp/err" && [ -s "$tmp/fcs_2020-12-31T12.nc" ] && [ -s "$tmp/fcs_2020-12-31T18.nc" ] &&
+   [ ! -e "$tmp/fcs.nc" ] && "$wxe" score "$tmp"/fcs_*.nc --truth "$era5/config.yml" -o "$tmp/fcs.csv" >/dev/null 2>&1 &&
+   grep -q "^fcs_2020-12-31T12,T,500,6,2," "$tmp/fcs.csv"; then
+  echo "ok   forecast-several-inits"
+else
+  echo "FAIL forecast-several-inits"; cat "$tmp/out" "$tmp/err" "$tmp/fcs.csv"; fails=$((fails + 1))
+fi
 # plot and score: bad input is one line naming the file and the variable, exit 1
 sc=$src/tests/data/score
 expect_fail plot-no-var "a_1.nc: no variable 'Q' (the file has T, SP)" "$wxe" plot "$sc/a_1.nc" --var Q -o "$tmp/p.png"

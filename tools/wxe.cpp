@@ -801,7 +801,9 @@ int main(int argc, char** argv) {
   forecast->add_option("config", fa.config, "CREDIT gen2 config .yml (data.source, scaler)")->required();
   forecast->add_option("--model,-m", fa.model, "model .onnx")->required();
   forecast->add_option("--weights,-w", fa.weights, "parameters: .safetensors or a legacy CREDIT .pt");
-  forecast->add_option("--init", fa.init, "initial time, e.g. 2020-01-01T00 (read from the data files)")->required();
+  std::vector<std::string> forecast_inits;
+  forecast->add_option("--init", forecast_inits, "initial time, e.g. 2020-01-01T00 (read from the data files); "
+                       "repeat it for one forecast per init time, each written to OUT_<init>.nc")->required();
   forecast->add_option("--steps", fa.steps, "rollout steps of data.timestep (default 1)")->check(CLI::PositiveNumber);
   forecast->add_option("--output,-o", fa.output, "forecast netCDF file")->required();
   forecast->add_option("--threads,-t", fa.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, kMaxThreads));
@@ -952,7 +954,18 @@ int main(int argc, char** argv) {
       if (schedule != "constant" && total_steps <= 0) fc.schedule.total_steps = fc.steps;
     }
     if (*finetune) return run_finetune(fc, &mesh);
-    if (*forecast) return run_forecast(fa, &mesh);
+    if (*forecast) {  // one forecast per --init (several: OUT_<init>.nc each, for wxe score)
+      for (const std::string& init : forecast_inits) {
+        ForecastArgs one = fa;
+        one.init = init;
+        if (forecast_inits.size() > 1) {
+          const std::filesystem::path out(fa.output);
+          one.output = (out.parent_path() / (out.stem().string() + "_" + init + out.extension().string())).string();
+        }
+        if (const int rc = run_forecast(one, &mesh)) return rc;
+      }
+      return 0;
+    }
     if (*plot) return run_plot(pa);
     if (*score) {
       // each argument a model (with --compare), its files separated by commas; else one model
