@@ -52,8 +52,8 @@ std::vector<GradCase> extra_cases() {
   r.push_back(grad_case("Linear last axis", "Linear", {randn({7, 3, 8}, 19), randn({5, 8}, 20), randn({5}, 21)}));
   r.push_back(grad_case("Conv strided crossembed", "Conv", {randn({1, 7, 32, 64}, 22), randn({8, 7, 4, 4}, 23), randn({8}, 24)},
                         {{"strides", attr_ints({2, 2})}, {"pads", attr_ints({1, 1, 1, 1})}}));
-  // the CUDA backend's direct kernel (few output channels, large kernel, no padding): the
-  // stage-0 cross-embedding's shape at small size, and 3 channels with a batch of 2
+  // few output channels and a large kernel without padding (the stage-0 cross-embedding's shape
+  // at small size), and 3 channels with a batch of 2
   r.push_back(grad_case("Conv direct large kernel stride 2", "Conv",
                         {randn({1, 5, 38, 70}, 37), randn({4, 5, 12, 12}, 38), randn({4}, 39)},
                         {{"strides", attr_ints({2, 2})}}));

@@ -82,12 +82,6 @@ void require_f32(const Node& n, const Ins& in);
 void launch_copy(const Walk& w, const void* src, void* dst, size_t elem_size);
 // y (P, N, Q) += bias[j] (if bias), then GELU (if gelu).
 void launch_bias_act(float* y, const float* bias, int64_t P, int64_t N, int64_t Q, bool gelu);
-// A direct 2-D convolution (conv_direct.cu): groups 1, no padding, dilation 1, Co <= 16 output
-// channels and a kernel of 16 taps or more whose weights and input patch fit its shared memory
-// (conv_direct_fits). x (N, C, H, W), w (Co, C, KH, KW), y (N, Co, HO, WO), no bias.
-bool conv_direct_fits(int Co, int KH, int KW, int sh, int sw);
-void launch_conv_direct(const float* x, const float* w, float* y, int N, int C, int H, int W, int Co, int KH, int KW,
-                        int sh, int sw, int HO, int WO);
 
 // y = x padded as p says (constant value where p gives no source), y contiguous.
 void launch_pad(const PadIndex& p, int64_t total, const float* x, float* y, float value);

@@ -424,17 +424,6 @@ void conv_op(const Node& n, const Ins& in, const Outs& out) {
   cpu::ConvGeom g = cpu::conv_geometry(n, x.shape, w.shape, false);
   NCHECK(g.out_shape() == out[0]->shape, "output shape mismatch");
   if (out[0]->numel() == 0) return;
-  // few output channels and a large kernel without padding (the stage-0 cross-embedding's
-  // convolutions, the graph padding explicitly first): the direct kernel (conv_direct.cu)
-  if (g.nsp == 2 && g.group == 1 && g.d[1] == 1 && g.d[2] == 1 && !g.pb[1] && !g.pb[2] && !g.pe[1] && !g.pe[2] &&
-      conv_direct_fits((int)g.C_out, (int)g.k[1], (int)g.k[2], (int)g.s[1], (int)g.s[2])) {
-    launch_conv_direct(x.data<float>(), w.data<float>(), out[0]->data<float>(), (int)g.N, (int)g.C_in, (int)g.in[1],
-                       (int)g.in[2], (int)g.C_out, (int)g.k[1], (int)g.k[2], (int)g.s[1], (int)g.s[2], (int)g.out[1],
-                       (int)g.out[2]);
-    const Shape& os = out[0]->shape;
-    launch_bias_act(out[0]->data<float>(), bias ? bias->data<float>() : nullptr, os[0], os[1], os[2] * os[3], false);
-    return;
-  }
   // asymmetric pads: pad the input explicitly first, then a conv without pads
   bool asym = false;
   for (int i = 0; i < 3; ++i) asym = asym || g.pb[i] != g.pe[i];
