@@ -672,6 +672,32 @@ struct Reader {
     return s;
   }
 
+  // A mslp_diagnostic block's arguments (CREDIT's credit/postblock/mslp.py), its defaults where missing.
+  GeopotentialSpec mslp(const std::string& p, const YAML::Node& a) {
+    const std::string k = p + ".args.";
+    GeopotentialSpec g;
+    g.block = p;
+    g.mslp = true;
+    const YAML::Node none;
+    const YAML::Node& args = a && is_map(a, p + ".args") ? a : none;
+    if (args) known(args, k, {"output_name", "surface_pressure_var", "temperature_var", "surface_geopotential_var", "key",
+                              "static_source_key"});
+    auto arg = [&](const char* name, const char* def) {
+      return args ? get<std::string>(args[name], k + name, def) : std::string(def);
+    };
+    g.output_name = arg("output_name", "ARCO_ERA5/derived_diagnostic/2d/mean_sea_level_pressure");
+    g.sp = arg("surface_pressure_var", "ARCO_ERA5/prognostic/2d/surface_pressure");
+    g.t = arg("temperature_var", "ARCO_ERA5/prognostic/2d/2m_temperature");
+    g.zs = arg("surface_geopotential_var", "ARCO_ERA5/static/2d/geopotential_at_surface");
+    if (arg("static_source_key", "ic_raw") != "ic_raw")
+      fail(where(k + "static_source_key"), ": '", arg("static_source_key", "ic_raw"),
+           "' is not implemented (ic_raw: the raw initial condition's static)");
+    const std::string& o = g.output_name;
+    if (std::count(o.begin(), o.end(), '/') != 3 || o.find("/2d/") == std::string::npos || o.back() == '/')
+      fail(where(k + "output_name"), ": '", o, "' is not a 2D variable key <source>/<field type>/2d/<name>");
+    return g;
+  }
+
   // postblocks.per_step: reconstruct (what wxe does) and the inverse scaler of the forecast.
   void postblocks(const YAML::Node& pb) {
     if (!is_map(pb, "postblocks")) return;
@@ -719,13 +745,13 @@ struct Reader {
                  " is not implemented (the diagnostic is computed from the written state: put it after the physics blocks)");
           c->physics.push_back(physics(type, p, a, c->post_scaler_json.empty()));
           c->pred_chain.push_back(block_line(type, a));
-        } else if (k == "per_step" && type == "geopotential_diagnostic") {
-          GeopotentialSpec g = geopotential(p, a);
+        } else if (k == "per_step" && (type == "geopotential_diagnostic" || type == "mslp_diagnostic")) {
+          GeopotentialSpec g = type == "mslp_diagnostic" ? mslp(p, a) : geopotential(p, a);
           (twin ? c->twin_chain : c->pred_chain).push_back(block_line(type, a));
           if (!twin) c->computed.push_back(std::move(g));
         } else {
           fail(where(p + ".type"), ": postblock '", type, "' is not implemented (per_step: reconstruct, "
-               "bridgescaler_transform, exp_transform, square_transform, geopotential_diagnostic, tracer_fixer, "
+               "bridgescaler_transform, exp_transform, square_transform, geopotential_diagnostic, mslp_diagnostic, tracer_fixer, "
                "global_mass_fixer, global_water_fixer, global_energy_fixer, global_energy_fixer_updown, wind_artifact_filter)");
         }
       }

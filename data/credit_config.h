@@ -41,11 +41,13 @@ struct PointTransform {
   void apply(float* x, int64_t n, float* d = nullptr) const;
 };
 
-// postblocks.per_step geopotential_diagnostic (data/geopotential.h): a variable computed from
-// the prediction (and, for the loss's target twin, from the target) in physical units.
+// postblocks.per_step geopotential_diagnostic and mslp_diagnostic (data/geopotential.h): a
+// variable computed from the prediction (and, for the loss's target twin, from the target) in
+// physical units.
 struct GeopotentialSpec {
   std::string block;        // "postblocks.per_step.geopotential", for messages
-  std::string output_name;  // its variable key: "<source>/<field type>/3d/<name>"
+  std::string output_name;  // its variable key: "<source>/<field type>/3d/<name>" (mslp: /2d/)
+  bool mslp = false;        // mslp_diagnostic: 2D, from sp, t (near-surface temperature) and zs
   std::string zs, sp, t, q;  // the keys of surface geopotential (a static), sp, T, q
   bool flip = true;
   std::string level_info_file = "ERA5_Lev_Info.nc", a_var = "a_half", b_var = "b_half";

@@ -160,6 +160,19 @@ void Era5Data::bind_computed() {
     Computed c;
     c.zs = find(in_, g.zs, "surface_geopotential_var", false, "a 2D input variable (the raw initial condition)");
     c.sp = find(out_, g.sp, "surface_pressure_var", false, "a 2D predicted variable");
+    if (g.mslp) {  // one 2D channel
+      c.mslp = true;
+      c.t = find(out_, g.t, "temperature_var", false, "a 2D predicted variable");
+      ChannelInfo ch;
+      const size_t a = g.output_name.find('/'), f = g.output_name.find('/', a + 1);
+      ch.field_type = g.output_name.substr(a + 1, f - a - 1);
+      ch.var = g.output_name.substr(g.output_name.rfind('/') + 1);
+      ch.src = out_[c.sp].src;
+      ch.computed = (int)b;
+      computed_.push_back(ch);
+      comp_.push_back(std::move(c));
+      continue;
+    }
     c.t = find(out_, g.t, "temperature_var", true, "a 3D predicted variable");
     c.q = find(out_, g.q, "specific_humidity_var", true, "a 3D predicted variable");
     const SourceConfig& src = cfg_.sources[out_[c.t].src];
@@ -200,6 +213,23 @@ Tensor Era5Data::compute_diagnostics(const Tensor& y, int64_t t, const Tensor* g
       c.zs_time = t;
     }
     const std::vector<float>& zs = c.zs_raw;
+    if (c.mslp) {
+      for (int64_t b = 0; b < y.dim(0); ++b) {
+        const float* p = y.data<float>() + b * C * n;
+        float* o = out.data<float>() + (b * C2 + at) * n;
+        for (int64_t i = 0; i < n; ++i) {
+          double dsp = 0, dt = 0;
+          o[i] = (float)mslp_trenberth(p[c.sp * n + i], p[c.t * n + i], zs[i], g ? &dsp : nullptr, g ? &dt : nullptr);
+          if (!g) continue;
+          const double gi = g->data<float>()[(b * C2 + at) * n + i];
+          float* d = gy->data<float>() + b * C * n;
+          d[c.sp * n + i] += (float)(gi * dsp);
+          d[c.t * n + i] += (float)(gi * dt);
+        }
+      }
+      at += 1;
+      continue;
+    }
     const int64_t L = (int64_t)c.levels.a.size() - 1;
     const bool flip = cfg_.computed[computed_[at].computed].flip;
     for (int64_t b = 0; b < y.dim(0); ++b) {  // each sample (or ensemble member) of the batch

@@ -144,6 +144,7 @@ class Era5Data {
   struct Computed {
     HybridLevels levels;
     int64_t zs = -1, sp = -1, t = -1, q = -1;  // zs an input channel; sp, t, q (its first level) targets
+    bool mslp = false;                         // mslp_diagnostic: one 2D channel from sp, t (2D) and zs
     mutable std::vector<float> zs_raw;  // zs's raw values at zs_time
     mutable int64_t zs_time = 0;
   };

@@ -1,5 +1,6 @@
 #include "data/geopotential.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -145,6 +146,31 @@ void geopotential_column(const HybridLevels& h, bool flip, double zs, double sp,
     gq[j * stride] += (float)(gtv * kGamma * (double)T[j * stride]);
   }
   *gsp += gs;
+}
+
+double mslp_trenberth(double sp, double t, double zs, double* dsp, double* dt) {
+  constexpr double kG = 9.80665, kRd = 287.05, kLapse = 0.0065, kAlphaStd = kLapse * kRd / kG, kWarm = 290.5,
+                   kCold = 255.0;
+  const double height = zs / kG;
+  if (std::fabs(height) < 1e-4) {  // at sea level
+    if (dsp) *dsp = 1;
+    if (dt) *dt = 0;
+    return sp;
+  }
+  const bool warm_sea = t <= kWarm && t + kLapse * height > kWarm, warm = t > kWarm;
+  const bool cold = t < kCold && !warm_sea && !warm;
+  const double zc = std::max(zs, 1e-6);
+  const double alpha = warm_sea ? kRd * (kWarm - t) / zc : warm ? 0.0 : kAlphaStd;
+  const double dalpha = warm_sea ? -kRd / zc : 0.0;
+  const double teff = warm ? 0.5 * (kWarm + t) : cold ? 0.5 * (kCold + t) : t;
+  const double dteff = warm || cold ? 0.5 : 1.0;
+  const double te = std::max(teff, 1.0), dte = teff > 1.0 ? dteff : 0.0;
+  const double x = zs / (kRd * te), dx = -zs / (kRd * te * te) * dte;
+  const double ax = alpha * x, f = x * (1.0 - 0.5 * ax + ax * ax / 3.0), e = std::exp(f);
+  if (dsp) *dsp = e;
+  // df/dx = 1 - alpha x + (alpha x)^2, df/dalpha = -x^2 / 2 + 2 alpha x^3 / 3
+  if (dt) *dt = sp * e * ((1.0 - ax + ax * ax) * dx + (-0.5 * x * x + 2.0 * alpha * x * x * x / 3.0) * dalpha);
+  return sp * e;
 }
 
 }  // namespace wxe

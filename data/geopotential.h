@@ -31,4 +31,11 @@ void geopotential_column(const HybridLevels& h, bool flip, double zs, double sp,
                          int64_t stride, float* phi, const float* gphi = nullptr, float* gT = nullptr,
                          float* gq = nullptr, double* gsp = nullptr);
 
+// CREDIT's mslp_diagnostic (credit/postblock/mslp.py): mean sea-level pressure (Pa) from surface
+// pressure sp (Pa), near-surface temperature t (K) and surface geopotential zs (m2 s-2) by the
+// simplified Trenberth et al. (1993) formula, CREDIT's constants (Rd 287.05, g 9.80665, lapse
+// rate 0.0065 K/m, the 290.5 K and 255 K branches); sp itself where the surface is at sea level
+// (|zs / g| < 1e-4 m). In double; with dsp and dt, also d mslp / d sp and d mslp / d t.
+double mslp_trenberth(double sp, double t, double zs, double* dsp = nullptr, double* dt = nullptr);
+
 }  // namespace wxe

@@ -17,6 +17,7 @@
 #include "engine/exec/executor.h"
 #include "train/loss.h"
 #include "engine/io/npy.h"
+#include "data/geopotential.h"
 #include "engine/io/samples.h"
 #include "importers/onnx/onnx_import.h"
 #include "tests/host_backend.h"
@@ -309,6 +310,57 @@ TEST(Forecast, TwoStepRolloutMatchesStepByStepAndNetcdfReadsBack) {
   EXPECT_EQ(f.dims("T"), (std::vector<std::string>{"time", "level", "latitude", "longitude"}));
   EXPECT_EQ(f.dims("SP"), (std::vector<std::string>{"time", "latitude", "longitude"}));
   expect_forecast(f, two_step_oracle());
+}
+
+// mslp_diagnostic (CREDIT's credit/postblock/mslp.py) in a config: the forecast writes its 2D
+// variable, computed from the written surface pressure and temperature (here SP in both roles:
+// the tiny data have no 2 m temperature) and the static's raw value (LSM standing for the surface
+// geopotential) by the formula data/geopotential.h's test holds to CREDIT's.
+TEST(Forecast, WritesTheMslpDiagnostic) {
+  const std::string cfg = write_config("mslp", {}, "postblocks:\n  per_step:\n    mslp:\n      type: mslp_diagnostic\n"
+                                                   "      args:\n        output_name: era5/derived_diagnostic/2d/mslp\n"
+                                                   "        surface_pressure_var: era5/prognostic/2d/SP\n"
+                                                   "        temperature_var: era5/prognostic/2d/SP\n"
+                                                   "        surface_geopotential_var: era5/static/2d/LSM\n");
+  const std::string out = tmp_path("forecast_mslp.nc");
+  ForecastArgs a = two_step_forecast(out);
+  a.config = cfg;
+  ASSERT_EQ(run_forecast(a), 0);
+  NcFile f(out);
+  EXPECT_EQ(f.dims("mslp"), (std::vector<std::string>{"time", "latitude", "longitude"}));
+  const std::vector<double> sp = f.read("SP"), m = f.read("mslp");
+  ASSERT_EQ(m.size(), sp.size());
+  double worst = 0;
+  for (size_t k = 0; k < m.size(); ++k) {
+    const int i = (int)(k / 64 % 32), j = (int)(k % 64);
+    const double lsm = (float)field("LSM", 0, 0, i, j);
+    worst = std::max(worst, std::fabs(m[k] - (float)mslp_trenberth((float)sp[k], (float)sp[k], lsm)) / m[k]);
+  }
+  EXPECT_LE(worst, 1e-6);
+  // its gradient reaches the prediction's sp and t channels (here both SP): BaseLoss's chain rule
+  Era5Data d(read_credit_config(cfg));
+  d.input(kT0);  // the grid
+  Tensor y = expected(kTargets, 6);
+  d.denormalise_target(y);
+  const Tensor g = randn({1, 1, 1, 32, 64}, 5);
+  Tensor gy = Tensor::zeros(DType::F32, y.shape);
+  d.compute_diagnostics(y, kT0, &g, &gy);
+  const int64_t sp_ch = 4, n = 32 * 64;
+  for (int64_t i : {0, 100, 777, 2047}) {
+    Tensor yp = y.clone(), ym = y.clone();
+    const float h = 64.0f;  // Pa, on ~1e5 (float32 steps of 0.008 there)
+    yp.data<float>()[sp_ch * n + i] += h;
+    ym.data<float>()[sp_ch * n + i] -= h;
+    const double fd = ((double)d.compute_diagnostics(yp, kT0).data<float>()[i] -
+                       (double)d.compute_diagnostics(ym, kT0).data<float>()[i]) / (2 * h) * g.data<float>()[i];
+    EXPECT_NEAR(gy.data<float>()[sp_ch * n + i], fd, 1e-3 * std::fabs(fd) + 1e-6) << i;
+  }
+  const std::string e = error_of([&] {
+    read_credit_config(write_config("mslp_3d", {}, "postblocks:\n  per_step:\n    mslp:\n      type: mslp_diagnostic\n"
+                                                   "      args:\n        output_name: era5/derived_diagnostic/3d/mslp\n"));
+  });
+  EXPECT_NE(e.find("postblocks.per_step.mslp.args.output_name: 'era5/derived_diagnostic/3d/mslp' is not a 2D variable key"),
+            std::string::npos) << e;
 }
 
 // --device: the rollout's model runs on that backend (here one on host memory with every CPU

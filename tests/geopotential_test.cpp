@@ -82,3 +82,36 @@ TEST(Geopotential, LevelInfoFileErrorsNameTheBlock) {
 
 }  // namespace
 }  // namespace wxe
+
+namespace wxe {
+namespace {
+
+// CREDIT's mslp_diagnostic (credit/postblock/mslp.py) on points in each of its branches
+// (models/make_mslp_fixture.py): the value and its derivatives by sp and t, against the module
+// run in float64 with torch autograd.
+TEST(Mslp, MatchesCreditsTrenberthFormulaAndItsGradient) {
+  const std::string dir = data_path("tests/data/mslp/");
+  const Tensor sp = read_npy(dir + "sp.npy"), t = read_npy(dir + "t.npy"), zs = read_npy(dir + "zs.npy");
+  const Tensor want = read_npy(dir + "mslp.npy"), wdsp = read_npy(dir + "dsp.npy"), wdt = read_npy(dir + "dt.npy");
+  ASSERT_EQ(sp.numel(), 400);
+  double worst = 0, worst_dsp = 0, worst_dt = 0, dt_scale = 0;
+  for (int64_t i = 0; i < sp.numel(); ++i) dt_scale = std::max(dt_scale, (double)std::fabs(wdt.data<float>()[i]));
+  int at_sea_level = 0;
+  for (int64_t i = 0; i < sp.numel(); ++i) {
+    double dsp = 0, dt = 0;
+    const double m = mslp_trenberth(sp.data<float>()[i], t.data<float>()[i], zs.data<float>()[i], &dsp, &dt);
+    at_sea_level += m == (double)sp.data<float>()[i];
+    worst = std::max(worst, std::fabs(m - want.data<float>()[i]) / std::fabs(want.data<float>()[i]));
+    worst_dsp = std::max(worst_dsp, std::fabs(dsp - wdsp.data<float>()[i]) / std::fabs(wdsp.data<float>()[i]));
+    worst_dt = std::max(worst_dt, std::fabs(dt - wdt.data<float>()[i]) / dt_scale);
+  }
+  std::printf("mslp: worst relative %.2e, d/dsp %.2e, d/dt %.2e (of max |d/dt|), %d points at sea level\n", worst,
+              worst_dsp, worst_dt, at_sea_level);
+  EXPECT_LE(worst, 1e-6);
+  EXPECT_LE(worst_dsp, 1e-6);
+  EXPECT_LE(worst_dt, 1e-6);
+  EXPECT_GE(at_sea_level, 20);  // the fixture's zs = 0 and |zs| < 5e-4 points
+}
+
+}  // namespace
+}  // namespace wxe

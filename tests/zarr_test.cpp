@@ -490,7 +490,9 @@ TEST(Zarr, EachChunkDecodedOncePerSample) {
         EXPECT_EQ(z.read("level").size(), 3u);
         const std::vector<float> v = z.read_f32("T", {t, l, 0, 0}, {1, 1, 32, 64});
         if (pass == 0 && t == 1 && l == 2) first = v;
-        if (pass == 1 && t == 1 && l == 2) EXPECT_EQ(v, first);  // the cached bytes read the same
+        if (pass == 1 && t == 1 && l == 2) {
+          EXPECT_EQ(v, first);  // the cached bytes read the same
+        }
       }
   EXPECT_EQ(z.decoded_chunks(), 2);  // T's one chunk and level's (was 2 x 12 x 2)
 }
