@@ -755,6 +755,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 64));
   finetune->add_option("--forecast-len", fc.forecast_len, "rollout steps per sample, prediction fed back (default 1)");
   finetune->add_option("--prognostic", fc.prognostic, "output channels fed back into the input in rollouts (default: min of input and output channels)");
+  finetune->add_flag("--shard-weights", fc.shard_weights, "ZeRO-3: parameters and gradients, like the AdamW state, "
+                     "held as 1/(dp x domain) per rank; each module's weights gathered just before the nodes that read "
+                     "them (cpu only; default from a CREDIT config's trainer.mode fsdp)");
   finetune->add_flag("--ema", fc.ema, "keep an exponential moving average of the weights (saved as ema.safetensors)");
   finetune->add_option("--activation-checkpoint", fc.activation_checkpoint,
                        "none (keep every activation) or blocks (recompute each attention and feed-forward block's "
