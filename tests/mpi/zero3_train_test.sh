@@ -3,9 +3,11 @@
 # it (ZeRO-1), crossformer_tiny on CPU ranks, 3 steps:
 #  - dp 2, domain 2 and dp 2 x tp 2, one micro-batch per dp group: the same losses and final
 #    parameters bit for bit;
-#  - dp 2 with --accum 4, --ema, --activation-checkpoint blocks and --clip 0.3 (two micro-batches per
-#    group: the gradient is summed over dp per backward, then over the micro-batches, another
-#    order): losses and parameters within 1e-6;
+#  - spectral norm (crossformer_tiny with its SpectralNorm nodes: u and v updated in the forward)
+#    at dp 2: bit for bit;
+#  - dp 2 with --accum 4, --forecast-len 2, --ema, --activation-checkpoint blocks and
+#    --grad-max-norm 0.3 (two micro-batches of two rollout steps per group: the gradient is summed
+#    over dp per backward, then over the backwards, another order): losses and parameters within 1e-6;
 #  - a ZeRO-1 checkpoint resumed under --shard-weights and a ZeRO-3 one resumed at dp 1 continue
 #    with the uninterrupted run's losses;
 #  - the memory line reports the sharded parameters; --device cuda is refused in one line.
@@ -35,7 +37,9 @@ pair() {
 pair dp2 2 0 --accum 2
 pair domain2 2 0 --accum 1 --domain 2
 pair dp2tp2 4 0 --accum 2 --tp 2
-pair dp2-accum-ema-ckpt 2 1e-6 --accum 4 --ema --activation-checkpoint blocks --grad-max-norm 0.3
+pair dp2-accum-rollout-ema-ckpt 2 1e-6 --accum 4 --forecast-len 2 --ema --activation-checkpoint blocks \
+  --grad-max-norm 0.3
+model=$d/crossformer_tiny_opset17.onnx pair dp2-spectral-norm 2 0 --accum 2
 
 # a ZeRO-1 checkpoint (dp 2) resumed with --shard-weights; a ZeRO-3 one resumed at dp 1 without it
 resume_copy "$tmp/dp2.z1" "$tmp/r1"
