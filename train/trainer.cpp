@@ -185,6 +185,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   }
   zall_.off = zoff_;
   zall_.S = zS_;
+  if (zparts_ > 1) zcomm_ = mesh_->world_comm->split(tp_rank_, zrank_);
   // the AdamW state from the start (zeros: the first update is the same), so step 1 holds what
   // every later step holds and its memory line is the steady state's (on a device it lives there)
   if (cfg.device == "cpu") adam_.set_state(0, {Tensor::zeros(DType::F32, {zS_})}, {Tensor::zeros(DType::F32, {zS_})});
@@ -335,6 +336,7 @@ Tensor Trainer::predict(const Tensor& x) {
   if (!random_nodes_.empty()) set_random_streams(str("predict/", step_, "/", predict_calls_++));
   Tensor y = exec_->forward({{input_name_, repeat ? repeat_members(x, members_) : x}}).at(0).clone();
   exec_->evict_params();  // ZeRO-3: no backward follows
+  if (z3_) drop_module_gather();
   for (auto& [a, iters] : saved) *a = attr_i(iters);
   return y;
 }
@@ -428,7 +430,8 @@ StepLog Trainer::step() {
     if (!dev_state_.ready) to_device();
     device_gradient_shard();
   } else if (z3_) {
-    gshard = zgrad_;  // reduce-scattered module by module in the backward
+    drop_module_gather();  // none should be left; one gathered before the update would be stale
+    gshard = zgrad_;       // reduce-scattered module by module in the backward
   } else if (!in_place) {
     std::vector<const Tensor*> gp;
     for (const Tensor& g : grads) gp.push_back(&g);

@@ -32,6 +32,7 @@
 #include "engine/io/safetensors.h"
 #include "engine/passes/layout_rules.h"
 #include "load/checkpoint.h"
+#include "parallel/comm.h"
 #include "parallel/mesh.h"
 #include "parallel/bands.h"
 #include "parallel/shard.h"
@@ -256,6 +257,8 @@ class Trainer {
     int64_t S = 0;
   };
   ZLayout zall_;
+  // The dp x domain ranks of this tp column in zrank order: all-gathers of blocks (null: one block)
+  std::unique_ptr<Communicator> zcomm_;
   std::pair<int64_t, int64_t> block_range(size_t p, int block) const;  // [a, b) of parameter p in `block`
   Tensor pack_block(const ZLayout& l, const std::vector<const Tensor*>& per_param, int block) const;  // (S)
   void pack_block_into(const ZLayout& l, const std::vector<const Tensor*>& per_param, int block, float* flat) const;
@@ -267,6 +270,7 @@ class Trainer {
   // domain, then dp); with lead_only, only zrank 0 unpacks (the others return false).
   bool gather_blocks(const ZLayout& l, const Tensor& shard, const std::vector<Tensor*>& per_param,
                      bool lead_only) const;
+  void unpack_blocks(const ZLayout& l, const Tensor& all, const std::vector<Tensor*>& per_param) const;
   // ZeRO-3 (cfg.shard_weights, train/zero.cpp): zparam_ is this rank's block of every trainable
   // parameter (the parameters between steps: the graph's constants are shapes only), zgrad_ its
   // block of the step's gradient, summed over dp and the step's backwards. Modules: the
@@ -280,7 +284,16 @@ class Trainer {
   std::vector<std::vector<Tensor>> zpending_;  // per module: the gradients handed over so far
   std::vector<size_t> zdone_;
   size_t zgathered_ = 0, zgathered_peak_ = 0;  // bytes of whole parameters gathered
+  // the module whose gather is in flight (GradExecutor's prefetch: the next one, started once
+  // the current one is whole); every rank starts them in the same order
+  struct ModuleGather {
+    int m = -1;
+    Tensor shard, all;  // (S) this rank's blocks, kept until the wait; (Z x S) every rank's
+    std::unique_ptr<PendingCollective> req;
+  } zflight_;
   void setup_zero3();
+  void start_module_gather(int m);
+  void drop_module_gather();  // waits for the gather in flight, if any, and drops it
   void fetch_module(int m);
   void evict_module(int m);
   void module_grad(size_t p, Tensor&& g);  // the executor's grad_done

@@ -4,6 +4,7 @@
 // (ZeRO-3) the same blocks are the parameters themselves between steps: modules are gathered
 // for the nodes that read them and their gradients reduce-scattered as they complete.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -56,20 +57,15 @@ bool Trainer::gather_blocks(const ZLayout& l, const Tensor& shard, const std::ve
     unpack_block(l, shard.data<float>(), 0, per_param);
     return true;
   }
-  Tensor group = shard, all;
-  if (domain_ > 1) {
-    group = Tensor(DType::F32, {domain_ * l.S});
-    mesh_->domain_comm->all_gather(shard, group);
-  }
-  if (dp_ > 1) {
-    all = Tensor(DType::F32, {zparts_ * l.S});
-    mesh_->dp_comm->all_gather(group, all);
-  } else {
-    all = group;
-  }
+  Tensor all(DType::F32, {zparts_ * l.S});
+  zcomm_->all_gather(shard, all);
   if (lead_only && zrank_ != 0) return false;
-  for (int b = 0; b < zparts_; ++b) unpack_block(l, all.data<float>() + b * l.S, b, per_param);
+  unpack_blocks(l, all, per_param);
   return true;
+}
+
+void Trainer::unpack_blocks(const ZLayout& l, const Tensor& all, const std::vector<Tensor*>& per_param) const {
+  for (int b = 0; b < zparts_; ++b) unpack_block(l, all.data<float>() + b * l.S, b, per_param);
 }
 
 std::vector<Tensor> Trainer::gather_moments(const Tensor& shard) {
@@ -139,25 +135,59 @@ void Trainer::setup_zero3() {
   ParamResidency r;
   for (const ZLayout& l : zmod_) r.modules.push_back(l.params);
   r.fetch = [this](int m) { fetch_module(m); };
+  // the next module's gather runs while this one computes; WXE_SHARD_PREFETCH=0 gathers each
+  // when it is needed (to measure what the overlap gains)
+  const char* pre = std::getenv("WXE_SHARD_PREFETCH");
+  if (!pre || std::string(pre) != "0")
+    r.prefetch = [this](int m) {
+      if (zflight_.m < 0) start_module_gather(m);
+    };
   r.evict = [this](int m) { evict_module(m); };
   r.grad_done = [this](size_t p, Tensor&& g) { module_grad(p, std::move(g)); };
   exec_->set_param_residency(std::move(r));
 }
 
-void Trainer::fetch_module(int m) {
+// Module m's blocks packed and their all-gather over the dp x domain ranks started.
+void Trainer::start_module_gather(int m) {
   const ZLayout& l = zmod_[m];
   Tensor shard(DType::F32, {l.S});
+  for (size_t i = 0; i < l.params.size(); ++i)
+    std::memcpy(shard.data<float>() + l.off[i], zparam_.data<float>() + zoff_[l.params[i]],
+                zc_[l.params[i]] * sizeof(float));
+  zflight_.m = m;
+  zflight_.all = Tensor(DType::F32, {zparts_ * l.S});
+  zflight_.req = zcomm_->start_all_gather(shard, zflight_.all);
+  zflight_.shard = std::move(shard);
+  zgathered_ += zflight_.all.nbytes();  // counted as gathered from now on
+  zgathered_peak_ = std::max(zgathered_peak_, zgathered_);
+}
+
+void Trainer::fetch_module(int m) {
+  if (zflight_.m != m) {  // none or another module was prefetched (every rank did the same): finished, unused
+    drop_module_gather();
+    start_module_gather(m);
+  }
+  zflight_.req->wait();
+  zgathered_ -= zflight_.all.nbytes();
+  const ZLayout& l = zmod_[m];
   std::vector<Tensor*> whole;
-  for (size_t i = 0; i < l.params.size(); ++i) {
-    const size_t p = l.params[i];
-    std::memcpy(shard.data<float>() + l.off[i], zparam_.data<float>() + zoff_[p], zc_[p] * sizeof(float));
+  for (size_t p : l.params) {
     Tensor& c = *graph_.values[trainable_[p]].constant;
     c = Tensor(DType::F32, c.shape);
     whole.push_back(&c);
     zgathered_ += c.nbytes();
   }
-  gather_blocks(l, shard, whole, false);
+  unpack_blocks(l, zflight_.all, whole);
+  zflight_ = ModuleGather{};
   zgathered_peak_ = std::max(zgathered_peak_, zgathered_);
+}
+
+void Trainer::drop_module_gather() {
+  if (zflight_.req) {
+    zflight_.req->wait();
+    zgathered_ -= zflight_.all.nbytes();
+  }
+  zflight_ = ModuleGather{};
 }
 
 void Trainer::evict_module(int m) {

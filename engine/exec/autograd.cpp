@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "engine/passes/passes.h"
@@ -251,6 +252,11 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
   };
   std::vector<const Tensor*> in, out, gout;
   std::vector<Tensor*> gin;
+  in_backward_ = true;
+  struct Phase {
+    bool& b;
+    ~Phase() { b = false; }
+  } phase{in_backward_};
   for (size_t k = g_.nodes.size(); k-- > 0;) {
     if (k + 1 < g_.nodes.size()) settle(k + 1);
     if (!seg_last_.empty() && opt_.segments[k] >= 0 && seg_dropped_[opt_.segments[k]]) recompute(opt_.segments[k]);
@@ -356,6 +362,25 @@ void GradExecutor::set_param_residency(ParamResidency r) {
   keep_mod_ = -1;
   for (size_t m = 0; m < nm; ++m)
     if (mod_bw_last_[m] < (int)nn && (keep_mod_ < 0 || mod_fwd_last_[m] > mod_fwd_last_[keep_mod_])) keep_mod_ = (int)m;
+  // fetch orders: by first forward reader; by the first backward position that needs the module
+  std::vector<int> fwd_first(nm, (int)nn), bw_first(nm, -1);
+  for (size_t k = 0; k < nn; ++k) {
+    const BackwardReads reads = backward_reads(g_.nodes[k].op);
+    for (size_t i = 0; i < g_.nodes[k].inputs.size(); ++i) {
+      const int v = g_.nodes[k].inputs[i];
+      if (v < 0 || mod_of_[v] < 0) continue;
+      const int m = mod_of_[v];
+      fwd_first[m] = std::min(fwd_first[m], (int)k);
+      if (backward_[k] && reads.input(i)) bw_first[m] = std::max(bw_first[m], (int)k);
+      if (!seg_last_.empty() && opt_.segments[k] >= 0) bw_first[m] = std::max(bw_first[m], seg_last_[opt_.segments[k]]);
+    }
+  }
+  fwd_order_.resize(nm);
+  std::iota(fwd_order_.begin(), fwd_order_.end(), 0);
+  bw_order_ = fwd_order_;
+  std::stable_sort(fwd_order_.begin(), fwd_order_.end(), [&](int a, int b) { return fwd_first[a] < fwd_first[b]; });
+  std::stable_sort(bw_order_.begin(), bw_order_.end(), [&](int a, int b) { return bw_first[a] > bw_first[b]; });
+  while (!bw_order_.empty() && bw_first[bw_order_.back()] < 0) bw_order_.pop_back();
   grads_at_.assign(nn + 1, {});
   evict_at_.assign(nn + 1, {});
   for (size_t p = 0; p < trainable_.size(); ++p) grads_at_[grad_pos[p]].push_back(p);
@@ -374,6 +399,11 @@ void GradExecutor::need_params(size_t k, bool backward) {
     res_.fetch(m);
     for (size_t p : res_.modules[m]) vals_[trainable_[p]] = *g_.values[trainable_[p]].constant;
     whole_[m] = true;
+    if (!res_.prefetch) continue;
+    const std::vector<int>& order = in_backward_ ? bw_order_ : fwd_order_;
+    auto it = std::find(order.begin(), order.end(), m);
+    while (it != order.end() && (*it == m || whole_[*it])) ++it;
+    if (it != order.end()) res_.prefetch(*it);
   }
 }
 

@@ -46,6 +46,9 @@ namespace wxe {
 struct ParamResidency {
   std::vector<std::vector<size_t>> modules;
   std::function<void(int)> fetch, evict;
+  // Optional: the module the executor will fetch next, told once the current one is whole, so
+  // its gather can run while the current one computes.
+  std::function<void(int)> prefetch;
   std::function<void(size_t, Tensor&&)> grad_done;
 };
 
@@ -158,6 +161,9 @@ class GradExecutor {
   std::vector<bool> whole_;
   std::vector<int> mod_fwd_last_, mod_bw_last_;
   int keep_mod_ = -1;  // the forward's last module, kept whole for the backward
+  // the order modules are fetched in the forward and in the backward; whether the backward runs
+  std::vector<int> fwd_order_, bw_order_;
+  bool in_backward_ = false;
   // per backward position k (the iteration of node k; nodes.size(): after the loop), the
   // trainables whose gradient is complete and the modules no later node reads
   std::vector<std::vector<size_t>> grads_at_;
