@@ -3,6 +3,8 @@
 // reduce-scatter and the parameter and moment all-gathers (ZeRO-1). With --shard-weights
 // (ZeRO-3) the same blocks are the parameters themselves between steps: modules are gathered
 // for the nodes that read them and their gradients reduce-scattered as they complete.
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -82,7 +84,7 @@ std::vector<Tensor> Trainer::gather_moments(const Tensor& shard) {
 namespace {
 
 constexpr int kModules = 32;                // modules per model, about equal in bytes
-constexpr int64_t kMinModuleBytes = 64 << 10;  // but none smaller than this (collectives of a few KB cost more than they save)
+constexpr int64_t kMinModuleBytes = 1 << 20;  // but none smaller (a collective costs about as much for 1 KB as for 1 MB)
 
 }  // namespace
 
@@ -131,6 +133,15 @@ void Trainer::setup_zero3() {
   }
   zpending_.assign(zmod_.size(), {});
   zdone_.assign(zmod_.size(), 0);
+  int64_t largest = 0;
+  for (const ZLayout& l : zmod_) {
+    int64_t b = 0;
+    for (size_t p : l.params) b += zn_[p] * 4;
+    largest = std::max(largest, b);
+  }
+  note("wxe: --shard-weights: ZeRO-3 over dp x domain = %d ranks: %zu modules of %.2f MB on average (the largest "
+       "%.2f MB), gathered before the nodes that read them\n",
+       zparts_, zmod_.size(), total / 1e6 / zmod_.size(), largest / 1e6);
   whole_parameters(false);
   ParamResidency r;
   for (const ZLayout& l : zmod_) r.modules.push_back(l.params);
@@ -144,7 +155,8 @@ void Trainer::setup_zero3() {
     };
   r.evict = [this](int m) { evict_module(m); };
   r.grad_done = [this](size_t p, Tensor&& g) { module_grad(p, std::move(g)); };
-  exec_->set_param_residency(std::move(r));
+  exec_->set_param_residency(std::move(r));  // which frees the executor's whole gradients
+  malloc_trim(0);  // the whole parameters and gradients freed above leave the heap's pages
 }
 
 // Module m's blocks packed and their all-gather over the dp x domain ranks started.
