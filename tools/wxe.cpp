@@ -177,7 +177,7 @@ struct PlanArgs {
   std::string model, config, input;
   int ranks = 1, accum = 0;
   double memory = 0;  // GB per rank
-  bool train = false, json = false;
+  bool train = false, json = false, shard_weights = false;
   std::string plan;
 };
 
@@ -208,6 +208,7 @@ int cmd_plan(const PlanArgs& a) {
     r.input = h.shape;
   }
   r.cfg.plan = a.plan;
+  if (a.shard_weights) r.cfg.shard_weights = true;  // else the config's trainer.mode
   const Plan p = plan_run(r);
   std::printf("%s", a.json ? plan_json(p, r).c_str() : plan_table(p, r).c_str());
   return 0;
@@ -712,6 +713,8 @@ int main(int argc, char** argv) {
                    "(default: any dp)");
   plan->add_option("--plan", plan_a.plan, "tensor-parallel plan file");
   plan->add_flag("--json", plan_a.json, "one JSON object instead of the table");
+  plan->add_flag("--shard-weights", plan_a.shard_weights, "with --train: ZeRO-3 (finetune --shard-weights): parameters "
+                 "and gradients sharded over dp x domain too");
 
   auto* convert = app.add_subcommand("convert", "convert a legacy CREDIT checkpoint to the Linear layout (safetensors), or a fine-tuned one back to CREDIT");
   convert->add_option("checkpoint", ca.checkpoint, "legacy .pt, .safetensors, or a finetune checkpoint directory (with --to credit)")->required();

@@ -163,6 +163,10 @@ struct RankGraph {
 };
 RankGraph rank_training_graph(Graph& g, const FinetuneConfig& cfg, const Mesh* mesh);
 
+// ZeRO-3's module size for a model of `total` trainable bytes (train/zero.cpp; a module may be
+// larger: a parameter is never split)
+int64_t zero3_module_bytes(int64_t total);
+
 struct StepLog {
   int64_t step = 0;                // 1-based: optimizer steps done
   double loss = 0, lr = 0, grad_norm = 0, seconds = 0;

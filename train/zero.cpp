@@ -88,6 +88,8 @@ constexpr int64_t kMinModuleBytes = 1 << 20;  // but none smaller (a collective 
 
 }  // namespace
 
+int64_t zero3_module_bytes(int64_t total) { return std::max(kMinModuleBytes, total / kModules); }
+
 void Trainer::setup_zero3() {
   if (zparts_ == 1) {
     note("wxe: --shard-weights: dp x domain is 1, one ZeRO block: nothing to shard; trained as without it\n");
@@ -114,7 +116,7 @@ void Trainer::setup_zero3() {
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return first[trainable_[a]] < first[trainable_[b]]; });
   const int64_t total = std::accumulate(zn_.begin(), zn_.end(), int64_t(0)) * 4;
-  const int64_t target = std::max(kMinModuleBytes, total / kModules);
+  const int64_t target = zero3_module_bytes(total);
   zmod_of_.assign(trainable_.size(), -1);
   zpos_.assign(trainable_.size(), -1);
   int64_t bytes = target;
@@ -146,15 +148,16 @@ void Trainer::setup_zero3() {
   ParamResidency r;
   for (const ZLayout& l : zmod_) r.modules.push_back(l.params);
   r.fetch = [this](int m) { fetch_module(m); };
-  // the next module's gather runs while this one computes; WXE_SHARD_PREFETCH=0 gathers each
-  // when it is needed (to measure what the overlap gains)
+  // WXE_SHARD_PREFETCH=1: the next module's gather started while this one computes (off: Open
+  // MPI's non-blocking collectives progress only inside MPI calls, and it gained nothing here:
+  // docs/internals/memory-plan.md#zero-3---shard-weights)
   const char* pre = std::getenv("WXE_SHARD_PREFETCH");
-  if (!pre || std::string(pre) != "0")
+  if (pre && std::string(pre) == "1")
     r.prefetch = [this](int m) {
       if (zflight_.m < 0) start_module_gather(m);
     };
   r.evict = [this](int m) { evict_module(m); };
-  r.grad_done = [this](size_t p, Tensor&& g) { module_grad(p, std::move(g)); };
+  r.grad_done = [this](size_t p, Tensor g) { module_grad(p, std::move(g)); };
   exec_->set_param_residency(std::move(r));  // which frees the executor's whole gradients
   malloc_trim(0);  // the whole parameters and gradients freed above leave the heap's pages
 }

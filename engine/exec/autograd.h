@@ -49,7 +49,7 @@ struct ParamResidency {
   // Optional: the module the executor will fetch next, told once the current one is whole, so
   // its gather can run while the current one computes.
   std::function<void(int)> prefetch;
-  std::function<void(size_t, Tensor&&)> grad_done;
+  std::function<void(size_t, Tensor)> grad_done;
 };
 
 class GradExecutor {
