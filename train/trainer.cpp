@@ -272,7 +272,7 @@ void Trainer::check_same_plan() {
                                                        cfg_.crps.biased, num(cfg_.crps.alpha))},
       {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device},
       {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}, {"--precision", cfg_.precision},
-      {"--sequence-parallel", str(cfg_.sequence_parallel)}};
+      {"--sequence-parallel", str(cfg_.sequence_parallel)}, {"--shard-weights", str(cfg_.shard_weights)}};
   std::vector<uint64_t> fps;
   for (auto& o : options) fps.push_back(fingerprint(o.second));
   const std::vector<uint64_t> all = gather_on_all_ranks(*mesh_, fps);  // every rank finds the same

@@ -203,7 +203,8 @@ class Trainer {
   const HostArena& arena() const { return arena_; }
   // Trained parameters by name (training names: SN layers legacy, others Linear layout), as
   // this rank holds them (tensor-parallel shards). On a device, the device's values are copied
-  // into the graph first.
+  // into the graph first. Under --shard-weights they are gathered for the caller: collective
+  // over the dp x domain ranks, as predict() and save_checkpoint() are.
   NamedTensors parameters();
   // Bytes of optimizer state (AdamW moments) this rank holds.
   size_t optimizer_bytes() const;

@@ -10,7 +10,8 @@
 #    over dp per backward, then over the backwards, another order): losses and parameters within 1e-6;
 #  - a ZeRO-1 checkpoint resumed under --shard-weights and a ZeRO-3 one resumed at dp 1 continue
 #    with the uninterrupted run's losses;
-#  - the memory line reports the sharded parameters; --device cuda is refused in one line.
+#  - the memory line reports the sharded parameters; ranks started with and without it stop
+#    naming the option; --device cuda is refused in one line.
 # Usage: zero3_train_test.sh MPIEXEC WXE COMPARE_CHECKPOINTS SOURCE_DIR
 set -u
 mpiexec=$1 wxe=$2 compare=$3 src=$4
@@ -50,6 +51,16 @@ if mpi 2 --accum 2 --shard-weights --save "$tmp/r1" --resume >/dev/null 2>"$tmp/
   ok "resume-across-zero-stages"
 else
   bad "resume-across-zero-stages"; cat "$tmp/err"
+fi
+
+# ranks given --shard-weights and not stop at once, naming the option (their collectives would not pair up)
+timeout 120 "$mpiexec" --oversubscribe -n 1 "$wxe" finetune "$model" "${common[@]}" --accum 2 --save "$tmp/opt" \
+  : -n 1 "$wxe" finetune "$model" "${common[@]}" --accum 2 --shard-weights --save "$tmp/opt" >/dev/null 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 1 was started with another --shard-weights" "$tmp/err"; then
+  ok "different-shard-weights-named"
+else
+  bad "different-shard-weights-named (exit $rc)"; cat "$tmp/err"
 fi
 
 # --device cuda refuses it in one line, before any step
