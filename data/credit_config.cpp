@@ -852,9 +852,16 @@ struct Reader {
       c->grad_clip_dynamic = true;
     else
       c->grad_max_norm = ranged<double>(t["grad_max_norm"], "trainer.grad_max_norm", c->grad_max_norm, 0, big);
+    // FSDP shards the weights, gradients and optimizer state over the data-parallel ranks: wxe's
+    // --shard-weights (ZeRO-3 over dp x domain); ddp and none train as wxe does without it
+    const auto fsdp = [](const YAML::Node& n) {
+      return n && n.IsScalar() && (n.Scalar() == "fsdp" || n.Scalar() == "fsdp2");
+    };
+    c->shard_weights = fsdp(t["mode"]) || (t["parallelism"] && t["parallelism"].IsMap() && fsdp(t["parallelism"]["data"]));
     if (t["parallelism"])
       c->warnings.push_back(where("trainer.parallelism") +
-                            ": ignored (wxe's mesh: mpirun -n N with --tp T and --domain D; the rest is data parallel)");
+                            ": the mesh is not read from it (wxe's mesh: mpirun -n N with --tp T and --domain D; the rest "
+                            "is data parallel)" + (c->shard_weights ? "; data: fsdp is --shard-weights" : ""));
     c->ensemble_size = ranged<int>(t["ensemble_size"], "trainer.ensemble_size", 1, 1, 1 << 16);
     if (c->ensemble_size > 1 && c->forecast_len > 1)
       fail(where("trainer.ensemble_size"), ": ", c->ensemble_size, " with data.forecast_len ", c->forecast_len,

@@ -175,7 +175,9 @@ struct CreditConfig {
   double plateau_factor = 0.1, plateau_threshold = 1e-4, plateau_eps = 1e-8;
   int64_t plateau_patience = 10, plateau_cooldown = 0;
   int grad_accum_every = 1, train_batch_size = 1;
-  int ensemble_size = 1;  // trainer.ensemble_size: members per sample (CRPS losses; ring-crps: one per dp rank)
+  int ensemble_size = 1;
+  // trainer.mode fsdp (or trainer.parallelism.data fsdp / fsdp2): wxe's --shard-weights (ZeRO-3)
+  bool shard_weights = false;  // trainer.ensemble_size: members per sample (CRPS losses; ring-crps: one per dp rank)
   int64_t batches_per_epoch = 0, epochs = 1, valid_batches_per_epoch = 0;
   uint64_t seed = 0;
   // loss.*

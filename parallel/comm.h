@@ -17,6 +17,14 @@
 
 namespace wxe {
 
+// A collective started and not finished yet (Communicator::start_all_gather); wait() finishes
+// it. Its tensors must stay alive and unread until then.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() {}
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -28,6 +36,9 @@ class Communicator {
   // out = every rank's `in` concatenated along dim 0, in rank order. `out` is preallocated
   // with size() * in.shape[0] rows; `in` and `out` must not share memory.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // all_gather started, to finish at wait() while the caller computes (MPI: MPI_Iallgather);
+  // the default runs it at once. Started in the same order on every rank, as any collective.
+  virtual std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, Tensor& out);
   // in.shape[0] = size() * out.shape[0]; rank r gets the sum over ranks of block r of `in`.
   virtual void reduce_scatter_sum(const Tensor& in, Tensor& out) = 0;
   // In place: every rank's t gets root's t.

@@ -173,6 +173,27 @@ void MpiComm::all_gather(const Tensor& in, Tensor& out) {
   }
 }
 
+namespace {
+
+struct MpiPending : PendingCollective {
+  MPI_Request req = MPI_REQUEST_NULL;
+  void wait() override { WXE_MPI(MPI_Wait(&req, MPI_STATUS_IGNORE)); }
+  ~MpiPending() override {
+    if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);  // never left running over freed buffers
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<PendingCollective> MpiComm::start_all_gather(const Tensor& in, Tensor& out) {
+  comm_check::all_gather(in, out, size_);
+  const int64_t bytes = (int64_t)in.nbytes();
+  if (bytes > g_max_count) return Communicator::start_all_gather(in, out);  // in pieces, at once
+  auto p = std::make_unique<MpiPending>();
+  WXE_MPI(MPI_Iallgather(in.raw(), (int)bytes, MPI_BYTE, out.raw(), (int)bytes, MPI_BYTE, comm_, &p->req));
+  return p;
+}
+
 void MpiComm::reduce_scatter_sum(const Tensor& in, Tensor& out) {
   comm_check::reduce_scatter(in, out, size_);
   if (is_half(in.dtype)) {

@@ -45,6 +45,7 @@ class MpiComm : public Communicator {
   int size() const override { return size_; }
   void all_reduce_sum(Tensor& t) override;
   void all_gather(const Tensor& in, Tensor& out) override;
+  std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, Tensor& out) override;
   void reduce_scatter_sum(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor& t, int root) override;
   void barrier() override;

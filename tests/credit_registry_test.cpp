@@ -191,6 +191,16 @@ TEST(CreditConfigRegistry, TrainerSection) {
   c = read_credit_config(era5_tiny_config(
       "lambda", {{"use_ema", "use_scheduler: true\n  scheduler:\n    scheduler_type: lambda\n    T_max: 3\n  use_ema"}}));
   EXPECT_TRUE(any_has(c.warnings, "trainer.scheduler.T_max: ignored"));
+  // FSDP (trainer.mode, or the parallelism block's data) is wxe's --shard-weights; ddp is not
+  EXPECT_FALSE(c.shard_weights);
+  c = read_credit_config(era5_tiny_config("fsdp", {{"grad_max_norm: 1.0", "grad_max_norm: 1.0\n  mode: fsdp"}}));
+  EXPECT_TRUE(c.shard_weights);
+  c = read_credit_config(era5_tiny_config("ddp", {{"grad_max_norm: 1.0", "grad_max_norm: 1.0\n  mode: ddp"}}));
+  EXPECT_FALSE(c.shard_weights);
+  c = read_credit_config(era5_tiny_config(
+      "fsdp2", {{"grad_max_norm: 1.0", "grad_max_norm: 1.0\n  parallelism:\n    data: fsdp2\n    tensor: 1"}}));
+  EXPECT_TRUE(c.shard_weights);
+  EXPECT_TRUE(any_has(c.warnings, "data: fsdp is --shard-weights"));
   struct Case {
     std::string to, want;
   };

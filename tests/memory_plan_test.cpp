@@ -41,6 +41,7 @@ struct Step {
   std::vector<std::string> names;  // of the trainable parameters, as grads
   size_t kept = 0;
   size_t held = 0, kept0 = 0;  // host tensor bytes the first forward left allocated (engine/ir/tensor.h), kept
+  int modules = 0, whole_max = 0, whole_after = 0;  // `resident`: modules, whole at once at most, after the step
 };
 
 // GeluRecompute: each Gelu's output made again in the backward (add_recompute_segments), as the
@@ -68,7 +69,10 @@ const char* plan_backend(const Graph& g) {
 // With `fused`, the training graph's norms and GELU fused as the trainer does (fuse_for_training).
 // With `device`, on plan_backend()'s device path (the held figure then also has the outputs'
 // host copies and is read on the second run, after the constants' one upload).
-Step run_step(const std::string& model, Plan plan, bool fused = false, bool device = false) {
+// With `resident`, the trainable parameters live elsewhere between uses (ZeRO-3's
+// GradExecutor::set_param_residency): modules of three parameters in trainable order (so their
+// readers interleave), fetched as copies, evicted to shapes, gradients summed as handed over.
+Step run_step(const std::string& model, Plan plan, bool fused = false, bool device = false, bool resident = false) {
   const Tensor x = read_npy(data_path(model == "wxformer_tiny" ? "models/wxformer_tiny/x.npy" : "tests/data/" + model + "_x.npy"));
   Graph g = training_graph_of(model, x);
   if (fused) {
@@ -107,6 +111,38 @@ Step run_step(const std::string& model, Plan plan, bool fused = false, bool devi
   }
   GradExecutor ex(g, trainable_parameters(g), opt);
   Step s;
+  const std::vector<int> tr = trainable_parameters(g);
+  std::vector<Tensor> stored, sums;  // resident: the parameters between uses; the gradients handed over
+  int whole = 0;
+  if (resident) {
+    ParamResidency r;
+    for (size_t p = 0; p < tr.size(); p += 3) {
+      r.modules.emplace_back();
+      for (size_t q = p; q < std::min(p + 3, tr.size()); ++q) r.modules.back().push_back(q);
+    }
+    for (int v : tr) {
+      stored.push_back(*g.values[v].constant);
+      sums.push_back(Tensor::zeros(DType::F32, g.values[v].shape));
+      *g.values[v].constant = g.values[v].constant->shape_only();
+    }
+    const std::vector<std::vector<size_t>> modules = r.modules;
+    r.fetch = [&, modules](int m) {
+      for (size_t p : modules[m]) *g.values[tr[p]].constant = stored[p].clone();
+      s.whole_max = std::max(s.whole_max, ++whole);
+    };
+    r.evict = [&, modules](int m) {
+      for (size_t p : modules[m]) *g.values[tr[p]].constant = g.values[tr[p]].constant->shape_only();
+      --whole;
+    };
+    r.grad_done = [&](size_t p, Tensor t) {
+      if (!t.defined()) return;
+      float* d = sums[p].data<float>();
+      const float* a = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) d[i] += a[i];
+    };
+    s.modules = (int)modules.size();
+    ex.set_param_residency(std::move(r));
+  }
   for (int rep = 0; rep < 2; ++rep) {  // twice: the plan holds across runs (and the power iteration moves)
     const size_t live = host_bytes_live();
     std::vector<Tensor> out = ex.forward({{g.values[g.inputs[0]].name, x}});
@@ -120,8 +156,9 @@ Step run_step(const std::string& model, Plan plan, bool fused = false, bool devi
     }
     ex.backward({s.outputs[0]});  // dL/dy = y: the gradient of sum(y^2) / 2
   }
-  for (const Tensor& t : ex.grads()) s.grads.push_back(t.clone());
+  for (const Tensor& t : resident ? sums : ex.grads()) s.grads.push_back(t.clone());
   for (int v : ex.trainable()) s.names.push_back(g.values[v].name);
+  s.whole_after = whole;
   return s;
 }
 
@@ -162,6 +199,27 @@ TEST(MemoryPlan, CheckpointedBlocksGiveTheSameGradients) {
                 plan.kept / 1e6, all.kept / 1e6);
     EXPECT_LT(ck.kept, plan.kept * 0.8) << model;
   }
+}
+
+// ZeRO-3's residency: parameters whole only from the first node reading them to the last (forward,
+// recompute, backward kernels reading their elements), gradients handed over when complete: the
+// same outputs and gradients bit for bit, with and without checkpointing, nothing whole after
+// the step and never every module at once.
+TEST(MemoryPlan, ParametersFetchedPerModuleGiveTheSameGradients) {
+  for (const std::string model : {"crossformer_tiny", "wxformer_tiny"})
+    for (Plan plan : {Plan::FreeUnread, Plan::Checkpoint}) {
+      const Step ref = run_step(model, plan), res = run_step(model, plan, false, false, true);
+      for (size_t i = 0; i < ref.outputs.size(); ++i)
+        EXPECT_EQ(std::memcmp(ref.outputs[i].raw(), res.outputs[i].raw(), ref.outputs[i].nbytes()), 0) << model;
+      ASSERT_EQ(ref.grads.size(), res.grads.size());
+      for (size_t i = 0; i < ref.grads.size(); ++i)
+        EXPECT_EQ(std::memcmp(ref.grads[i].raw(), res.grads[i].raw(), ref.grads[i].nbytes()), 0)
+            << model << " grad " << ref.names[i];
+      EXPECT_EQ(res.whole_after, 0) << model;
+      EXPECT_LT(res.whole_max, res.modules) << model;
+      std::printf("%s%s: %d modules, at most %d whole at once\n", model.c_str(),
+                  plan == Plan::Checkpoint ? " (checkpointing)" : "", res.modules, res.whole_max);
+    }
 }
 
 // On a device (here a backend on host memory, with a host fallback both ways) the same plan and

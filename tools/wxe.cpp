@@ -177,7 +177,7 @@ struct PlanArgs {
   std::string model, config, input;
   int ranks = 1, accum = 0;
   double memory = 0;  // GB per rank
-  bool train = false, json = false;
+  bool train = false, json = false, shard_weights = false;
   std::string plan;
 };
 
@@ -208,6 +208,7 @@ int cmd_plan(const PlanArgs& a) {
     r.input = h.shape;
   }
   r.cfg.plan = a.plan;
+  if (a.shard_weights) r.cfg.shard_weights = true;  // else the config's trainer.mode
   const Plan p = plan_run(r);
   std::printf("%s", a.json ? plan_json(p, r).c_str() : plan_table(p, r).c_str());
   return 0;
@@ -712,6 +713,8 @@ int main(int argc, char** argv) {
                    "(default: any dp)");
   plan->add_option("--plan", plan_a.plan, "tensor-parallel plan file");
   plan->add_flag("--json", plan_a.json, "one JSON object instead of the table");
+  plan->add_flag("--shard-weights", plan_a.shard_weights, "with --train: ZeRO-3 (finetune --shard-weights): parameters "
+                 "and gradients sharded over dp x domain too");
 
   auto* convert = app.add_subcommand("convert", "convert a legacy CREDIT checkpoint to the Linear layout (safetensors), or a fine-tuned one back to CREDIT");
   convert->add_option("checkpoint", ca.checkpoint, "legacy .pt, .safetensors, or a finetune checkpoint directory (with --to credit)")->required();
@@ -755,6 +758,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 64));
   finetune->add_option("--forecast-len", fc.forecast_len, "rollout steps per sample, prediction fed back (default 1)");
   finetune->add_option("--prognostic", fc.prognostic, "output channels fed back into the input in rollouts (default: min of input and output channels)");
+  finetune->add_flag("--shard-weights", fc.shard_weights, "ZeRO-3: parameters and gradients, like the AdamW state, "
+                     "held as 1/(dp x domain) per rank; each module's weights gathered just before the nodes that read "
+                     "them (cpu only; default from a CREDIT config's trainer.mode fsdp)");
   finetune->add_flag("--ema", fc.ema, "keep an exponential moving average of the weights (saved as ema.safetensors)");
   finetune->add_option("--activation-checkpoint", fc.activation_checkpoint,
                        "none (keep every activation) or blocks (recompute each attention and feed-forward block's "

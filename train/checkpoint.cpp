@@ -53,6 +53,11 @@ std::string Trainer::save_checkpoint() {
   }
   const std::string step = std::to_string(step_);
   sync_to_host();
+  whole_parameters(true);  // ZeRO-3: gathered for the save, freed after it
+  struct Release {
+    Trainer* t;
+    ~Release() { t->whole_parameters(false); }
+  } release{this};
   // a step that made parameters NaN or inf (NaN moments, an overflow) is never saved, so
   // `latest` stays on the last good checkpoint
   int64_t bad = 0;
@@ -89,6 +94,8 @@ std::string Trainer::save_checkpoint() {
       {"freeze", freeze_text(cfg_.freeze)}};
   // the learning-rate schedule, for resuming and CREDIT's scheduler_state_dict (train/credit_checkpoint.h)
   for (const auto& [k, v] : schedule_metadata(cfg_.schedule)) meta[k] = v;
+  // ZeRO-3: the EMA is of this rank's blocks, gathered whole as the moments are
+  std::vector<Tensor> e = ema_ && z3_ ? gather_moments(ema_->shadow()[0]) : ema_ ? ema_->shadow() : std::vector<Tensor>{};
   NamedTensors opt, ema;
   for (size_t i = 0; i < trainable_.size(); ++i) {
     const std::string& name = graph_.values[trainable_[i]].name;
@@ -96,7 +103,7 @@ std::string Trainer::save_checkpoint() {
       opt.push_back({"exp_avg." + name, m[i]});
       opt.push_back({"exp_avg_sq." + name, v[i]});
     }
-    if (ema_) ema.push_back({"ema." + name, ema_->shadow()[i]});
+    if (!e.empty()) ema.push_back({"ema." + name, e[i]});
   }
   if (sharded) {
     // every tensor once: a tp shard from zrank 0 of its tp column (it gathered the whole
@@ -234,7 +241,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   const char* step_key = meta.count("adam_step") ? "adam_step" : "step";
   const int64_t t = parse_int64(meta[step_key], str(dir, ": metadata '", step_key, "'"));
   WXE_CHECK(t >= 0 && t < (int64_t(1) << 53), dir, ": metadata '", step_key, "' is ", t, ", out of range");
-  adam_.set_state(t, {pack_block(pm, zrank_)}, {pack_block(pv, zrank_)});
+  adam_.set_state(t, {pack_block(zall_, pm, zrank_)}, {pack_block(zall_, pv, zrank_)});
   if (ema_)
     for (size_t i = 0; i < trainable_.size(); ++i) {
       const std::string& name = graph_.values[trainable_[i]].name;

@@ -59,9 +59,12 @@ std::vector<float> report_memory(const Trainer& t, Mesh* mesh, const char* prefi
   const double peak = (double)host_bytes_peak();
   const double dpeak = dev ? (double)dev->bytes_peak() : 0.0;
   const double act = dev ? dpeak - (double)dev->bytes_in_use() : peak - (double)host_bytes_live();
-  const std::vector<float> mine = {(float)param, (float)param, (float)t.optimizer_bytes(), (float)kept,
+  // ZeRO-3: parameters and gradients are this rank's blocks; the whole parameters gathered at once
+  const double held = t.shards_weights() ? (double)t.sharded_param_bytes() : param;
+  const std::vector<float> mine = {(float)held, (float)held, (float)t.optimizer_bytes(), (float)kept,
                                    (float)std::max(0.0, act - kept), (float)peak, (float)(peak_rss_mb() * 1e6),
-                                   (float)dpeak, (float)t.arena().block_bytes()};
+                                   (float)dpeak, (float)t.arena().block_bytes(),
+                                   t.shards_weights() ? (float)t.gathered_peak_bytes() : -1.f};
   const int world = mesh ? mesh->world : 1, k = (int)mine.size();
   Tensor every = Tensor::from_f32({1, k}, mine);
   if (world > 1) {
@@ -75,10 +78,16 @@ std::vector<float> report_memory(const Trainer& t, Mesh* mesh, const char* prefi
     if (dev) std::snprintf(on_dev, sizeof on_dev, "; %s memory at the peak %.1f MB", dev->name(), e[7] / 1e6);
     char block[64] = "";
     if (e[8] > 0) std::snprintf(block, sizeof block, " (the step's block %.1f MB)", e[8] / 1e6);
-    note("%srank %d: parameters %.1f MB, gradients %.1f MB, AdamW state %.1f MB, activations at the peak %.1f MB "
+    char params[128];
+    if (e[9] >= 0)
+      std::snprintf(params, sizeof params, "parameters (sharded) %.1f MB, gathered at the peak %.1f MB, gradients "
+                    "(sharded) %.1f MB", e[0] / 1e6, e[9] / 1e6, e[1] / 1e6);
+    else
+      std::snprintf(params, sizeof params, "parameters %.1f MB, gradients %.1f MB", e[0] / 1e6, e[1] / 1e6);
+    note("%srank %d: %s, AdamW state %.1f MB, activations at the peak %.1f MB "
          "(kept for the backward %.1f, transient %.1f)%s; host tensors at the peak %.1f MB%s, peak RSS %.0f MB\n",
-         prefix, r, e[0] / 1e6, e[1] / 1e6, e[2] / 1e6, (e[3] + e[4]) / 1e6, e[3] / 1e6, e[4] / 1e6, on_dev,
-         e[5] / 1e6, block, e[6] / 1e6);
+         prefix, r, params, e[2] / 1e6, (e[3] + e[4]) / 1e6, e[3] / 1e6, e[4] / 1e6, on_dev, e[5] / 1e6, block,
+         e[6] / 1e6);
   }
   return mine;
 }

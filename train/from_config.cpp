@@ -297,6 +297,14 @@ void finetune_from_config(const std::string& config, FinetuneConfig& fc,
   }
   if (!given("--accum")) fc.accum = c.grad_accum_every * c.train_batch_size;  // one sample per micro-batch
   if (!given("--ema")) fc.ema = c.use_ema;
+  // trainer.mode fsdp: ZeRO-3 on the cpu; a GPU run keeps whole weights (ZeRO-1), saying so
+  if (!given("--shard-weights") && c.shard_weights) {
+    fc.shard_weights = fc.device == "cpu";
+    if (lead)
+      note("wxe: %s: trainer.mode fsdp: %s\n", config.c_str(),
+           fc.shard_weights ? "--shard-weights (parameters, gradients and AdamW state sharded over dp x domain)"
+                            : "weights not sharded on --device cuda yet (the optimizer state is: ZeRO-1)");
+  }
   if (!given("--activation-checkpoint")) fc.activation_checkpoint = c.activation_checkpoint ? "blocks" : "none";
   // CREDIT's amp autocasts to float16 on a GPU (with a gradient scaler); wxe's mixed precision is
   // bfloat16 (float32's range: no loss scaling), Conv and Linear only

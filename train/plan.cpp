@@ -204,16 +204,23 @@ Plan plan_run(const PlanRequest& r) {
             }
             // ZeRO-1 (train/trainer.h): each parameter cut into Z = dp x domain blocks
             const int z = dp * domain;
-            double n = 0, zs = 0;
+            double n = 0, zs = 0, largest = 0;
             for (int v : trainable) {
               const int64_t e = g.values[v].constant->numel();
               n += (double)e;
               zs += (double)((e + z - 1) / z);
+              largest = std::max(largest, 4.0 * e);
             }
-            row.params = row.grads = 4 * n;
+            // ZeRO-3 (--shard-weights): parameters and gradients are blocks as well, plus two
+            // modules gathered whole (the one computing, the next)
+            const bool z3 = cfg.shard_weights && z > 1;
+            row.params = row.grads = z3 ? 4 * zs : 4 * n;
+            if (z3) row.params += std::min(4 * n, 2 * std::max(largest, (double)zero3_module_bytes((int64_t)(4 * n))));
             row.adamw = 2 * 4 * zs;
             const int micro = r.accum > 0 ? r.accum / dp : 1;
-            const double zero_comm = dp > 1 ? 2 * 4 * zs * z * (dp - 1.0) / dp : 0;
+            // ZeRO-3 gathers the parameters twice (forward and backward) and reduce-scatters per backward
+            const double zero_comm = z3  ? 4 * zs * (z - 1) * 2 + micro * 4 * zs * z * (dp - 1.0) / dp
+                                     : dp > 1 ? 2 * 4 * zs * z * (dp - 1.0) / dp : 0;
             row.comm = micro * collective_bytes(g, tp, domain) + zero_comm +
                        (domain > 1 ? 4 * zs * (domain - 1) : 0);
             // On the CPU a CopyToTP's output is its input's storage (parallel/collective_ops.cpp),
@@ -225,7 +232,7 @@ Plan plan_run(const PlanRequest& r) {
             // the optimizer's buffers under ZeRO (train/zero.cpp): the packed gradients for the
             // reduce-scatter with its result, then this rank's parameter block and the gathers
             double zero = 0;
-            if (z > 1) {
+            if (z > 1 && !z3) {  // (ZeRO-3's are one module's: small)
               const double b = 4 * zs;
               const double scatter = dp > 1 ? (z + domain + 1) * b : b;
               const double gather = 2 * b + (domain > 1 ? domain * b : 0) + (dp > 1 ? z * b : 0);
@@ -297,7 +304,7 @@ std::string fitting_options(const Plan& p, int n) {
 
 std::string plan_table(const Plan& p, const PlanRequest& r) {
   std::string s = str("plan for ", r.model, " on ", r.ranks, r.ranks == 1 ? " rank" : " ranks", ", ",
-                      r.train ? "training" : "inference");
+                      r.train ? (r.cfg.shard_weights ? "training (ZeRO-3: --shard-weights)" : "training") : "inference");
   if (r.memory > 0) {
     char m[48];
     std::snprintf(m, sizeof m, ", %.2f GB per rank", r.memory / 1e9);

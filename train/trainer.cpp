@@ -104,6 +104,8 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
   WXE_CHECK(cfg_.accum % dp_ == 0, "--accum ", cfg_.accum, " micro-batches cannot be divided over ", dp_,
             " data-parallel groups; make it a multiple of ", dp_);
   WXE_CHECK(cfg.forecast_len >= 1, "--forecast-len must be at least 1");
+  WXE_CHECK(!cfg.shard_weights || cfg.device == "cpu", "--shard-weights: parameters are sharded on the cpu only for "
+            "now; drop --shard-weights for --device ", cfg.device, " (ZeRO-1 still shares the optimizer state)");
   WXE_CHECK(data_ && data_->size() > 0, "no training samples");
   graph_ = import_onnx(cfg.model);
   WXE_CHECK(graph_.inputs.size() == 1, cfg.model, ": fine-tuning needs a model with one input, it has ",
@@ -178,8 +180,12 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
     zn_.push_back(n);
     zc_.push_back(c);
     zoff_.push_back(zS_);
+    zall_.params.push_back(zall_.params.size());
     zS_ += c;
   }
+  zall_.off = zoff_;
+  zall_.S = zS_;
+  if (zparts_ > 1) zcomm_ = mesh_->world_comm->split(tp_rank_, zrank_);
   // the AdamW state from the start (zeros: the first update is the same), so step 1 holds what
   // every later step holds and its memory line is the steady state's (on a device it lives there)
   if (cfg.device == "cpu") adam_.set_state(0, {Tensor::zeros(DType::F32, {zS_})}, {Tensor::zeros(DType::F32, {zS_})});
@@ -230,6 +236,7 @@ Trainer::Trainer(const FinetuneConfig& cfg, std::unique_ptr<SampleSource> data, 
       note("wxe: --resume: no checkpoint in %s yet; starting at step 0\n", cfg.save.c_str());
     }
   }
+  if (cfg.shard_weights) setup_zero3();
 }
 
 // Every rank must have built the same plan (same parameters, shapes and shards), or the
@@ -265,7 +272,7 @@ void Trainer::check_same_plan() {
                                                        cfg_.crps.biased, num(cfg_.crps.alpha))},
       {"--freeze", freeze}, {"--reference", str(cfg_.reference)}, {"--device", cfg_.device},
       {"the training fusions (FinetuneConfig::fuse)", str(cfg_.fuse)}, {"--precision", cfg_.precision},
-      {"--sequence-parallel", str(cfg_.sequence_parallel)}};
+      {"--sequence-parallel", str(cfg_.sequence_parallel)}, {"--shard-weights", str(cfg_.shard_weights)}};
   std::vector<uint64_t> fps;
   for (auto& o : options) fps.push_back(fingerprint(o.second));
   const std::vector<uint64_t> all = gather_on_all_ranks(*mesh_, fps);  // every rank finds the same
@@ -328,6 +335,8 @@ Tensor Trainer::predict(const Tensor& x) {
   const bool repeat = members_ > 1 && x.rank() >= 1 && x.dim(0) * members_ == graph_.values[graph_.inputs[0]].shape[0];
   if (!random_nodes_.empty()) set_random_streams(str("predict/", step_, "/", predict_calls_++));
   Tensor y = exec_->forward({{input_name_, repeat ? repeat_members(x, members_) : x}}).at(0).clone();
+  exec_->evict_params();  // ZeRO-3: no backward follows
+  if (z3_) drop_module_gather();
   for (auto& [a, iters] : saved) *a = attr_i(iters);
   return y;
 }
@@ -421,10 +430,13 @@ StepLog Trainer::step() {
   if (dev_) {
     if (!dev_state_.ready) to_device();
     device_gradient_shard();
+  } else if (z3_) {
+    drop_module_gather();  // none should be left; one gathered before the update would be stale
+    gshard = zgrad_;       // reduce-scattered module by module in the backward
   } else if (!in_place) {
     std::vector<const Tensor*> gp;
     for (const Tensor& g : grads) gp.push_back(&g);
-    gshard = reduce_scatter_grads(gp);
+    gshard = reduce_scatter_grads(zall_, gp);
   }
   const TrainKernels& k = dev_ ? *dev_->train_kernels() : cpu_train_kernels();
   float* gflat = dev_ ? dev_state_.g.data<float>() : in_place ? nullptr : gshard.data<float>();
@@ -457,6 +469,7 @@ StepLog Trainer::step() {
   log.grad_norm = std::sqrt(total_sq);
   if (!std::isfinite(log.loss) || !std::isfinite(log.grad_norm)) {
     exec_->zero_grad();
+    if (z3_) std::memset(zgrad_.raw(), 0, zgrad_.nbytes());
     throw NonFiniteLoss(str("step ", step_ + 1, ": the loss is ", log.loss, " and the gradient norm ", log.grad_norm,
                             "; stopped before updating the parameters"));
   }
@@ -484,14 +497,17 @@ StepLog Trainer::step() {
         gp.push_back(grads[p].data<float>());
       }
       adam_.step_flat(pp, gp, zn_, zoff_, zS_, log.lr);
+    } else if (z3_) {  // the blocks are the parameters: nothing gathered until the next forward reads them
+      adam_.step({&zparam_}, {&gshard}, log.lr);
     } else {
-      Tensor pshard = pack_block(cparams, zrank_);
+      Tensor pshard = pack_block(zall_, cparams, zrank_);
       adam_.step({&pshard}, {&gshard}, log.lr);
-      gather_blocks(pshard, params, false);
+      gather_blocks(zall_, pshard, params, false);
     }
-    if (ema_) ema_->update(cparams);
+    if (ema_) ema_->update(z3_ ? std::vector<const Tensor*>{&zparam_} : cparams);
   }
   exec_->zero_grad();
+  if (z3_) std::memset(zgrad_.raw(), 0, zgrad_.nbytes());
   if (dev_) dev_->synchronize();  // the step's time includes its queued kernels
   log.samples *= dp_;  // every dp group did as many
   log.step = ++step_;
@@ -565,7 +581,7 @@ void Trainer::device_gradient_shard() {
   std::vector<const Tensor*> grads;
   for (const Tensor& t : exec_->grads()) host.push_back(dev_->download(t));
   for (const Tensor& t : host) grads.push_back(&t);
-  Tensor shard = reduce_scatter_grads(grads);
+  Tensor shard = reduce_scatter_grads(zall_, grads);
   dev_->copy_to_device(g, shard.raw(), shard.nbytes());
 }
 
@@ -589,7 +605,7 @@ void Trainer::device_update(double lr) {
   } else {  // all-gather the blocks on the host, then each parameter to the device whole
     std::vector<Tensor*> params;
     for (int v : trainable_) params.push_back(graph_.values[v].constant.get());
-    gather_blocks(dev_->download(d.p), params, false);
+    gather_blocks(zall_, dev_->download(d.p), params, false);
     for (size_t p = 0; p < trainable_.size(); ++p)
       dev_->copy_to_device(exec_->device_param(p).raw(), params[p]->raw(), params[p]->nbytes());
   }
@@ -603,7 +619,10 @@ void Trainer::device_update(double lr) {
 
 NamedTensors Trainer::parameters() {
   sync_to_host();
-  return host_parameters();
+  whole_parameters(true);
+  NamedTensors r = host_parameters();  // ZeRO-3: the whole copies stay with the caller alone
+  whole_parameters(false);
+  return r;
 }
 
 NamedTensors Trainer::host_parameters() const {

@@ -32,6 +32,7 @@
 #include "engine/io/safetensors.h"
 #include "engine/passes/layout_rules.h"
 #include "load/checkpoint.h"
+#include "parallel/comm.h"
 #include "parallel/mesh.h"
 #include "parallel/bands.h"
 #include "parallel/shard.h"
@@ -89,6 +90,11 @@ struct FinetuneConfig {
   // power, covmse: train/spectral_loss.h); with g, writes its gradient by p (scaled) into *g.
   std::function<double(const Tensor& p, const Tensor& t, Tensor* g, double scale)> whole_loss;
   bool ema = false;
+  // ZeRO-3 over dp x domain (--shard-weights; CREDIT's trainer.mode fsdp): every trainable
+  // parameter lives between steps only as this rank's ZeRO block; modules of parameters are
+  // all-gathered just before the nodes that read them and freed after, gradients reduce-scattered
+  // as soon as they are complete (train/zero.cpp). The same steps as without it. CPU only.
+  bool shard_weights = false;
   // "blocks": each attention and feed-forward block's inner activations are recomputed in the
   // backward instead of kept (engine/passes/passes.h checkpoint_segments; on the CPU and devices);
   // "none": keep them. Gradients are bit-identical either way.
@@ -159,6 +165,10 @@ struct RankGraph {
 };
 RankGraph rank_training_graph(Graph& g, const FinetuneConfig& cfg, const Mesh* mesh);
 
+// ZeRO-3's module size for a model of `total` trainable bytes (train/zero.cpp; a module may be
+// larger: a parameter is never split)
+int64_t zero3_module_bytes(int64_t total);
+
 struct StepLog {
   int64_t step = 0;                // 1-based: optimizer steps done
   double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
@@ -195,10 +205,17 @@ class Trainer {
   const HostArena& arena() const { return arena_; }
   // Trained parameters by name (training names: SN layers legacy, others Linear layout), as
   // this rank holds them (tensor-parallel shards). On a device, the device's values are copied
-  // into the graph first.
+  // into the graph first. Under --shard-weights they are gathered for the caller: collective
+  // over the dp x domain ranks, as predict() and save_checkpoint() are.
   NamedTensors parameters();
   // Bytes of optimizer state (AdamW moments) this rank holds.
   size_t optimizer_bytes() const;
+  // --shard-weights: whether parameters are sharded (ZeRO-3); the bytes of this rank's blocks
+  // of the parameters, and of whole parameters gathered at once at the peak since the start
+  bool shards_weights() const { return z3_; }
+  size_t sharded_param_bytes() const { return (size_t)zS_ * sizeof(float); }
+  size_t gathered_peak_bytes() const { return zgathered_peak_; }
+  int shard_modules() const { return (int)zmod_.size(); }
   const Graph& graph() const { return graph_; }
   const GradExecutor& executor() const { return *exec_; }
   void set_profile(bool on) { exec_->set_profile(on); }  // per-op timing (GradExecutor::profile)
@@ -238,16 +255,56 @@ class Trainer {
   std::vector<int64_t> zn_, zc_, zoff_;
   int64_t zS_ = 0;
   int zparts_ = 1, zrank_ = 0;
+  // Parameters packed together: their trainable indices and each one's block at off[i] of a
+  // flat (S). zall_: every trainable parameter (ZeRO-1's flat block: zoff_, zS_); under
+  // ZeRO-3 also each module. per_param arguments follow `params` (null or undefined: zeros).
+  struct ZLayout {
+    std::vector<size_t> params;
+    std::vector<int64_t> off;
+    int64_t S = 0;
+  };
+  ZLayout zall_;
+  // The dp x domain ranks of this tp column in zrank order: all-gathers of blocks (null: one block)
+  std::unique_ptr<Communicator> zcomm_;
   std::pair<int64_t, int64_t> block_range(size_t p, int block) const;  // [a, b) of parameter p in `block`
-  Tensor pack_block(const std::vector<const Tensor*>& per_param, int block) const;    // (S)
-  void pack_block_into(const std::vector<const Tensor*>& per_param, int block, float* flat) const;  // S floats
-  void unpack_block(const float* flat, int block, const std::vector<Tensor*>& per_param) const;
+  Tensor pack_block(const ZLayout& l, const std::vector<const Tensor*>& per_param, int block) const;  // (S)
+  void pack_block_into(const ZLayout& l, const std::vector<const Tensor*>& per_param, int block, float* flat) const;
+  void unpack_block(const ZLayout& l, const float* flat, int block, const std::vector<Tensor*>& per_param) const;
   // This rank's block (S) of the gradients summed over dp (a reduce-scatter over dp of each dp
   // group's domain blocks, then this domain rank's).
-  Tensor reduce_scatter_grads(const std::vector<const Tensor*>& grads) const;
+  Tensor reduce_scatter_grads(const ZLayout& l, const std::vector<const Tensor*>& grads) const;
   // Every rank's block (shard: this rank's) into the whole tensors per_param (all-gathers over
   // domain, then dp); with lead_only, only zrank 0 unpacks (the others return false).
-  bool gather_blocks(const Tensor& shard, const std::vector<Tensor*>& per_param, bool lead_only) const;
+  bool gather_blocks(const ZLayout& l, const Tensor& shard, const std::vector<Tensor*>& per_param,
+                     bool lead_only) const;
+  void unpack_blocks(const ZLayout& l, const Tensor& all, const std::vector<Tensor*>& per_param) const;
+  // ZeRO-3 (cfg.shard_weights, train/zero.cpp): zparam_ is this rank's block of every trainable
+  // parameter (the parameters between steps: the graph's constants are shapes only), zgrad_ its
+  // block of the step's gradient, summed over dp and the step's backwards. Modules: the
+  // trainable parameters in the order the graph first reads them, cut into runs of about
+  // 1/kModules of their bytes (a parameter is never split); the executor fetches and evicts
+  // them (GradExecutor::set_param_residency).
+  bool z3_ = false;
+  Tensor zparam_, zgrad_;                    // (S) each
+  std::vector<ZLayout> zmod_;
+  std::vector<int> zmod_of_, zpos_;          // per trainable: its module and its index there
+  std::vector<std::vector<Tensor>> zpending_;  // per module: the gradients handed over so far
+  std::vector<size_t> zdone_;
+  size_t zgathered_ = 0, zgathered_peak_ = 0;  // bytes of whole parameters gathered
+  // the module whose gather is in flight (GradExecutor's prefetch: the next one, started once
+  // the current one is whole); every rank starts them in the same order
+  struct ModuleGather {
+    int m = -1;
+    Tensor shard, all;  // (S) this rank's blocks, kept until the wait; (Z x S) every rank's
+    std::unique_ptr<PendingCollective> req;
+  } zflight_;
+  void setup_zero3();
+  void start_module_gather(int m);
+  void drop_module_gather();  // waits for the gather in flight, if any, and drops it
+  void fetch_module(int m);
+  void evict_module(int m);
+  void module_grad(size_t p, Tensor&& g);  // the executor's grad_done
+  void whole_parameters(bool whole);       // ZeRO-3: every trainable parameter whole (checkpoints), or not
   // Per parameter, whole (gather_blocks), on zrank 0; the other ranks get none (they own no
   // moment in a checkpoint) and keep no whole copies.
   std::vector<Tensor> gather_moments(const Tensor& shard);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "engine/passes/passes.h"
@@ -182,6 +183,7 @@ bool GradExecutor::backward_reads_output(size_t k) const {
 
 void GradExecutor::zero_grad() {
   for (Tensor& t : grads_) {
+    if (!t.defined()) continue;  // ZeRO-3: gradients are handed over, not kept
     if (dev_)
       tk_->fill(t.data<float>(), t.numel(), 0.f);
     else if (!opt_.plan_only)
@@ -241,12 +243,26 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
     // the backward accumulates into it: a tensor someone else still holds is copied
     add_grad(g_.outputs[k], go.storage.use_count() == 1 ? std::move(grad_outputs[k]) : go.clone());
   }
+  // ZeRO-3: the gradients complete after position `pos` handed over, the modules read last there evicted
+  auto settle = [&](size_t pos) {
+    if (grads_at_.empty()) return;
+    for (size_t p : grads_at_[pos]) res_.grad_done(p, std::move(grad[trainable_[p]]));
+    for (int m : evict_at_[pos])
+      if (whole_[m]) evict_module(m);
+  };
   std::vector<const Tensor*> in, out, gout;
   std::vector<Tensor*> gin;
+  in_backward_ = true;
+  struct Phase {
+    bool& b;
+    ~Phase() { b = false; }
+  } phase{in_backward_};
   for (size_t k = g_.nodes.size(); k-- > 0;) {
+    if (k + 1 < g_.nodes.size()) settle(k + 1);
     if (!seg_last_.empty() && opt_.segments[k] >= 0 && seg_dropped_[opt_.segments[k]]) recompute(opt_.segments[k]);
     if (!backward_[k]) continue;
     const Node& n = g_.nodes[k];
+    need_params(k, true);
     bool any_out = std::any_of(n.outputs.begin(), n.outputs.end(), [&](int o) { return grad[o].defined(); });
     if (!any_out) continue;
     auto t0 = std::chrono::steady_clock::now();
@@ -307,9 +323,100 @@ void GradExecutor::backward(std::vector<Tensor>&& grad_outputs) {
       add_node_ms(g_.nodes.size() + k, ms);
     }
   }
+  settle(0);
+  settle(g_.nodes.size());
+  evict_params();
   for (size_t p = 0; p < trainable_.size(); ++p)
     if (grad[trainable_[p]].defined() && !opt_.plan_only) accumulate(grads_[p], grad[trainable_[p]]);
   vals_.clear();
+}
+
+void GradExecutor::set_param_residency(ParamResidency r) {
+  WXE_CHECK(!dev_ && !opt_.plan_only && !bw_reads_.empty(), "sharded parameters: on the CPU's training executor only");
+  res_ = std::move(r);
+  const size_t nv = g_.values.size(), nn = g_.nodes.size(), nm = res_.modules.size();
+  mod_of_.assign(nv, -1);
+  std::vector<int> index(nv, -1);  // per value: its trainable index
+  for (size_t m = 0; m < nm; ++m)
+    for (size_t p : res_.modules[m]) mod_of_[trainable_[p]] = (int)m;
+  for (size_t p = 0; p < trainable_.size(); ++p) index[trainable_[p]] = (int)p;
+  whole_.assign(nm, false);
+  mod_fwd_last_.assign(nm, -1);
+  mod_bw_last_.assign(nm, (int)nn);
+  std::vector<int> grad_pos(trainable_.size(), (int)nn);
+  for (size_t k = 0; k < nn; ++k) {
+    const Node& n = g_.nodes[k];
+    const BackwardReads reads = backward_reads(n.op);
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const int v = n.inputs[i];
+      if (v < 0 || index[v] < 0) continue;
+      if (backward_[k]) grad_pos[index[v]] = std::min(grad_pos[index[v]], (int)k);
+      const int m = mod_of_[v];
+      if (m < 0) continue;
+      mod_fwd_last_[m] = (int)k;
+      if (backward_[k] && reads.input(i)) mod_bw_last_[m] = std::min(mod_bw_last_[m], (int)k);
+      if (!seg_last_.empty() && opt_.segments[k] >= 0)  // read again by the segment's recompute
+        mod_bw_last_[m] = std::min(mod_bw_last_[m], seg_last_[opt_.segments[k]]);
+    }
+  }
+  keep_mod_ = -1;
+  for (size_t m = 0; m < nm; ++m)
+    if (mod_bw_last_[m] < (int)nn && (keep_mod_ < 0 || mod_fwd_last_[m] > mod_fwd_last_[keep_mod_])) keep_mod_ = (int)m;
+  // fetch orders: by first forward reader; by the first backward position that needs the module
+  std::vector<int> fwd_first(nm, (int)nn), bw_first(nm, -1);
+  for (size_t k = 0; k < nn; ++k) {
+    const BackwardReads reads = backward_reads(g_.nodes[k].op);
+    for (size_t i = 0; i < g_.nodes[k].inputs.size(); ++i) {
+      const int v = g_.nodes[k].inputs[i];
+      if (v < 0 || mod_of_[v] < 0) continue;
+      const int m = mod_of_[v];
+      fwd_first[m] = std::min(fwd_first[m], (int)k);
+      if (backward_[k] && reads.input(i)) bw_first[m] = std::max(bw_first[m], (int)k);
+      if (!seg_last_.empty() && opt_.segments[k] >= 0) bw_first[m] = std::max(bw_first[m], seg_last_[opt_.segments[k]]);
+    }
+  }
+  fwd_order_.resize(nm);
+  std::iota(fwd_order_.begin(), fwd_order_.end(), 0);
+  bw_order_ = fwd_order_;
+  std::stable_sort(fwd_order_.begin(), fwd_order_.end(), [&](int a, int b) { return fwd_first[a] < fwd_first[b]; });
+  std::stable_sort(bw_order_.begin(), bw_order_.end(), [&](int a, int b) { return bw_first[a] > bw_first[b]; });
+  while (!bw_order_.empty() && bw_first[bw_order_.back()] < 0) bw_order_.pop_back();
+  grads_at_.assign(nn + 1, {});
+  evict_at_.assign(nn + 1, {});
+  for (size_t p = 0; p < trainable_.size(); ++p) grads_at_[grad_pos[p]].push_back(p);
+  for (size_t m = 0; m < nm; ++m) evict_at_[mod_bw_last_[m]].push_back((int)m);
+  for (Tensor& t : grads_) t = t.shape_only();
+}
+
+void GradExecutor::need_params(size_t k, bool backward) {
+  if (mod_of_.empty()) return;
+  const Node& n = g_.nodes[k];
+  const BackwardReads reads = backward_reads(n.op);
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const int v = n.inputs[i];
+    if (v < 0 || mod_of_[v] < 0 || whole_[mod_of_[v]] || (backward && !reads.input(i))) continue;
+    const int m = mod_of_[v];
+    res_.fetch(m);
+    for (size_t p : res_.modules[m]) vals_[trainable_[p]] = *g_.values[trainable_[p]].constant;
+    whole_[m] = true;
+    if (!res_.prefetch) continue;
+    const std::vector<int>& order = in_backward_ ? bw_order_ : fwd_order_;
+    auto it = std::find(order.begin(), order.end(), m);
+    while (it != order.end() && (*it == m || whole_[*it])) ++it;
+    if (it != order.end()) res_.prefetch(*it);
+  }
+}
+
+void GradExecutor::evict_module(int m) {
+  for (size_t p : res_.modules[m])
+    if ((size_t)trainable_[p] < vals_.size()) vals_[trainable_[p]] = vals_[trainable_[p]].shape_only();
+  res_.evict(m);
+  whole_[m] = false;
+}
+
+void GradExecutor::evict_params() {
+  for (size_t m = 0; m < whole_.size(); ++m)
+    if (whole_[m]) evict_module((int)m);
 }
 
 // Activation checkpointing: segment s's nodes run again, in order, restoring its inner values
@@ -324,6 +431,7 @@ void GradExecutor::recompute(int s) {
     if (!needed) continue;
     auto t0 = std::chrono::steady_clock::now();
     discard.assign(n.outputs.size(), Tensor());
+    need_params(k, false);
     if (is_view_op(n.op))
       alias_view(k);
     else
@@ -436,6 +544,7 @@ std::vector<Tensor> GradExecutor::forward(std::map<std::string, Tensor>&& inputs
   for (size_t k = 0; k < g_.nodes.size(); ++k) {
     const Node& n = g_.nodes[k];
     auto t0 = std::chrono::steady_clock::now();
+    need_params(k, false);
     if (is_view_op(n.op)) {
       alias_view(k);
     } else {
@@ -454,6 +563,8 @@ std::vector<Tensor> GradExecutor::forward(std::map<std::string, Tensor>&& inputs
       for (int o : n.outputs)
         if (last_fwd_use_[o] < 0) release(o, false);
     }
+    for (size_t m = 0; m < mod_fwd_last_.size(); ++m)
+      if (mod_fwd_last_[m] == (int)k && whole_[m] && (int)m != keep_mod_) evict_module((int)m);
     const int s = seg_last_.empty() ? -1 : opt_.segments[k];
     if (s >= 0 && seg_last_[s] == (int)k) {  // the segment's forward is done: its inner values go
       for (int v : seg_inner_[s])

@@ -23,6 +23,7 @@
 // into the graph for checkpoints. Other constants are the host's, copied to the device once.
 // grads() are in the device's memory.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,6 +33,24 @@
 #include "engine/ir/ops.h"
 
 namespace wxe {
+
+// Trainable parameters that are whole only while nodes read them (ZeRO-3, the Trainer's
+// --shard-weights): the trainable indices in modules; fetch(m) makes module m's graph constants
+// whole (the executor then reads them), evict(m) lets them go. The executor fetches a module
+// before the first node that reads one of its parameters (forward, recompute, or a backward
+// kernel that reads its elements: BackwardReads), and evicts it after its last such node of the
+// forward (unless it is the forward's last module, which the backward reads first) and of the
+// backward. grad_done(p, g) takes trainable p's gradient of this backward as soon as it is
+// complete (after the backward of the first node reading p; undefined: zero), so whole
+// gradients do not all exist at once; grads() are then not kept (shapes only).
+struct ParamResidency {
+  std::vector<std::vector<size_t>> modules;
+  std::function<void(int)> fetch, evict;
+  // Optional: the module the executor will fetch next, told once the current one is whole, so
+  // its gather can run while the current one computes.
+  std::function<void(int)> prefetch;
+  std::function<void(size_t, Tensor)> grad_done;
+};
 
 class GradExecutor {
  public:
@@ -77,6 +96,10 @@ class GradExecutor {
   const std::vector<std::string>& host_nodes() const { return host_nodes_; }
   // Bytes of forward values (not constants, not inputs) the last forward kept for the backward.
   size_t kept_bytes() const { return kept_bytes_; }
+  // CPU only; before the first forward. Frees grads().
+  void set_param_residency(ParamResidency r);
+  // Evicts every module still whole (after a forward without a backward, before an update).
+  void evict_params();
   // On a device: copy every constant, trainable parameters included, to the device again at
   // the next forward (after a checkpoint load changed the graph's host copies).
   void reload_constants();
@@ -130,6 +153,23 @@ class GradExecutor {
   bool held(int v) const;                 // v's elements are on the host or the device
   void release_read_by(size_t k);         // release() of the kept values node k's backward read last
   void backward_device(const std::vector<Tensor>& grad_outputs);
+  // ZeRO-3 (set_param_residency): per value its module (-1: none); per module whether it is
+  // whole, its last forward reader and the backward position after which it goes; per trainable
+  // the backward position at which its gradient is complete
+  ParamResidency res_;
+  std::vector<int> mod_of_;
+  std::vector<bool> whole_;
+  std::vector<int> mod_fwd_last_, mod_bw_last_;
+  int keep_mod_ = -1;  // the forward's last module, kept whole for the backward
+  // the order modules are fetched in the forward and in the backward; whether the backward runs
+  std::vector<int> fwd_order_, bw_order_;
+  bool in_backward_ = false;
+  // per backward position k (the iteration of node k; nodes.size(): after the loop), the
+  // trainables whose gradient is complete and the modules no later node reads
+  std::vector<std::vector<size_t>> grads_at_;
+  std::vector<std::vector<int>> evict_at_;
+  void need_params(size_t k, bool backward);  // fetches the modules node k reads
+  void evict_module(int m);
 };
 
 }  // namespace wxe

@@ -113,11 +113,20 @@ inline void check_all_reduce(Communicator& c, DType dt, int64_t n, uint64_t seed
 }
 
 // `rows` x `cols` per rank; cols > 1 checks that whole rows move.
+// started: through start_all_gather, with another collective (an all-reduce) run before the wait
 inline void check_all_gather(Communicator& c, DType dt, int64_t rows, int64_t cols,
-                             uint64_t seed) {
+                             uint64_t seed, bool started = false) {
   Tensor in = input(dt, {rows, cols}, c.rank(), seed);
   Tensor out(dt, {rows * c.size(), cols});
-  c.all_gather(in, out);
+  if (started) {
+    auto pending = c.start_all_gather(in, out);
+    Tensor between = Tensor::from_i64({c.rank()});
+    c.all_reduce_sum(between);
+    pending->wait();
+    EXPECT_EQ(between.data<int64_t>()[0], (int64_t)c.size() * (c.size() - 1) / 2);
+  } else {
+    c.all_gather(in, out);
+  }
   Tensor want(dt, {rows * c.size(), cols});
   for (int r = 0; r < c.size(); ++r) {
     Tensor part = input(dt, {rows, cols}, r, seed);

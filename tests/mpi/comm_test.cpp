@@ -34,6 +34,17 @@ TEST(Comm, CollectivesInPieces) {
   MpiComm::set_max_count(saved);
 }
 
+// A started all-gather (MPI_Iallgather; in pieces above the count limit: at once) gives the
+// blocking one's bytes, with a blocking collective between its start and its wait.
+TEST(Comm, StartedAllGather) {
+  auto c = world_comm();
+  for (int64_t n : {int64_t(0), int64_t(7), int64_t(100003)}) check_all_gather(*c, DType::F32, n, 3, 300, true);
+  int64_t saved = MpiComm::max_count();
+  MpiComm::set_max_count(64);
+  check_all_gather(*c, DType::F32, 1000, 1, 301, true);
+  MpiComm::set_max_count(saved);
+}
+
 TEST(Comm, HalfPrecisionSum) {
   auto c = world_comm();
   for (DType dt : {DType::F16, DType::BF16}) {
