@@ -94,8 +94,9 @@ TEST(Plan, OffersOnlyTheMeshesTheModelTakes) {
   // blocks keeps no more than none on the same mesh
   for (const PlanRow& a : p.rows)
     for (const PlanRow& b : p.rows)
-      if (a.tp == b.tp && a.domain == b.domain && a.checkpoint == "blocks" && b.checkpoint == "none")
+      if (a.tp == b.tp && a.domain == b.domain && a.checkpoint == "blocks" && b.checkpoint == "none") {
         EXPECT_LE(a.kept, b.kept);
+      }
 }
 
 TEST(Plan, RefusesBadRequests) {

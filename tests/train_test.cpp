@@ -693,8 +693,9 @@ TEST(TrainParity, CreditWholeTensorLossesFiveStepsMatchCredit) {
       StepLog log = t.step();
       const double want = ref_loss.data<double>()[s];
       EXPECT_NEAR(log.loss, want, (chaotic && s > 0 ? 1e-3 : 1e-5) * std::fabs(want)) << "step " << s + 1;
-      if (!chaotic || s == 0)
+      if (!chaotic || s == 0) {
         EXPECT_NEAR(log.grad_norm, ref_norm.data<double>()[s], 1e-4 * ref_norm.data<double>()[s]) << "step " << s + 1;
+      }
     }
   }
 }
