@@ -230,6 +230,16 @@ if "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T18 --st
 else
   echo "FAIL forecast-netcdf"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
 fi
+# plan from a CREDIT config: the input shape from its data (7 channels of 32 x 64, as x.npy), so
+# every mesh's state, kept and step columns equal the plan from the .npy's header
+rows() { awk '/^dp [0-9]/ {print $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11}' "$1"; }
+if "$wxe" plan "$model" "$era5/config.yml" --ranks 2 --train >"$tmp/plan_cfg" 2>&1 &&
+   "$wxe" plan "$model" --input "$x" --ranks 2 --train >"$tmp/plan_npy" 2>&1 &&
+   [ "$(rows "$tmp/plan_cfg" | wc -l)" -ge 4 ] && [ "$(rows "$tmp/plan_cfg")" = "$(rows "$tmp/plan_npy")" ]; then
+  echo "ok   plan-from-config"
+else
+  echo "FAIL plan-from-config"; cat "$tmp/plan_cfg" "$tmp/plan_npy"; fails=$((fails + 1))
+fi
 # several --init: one file per init time (OUT_<init>.nc), which score averages over
 if "$wxe" forecast "$era5/config.yml" --model "$model" --init 2020-12-31T12 --init 2020-12-31T18 --steps 2 -o "$tmp/fcs.nc" \
      --threads 2 >"$tmp/out" 2>"$tmp/err" && [ -s "$tmp/fcs_2020-12-31T12.nc" ] && [ -s "$tmp/fcs_2020-12-31T18.nc" ] &&
