@@ -157,19 +157,25 @@ void Era5Data::bind_computed() {
         if (var_key(cfg_, chans[k]) == key && chans[k].is3d == is3d && chans[k].level_index == 0) return (int64_t)k;
       fail(where, arg, ": '", key, "' is not ", what, " of this config");
     };
+    // the block's output channel (3D: at level l) in its variable key's field type and name
+    auto output = [&](int src, bool is3d, int l) {
+      ChannelInfo ch;
+      const size_t a = g.output_name.find('/'), f = g.output_name.find('/', a + 1);
+      ch.field_type = g.output_name.substr(a + 1, f - a - 1);
+      ch.var = g.output_name.substr(g.output_name.rfind('/') + 1);
+      ch.is3d = is3d;
+      ch.level_index = l;
+      ch.src = src;
+      ch.computed = (int)b;
+      computed_.push_back(ch);
+    };
     Computed c;
     c.zs = find(in_, g.zs, "surface_geopotential_var", false, "a 2D input variable (the raw initial condition)");
     c.sp = find(out_, g.sp, "surface_pressure_var", false, "a 2D predicted variable");
     if (g.mslp) {  // one 2D channel
       c.mslp = true;
       c.t = find(out_, g.t, "temperature_var", false, "a 2D predicted variable");
-      ChannelInfo ch;
-      const size_t a = g.output_name.find('/'), f = g.output_name.find('/', a + 1);
-      ch.field_type = g.output_name.substr(a + 1, f - a - 1);
-      ch.var = g.output_name.substr(g.output_name.rfind('/') + 1);
-      ch.src = out_[c.sp].src;
-      ch.computed = (int)b;
-      computed_.push_back(ch);
+      output(out_[c.sp].src, false, 0);
       comp_.push_back(std::move(c));
       continue;
     }
@@ -182,17 +188,7 @@ void Era5Data::bind_computed() {
     if (c.levels.a.size() != src.levels.size() + 1)
       fail(where, "level_info_file: ", c.levels.a.size(), " half levels for the ", src.levels.size(), " levels of '", g.t,
            "' (CREDIT needs one more: give args.levels, the model levels the data hold)");
-    for (size_t l = 0; l < src.levels.size(); ++l) {
-      ChannelInfo ch;
-      const size_t a = g.output_name.find('/'), f = g.output_name.find('/', a + 1);
-      ch.field_type = g.output_name.substr(a + 1, f - a - 1);
-      ch.var = g.output_name.substr(g.output_name.rfind('/') + 1);
-      ch.is3d = true;
-      ch.level_index = (int)l;
-      ch.src = out_[c.t].src;
-      ch.computed = (int)b;
-      computed_.push_back(ch);
-    }
+    for (size_t l = 0; l < src.levels.size(); ++l) output(out_[c.t].src, true, (int)l);
     comp_.push_back(std::move(c));
   }
 }

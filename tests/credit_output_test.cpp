@@ -13,6 +13,7 @@
 #include "data/netcdf.h"
 #include "forecast/forecast.h"
 #include "test_util.h"
+#include "tests/tiny_forecast.h"
 
 using namespace wxe;
 using namespace wxe::test;
@@ -63,14 +64,7 @@ std::string geopotential_config(const std::string& name, std::string block = kGe
 // `geopotential` on the levels of T, equal to the block's arithmetic on the file's own T, "q" (U
 // here: any 3D variable), SP and the raw static (LSM standing in for the surface geopotential).
 TEST(ForecastOutput, ComputedGeopotentialFromTheForecastsOwnValues) {
-  ForecastArgs a;
-  a.config = geopotential_config("geo_forecast");
-  a.model = data_path("models/wxformer_tiny/model.onnx");
-  a.init = "2020-12-31T18";
-  a.steps = 2;
-  a.output = tmp_path("geo_forecast.nc");
-  a.threads = 1;
-  a.progress = false;
+  const ForecastArgs a = tiny_forecast(geopotential_config("geo_forecast"), tmp_path("geo_forecast.nc"));
   ASSERT_EQ(run_forecast(a), 0);
   NcFile f(a.output);
   ASSERT_TRUE(f.has("geopotential"));

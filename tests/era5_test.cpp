@@ -22,6 +22,7 @@
 #include "importers/onnx/onnx_import.h"
 #include "tests/host_backend.h"
 #include "test_util.h"
+#include "tests/tiny_forecast.h"
 #include "forecast/forecast.h"
 #include "train/finetune.h"
 #include "train/from_config.h"
@@ -269,15 +270,7 @@ TEST(Era5Data, DateRangesSampleEachBlock) {
 
 // A 2-step forecast of the tiny WXFormer from 2020-12-31T18 into `out`.
 ForecastArgs two_step_forecast(const std::string& out) {
-  ForecastArgs a;
-  a.config = kDir + "/config.yml";
-  a.model = data_path("models/wxformer_tiny/model.onnx");
-  a.init = "2020-12-31T18";
-  a.steps = 2;
-  a.output = out;
-  a.threads = 1;
-  a.progress = false;
-  return a;
+  return tiny_forecast(kDir + "/config.yml", out);
 }
 
 // The oracle of two_step_forecast: the model run step by step on inputs built here from the
@@ -418,14 +411,8 @@ TEST(Forecast, HistoryTwoRolloutMatchesStepByStep) {
   Executor ex(g, opt);
   EXPECT_LT(max_abs_diff(ex.run({{in, x}}).at(0), read_npy(kDir + "/model_history2_y.npy")), 1e-4);
 
-  ForecastArgs a;
-  a.config = write_config("hist2_forecast", {{"history_len: 1", "history_len: 2"}});
-  a.model = model;
-  a.init = "2020-12-31T18";
-  a.steps = 3;
-  a.output = tmp_path("forecast_hist2.nc");
-  a.threads = 1;
-  a.progress = false;
+  ForecastArgs a =
+      tiny_forecast(write_config("hist2_forecast", {{"history_len: 1", "history_len: 2"}}), tmp_path("forecast_hist2.nc"), 3, model);
   ASSERT_EQ(run_forecast(a), 0);
   // the steps' inputs as the data reader gives them (checked against the formula above), so
   // that the comparison is as tight as the one-step forecast's

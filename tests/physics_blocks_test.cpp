@@ -16,6 +16,7 @@
 #include "engine/io/samples.h"
 #include "forecast/forecast.h"
 #include "test_util.h"
+#include "tests/tiny_forecast.h"
 #include "train/finetune.h"
 #include "train/from_config.h"
 
@@ -223,14 +224,7 @@ TEST(PhysicsBlocks, TracerBeforeTheScalerClampsNormalisedValues) {
 
 // wxe forecast writes the fixed values (the ONNX model's prediction floored)
 TEST(PhysicsBlocks, ForecastFileHoldsTheFloor) {
-  ForecastArgs a;
-  a.config = physics_config("phys_forecast", kTracer);
-  a.model = data_path("models/wxformer_tiny/model.onnx");
-  a.init = "2020-12-31T18";
-  a.steps = 2;
-  a.output = tmp_path("phys_forecast.nc");
-  a.threads = 1;
-  a.progress = false;
+  const ForecastArgs a = tiny_forecast(physics_config("phys_forecast", kTracer), tmp_path("phys_forecast.nc"));
   ASSERT_EQ(run_forecast(a), 0);
   NcFile f(a.output);
   const std::vector<double> T = f.read("T"), tp = f.read("tp");

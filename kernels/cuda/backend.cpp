@@ -12,19 +12,20 @@ namespace wxe::cuda {
 
 namespace {
 
+// Asked once per process (the collectives ask on every call, parallel/collective_ops.cpp
+// backend_of): the answer, and why not.
 bool device_present(std::string* why) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    if (why) *why = std::string("no CUDA GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
-    cudaGetLastError();
-    return false;
-  }
-  if (count == 0) {
-    if (why) *why = "no CUDA GPU found";
-    return false;
-  }
-  return true;
+  static const std::string absent = [] {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return std::string("no CUDA GPU found (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+    }
+    return count == 0 ? std::string("no CUDA GPU found") : std::string();
+  }();
+  if (why && !absent.empty()) *why = absent;
+  return absent.empty();
 }
 
 // Stream-ordered: freed after the kernels queued so far (every kernel, copy and library call
